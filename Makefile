@@ -1,0 +1,51 @@
+# Reame: set-up, run and test targets (GNU make).
+# First `make venv` builds llama-cpp-python from source (~6 minutes on 2 cores).
+
+PYTHON      ?= python3
+VENV        := .venv
+VENV_PY     := $(VENV)/bin/python
+STAMP       := $(VENV)/.installed
+PYTEST_ARGS ?=
+SUDO        := $(shell [ $$(id -u) = 0 ] || echo sudo)
+
+.DEFAULT_GOAL := help
+.PHONY: help venv model browser run test bench clean
+
+help: ## List the targets
+	@echo "Reame make targets:"
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "Pass extra pytest options with: make test PYTEST_ARGS='-k name -x'"
+
+venv: $(STAMP) ## Create .venv and install requirements.txt (no-op when up to date)
+
+$(VENV_PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): requirements.txt | $(VENV_PY)
+	@echo "Installing requirements into $(VENV); the first install builds llama-cpp-python from source (~6 minutes on 2 cores)."
+	$(VENV_PY) -m pip install -r requirements.txt
+	@touch $@
+
+model: | $(VENV_PY) ## Fetch and check the default model into models/
+	$(VENV_PY) -m reame.setup_model
+
+browser: ## Install Debian's chromium (for the UI tests) if /usr/bin/chromium is missing
+	@if [ -x /usr/bin/chromium ]; then \
+		echo "chromium present: /usr/bin/chromium"; \
+	else \
+		echo "Installing chromium with apt-get"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+	fi
+
+run: venv model ## Start the chat server (app.py)
+	$(VENV_PY) app.py
+
+test: venv model browser ## Run the test suite
+	$(VENV_PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: venv model ## Run the benchmark (python -m bench)
+	$(VENV_PY) -m bench
+
+clean: ## Remove .venv (keeps models/ and sessions/)
+	rm -rf $(VENV)

@@ -1,0 +1,80 @@
+"""API endpoints for gradio_client: every chat action by name (see README, "API")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import gradio as gr
+
+from .chat import ChatError, ChatNotFound, ChatService
+from .store import Chat, Message
+
+
+def chat_summary(chat: Chat) -> dict[str, Any]:
+    return {"id": chat.id, "title": chat.title, "created_at": chat.created_at,
+            "updated_at": chat.updated_at}
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    out = {"id": message.id, "role": message.role, "content": message.content,
+           "created_at": message.created_at}
+    if message.role == "assistant":
+        out["stopped"] = message.stopped
+        out["stats"] = message.stats_dict or None
+    return out
+
+
+def _user_error(exc: Exception) -> gr.Error:
+    return gr.Error(str(exc), print_exception=False)
+
+
+def register_api(service: ChatService, *, concurrency_id: str) -> None:
+    """Add the named endpoints to the Blocks being built."""
+
+    def new_chat(title: str = "", system_prompt: str | None = None) -> int:
+        """Create a chat; an empty title becomes the first message; returns the chat id."""
+        return service.new_chat(title or "", system_prompt).id
+
+    def send(chat_id: int, message: str) -> Iterator[str]:
+        """Send a message; streams the reply so far, the last value being the whole reply."""
+        try:
+            updates = service.send(int(chat_id), message)
+            for update in updates:
+                yield update.text
+        except (ChatNotFound, ChatError) as exc:
+            raise _user_error(exc) from None
+
+    def list_chats() -> list[dict]:
+        """All chats, most recently active first."""
+        return [chat_summary(chat) for chat in service.list_chats()]
+
+    def get_chat(chat_id: int) -> dict:
+        """One chat: its settings, and its messages with each reply's stats."""
+        try:
+            chat = service.get_chat(int(chat_id))
+            messages = service.messages(chat.id)
+        except ChatNotFound as exc:
+            raise _user_error(exc) from None
+        return {**chat_summary(chat), "system_prompt": chat.system_prompt,
+                "temperature": chat.temperature, "top_p": chat.top_p,
+                "max_tokens": chat.max_tokens, "messages": [message_dict(m) for m in messages]}
+
+    def rename_chat(chat_id: int, title: str) -> dict:
+        """Give a chat a new title."""
+        try:
+            return chat_summary(service.rename_chat(int(chat_id), title))
+        except (ChatNotFound, ChatError) as exc:
+            raise _user_error(exc) from None
+
+    def delete_chat(chat_id: int) -> bool:
+        """Delete a chat and its messages."""
+        try:
+            service.delete_chat(int(chat_id))
+        except ChatNotFound as exc:
+            raise _user_error(exc) from None
+        return True
+
+    gr.api(send, api_name="send", concurrency_id=concurrency_id, concurrency_limit=1)
+    for fn in (new_chat, list_chats, get_chat, rename_chat, delete_chat):
+        gr.api(fn, api_name=fn.__name__, concurrency_limit=None)

@@ -1,0 +1,162 @@
+"""reame.conf <-> frozen dataclasses. The only module that knows the file format.
+
+Every setting is declared once in SETTINGS with its type, default, allowed range and help.
+Relative paths are resolved against the folder of the config file.
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(Exception):
+    """reame.conf cannot be read or holds a bad value."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    section: str
+    key: str
+    kind: type
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("model", "model_path", Path, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "GGUF model file; relative to this file's folder"),
+    Setting("model", "n_ctx", int, 4096, "context window in tokens (prompt + reply)", 256, 131072),
+    Setting("model", "n_threads", int, 0, "CPU threads for inference; 0 = all cores", 0, 512),
+    Setting("generation", "system_prompt", str, "You are a helpful assistant.",
+            "system prompt of new chats"),
+    Setting("generation", "temperature", float, 0.7, "sampling temperature; 0 = greedy", 0.0, 2.0),
+    Setting("generation", "top_p", float, 0.95, "nucleus sampling threshold", 0.0, 1.0),
+    Setting("generation", "max_tokens", int, 512, "longest reply in tokens", 1, 32768),
+    Setting("server", "host", str, "127.0.0.1", "address to listen on"),
+    Setting("server", "port", int, 7860, "port to listen on", 1, 65535),
+    Setting("storage", "sessions_dir", Path, "sessions",
+            "folder for reame.db (SQLite) and the KV files"),
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_path: Path
+    n_ctx: int
+    n_threads: int
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    system_prompt: str
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    sessions_dir: Path
+
+    @property
+    def database_path(self) -> Path:
+        return self.sessions_dir / "reame.db"
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig
+    generation: GenerationConfig
+    server: ServerConfig
+    storage: StorageConfig
+    path: Path | None = None
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+
+_SECTIONS = {
+    "model": ModelConfig,
+    "generation": GenerationConfig,
+    "server": ServerConfig,
+    "storage": StorageConfig,
+}
+
+
+def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
+    where = f"[{setting.section}] {setting.key}"
+    if setting.kind is Path:
+        if not raw.strip():
+            raise ConfigError(f"{where}: a path is required")
+        path = Path(os.path.expanduser(raw.strip()))
+        return path if path.is_absolute() else (base_dir / path)
+    if setting.kind is str:
+        return raw
+    try:
+        value = setting.kind(raw)
+    except ValueError:
+        raise ConfigError(f"{where} = {raw!r}: expected {setting.kind.__name__}") from None
+    check_range(setting, value)
+    return value
+
+
+def check_range(setting: Setting, value: float) -> None:
+    """Raise ConfigError naming the allowed range when value is outside it."""
+    low, high = setting.minimum, setting.maximum
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ConfigError(
+            f"[{setting.section}] {setting.key} = {value}: allowed range is {low} to {high}"
+        )
+
+
+def setting(section: str, key: str) -> Setting:
+    for item in SETTINGS:
+        if (item.section, item.key) == (section, key):
+            return item
+    raise KeyError(f"[{section}] {key}")
+
+
+def load_config(path: Path | str | None) -> Config:
+    """Read a reame.conf; missing keys take their defaults, a missing file means all defaults."""
+    parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=None)
+    base_dir = Path.cwd()
+    if path is not None:
+        path = Path(path).resolve()
+        base_dir = path.parent
+        if not path.exists():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            parser.read(path, encoding="utf-8")
+        except configparser.MissingSectionHeaderError as exc:
+            raise ConfigError(
+                f"{path}: line {exc.lineno}: {exc.line.strip()!r} comes before any [section]"
+            ) from None
+        except configparser.ParsingError as exc:
+            # errors holds (line number, repr of the line)
+            lines = "; ".join(f"line {n}: {ast.literal_eval(text).strip()}" for n, text in exc.errors)
+            raise ConfigError(f"{path}: cannot parse {lines} (expected key = value)") from None
+        except configparser.Error as exc:
+            raise ConfigError(f"{path}: {exc.message}") from None
+    values: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    for item in SETTINGS:
+        raw = parser.get(item.section, item.key, fallback=None)
+        if raw is None:
+            raw = str(item.default)
+        values[item.section][item.key] = _convert(item, raw, base_dir)
+    parts = {name: cls(**values[name]) for name, cls in _SECTIONS.items()}
+    return Config(**parts, path=path)

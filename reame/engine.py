@@ -1,0 +1,290 @@
+"""The llama_cpp.Llama wrapper: load, tokenize, evaluate, sample; one sequence (0) of KV.
+
+The engine tracks `tokens`, the exact token list whose KV is live in the context, and
+`evaluated`, a counter of every token it has decoded: the cache's whole point is to keep that
+counter low, and the tests read it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+from llama_cpp import Llama
+from llama_cpp._internals import LlamaSampler
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+_FINGERPRINT_SPAN = 1 << 20  # bytes hashed from the head and from the tail of the model file
+
+
+class ModelLoadError(Exception):
+    """The model file is missing, is not a GGUF, or llama.cpp cannot load it."""
+
+
+class ContextOverflow(ValueError):
+    """The tokens to evaluate do not fit in the context window."""
+
+
+def gguf_files(folder: Path) -> list[Path]:
+    """The .gguf files under folder, sorted; empty when the folder does not exist."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*.gguf") if p.is_file())
+
+
+def _listing(models_dir: Path) -> str:
+    found = gguf_files(models_dir)
+    if not found:
+        return f"No .gguf files found in {models_dir}."
+    names = ", ".join(str(p.relative_to(models_dir)) for p in found)
+    return f".gguf files in {models_dir}: {names}."
+
+
+def check_model_file(path: Path, models_dir: Path) -> None:
+    """Raise ModelLoadError, naming the path tried and what models_dir holds, unless path is a GGUF."""
+    if not path.exists():
+        raise ModelLoadError(
+            f"Model file not found: {path} (No such file or directory). {_listing(models_dir)} "
+            f"Set [model] model_path in reame.conf to one of them."
+        )
+    if not path.is_file():
+        raise ModelLoadError(f"Model path is not a file: {path}. {_listing(models_dir)}")
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"Cannot read model file {path}: {exc.strerror}.") from None
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(
+            f"Not a GGUF model file: {path} (it starts with {magic!r}, not b'GGUF'). "
+            f"{_listing(models_dir)}"
+        )
+
+
+def model_fingerprint(path: Path) -> str:
+    """Size plus a hash of the head and tail of the file: cheap, and enough to tell models apart."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(_FINGERPRINT_SPAN))
+        handle.seek(max(0, size - _FINGERPRINT_SPAN))
+        digest.update(handle.read(_FINGERPRINT_SPAN))
+    return f"{size}-{digest.hexdigest()[:16]}"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    seed: int | None = None
+
+
+class TextStream:
+    """Turns tokens into text as they arrive, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, engine: "Engine"):
+        self._engine = engine
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._decoder.decode(self._engine.token_piece(token))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+class Engine:
+    """One loaded model and its context. Not thread-safe: callers hold a lock."""
+
+    def __init__(self, model_path: Path, *, n_ctx: int, n_threads: int = 0,
+                 models_dir: Path | None = None, n_batch: int = 512):
+        model_path = Path(model_path)
+        check_model_file(model_path, models_dir or model_path.parent)
+        threads = n_threads or os.cpu_count() or 1
+        started = time.perf_counter()
+        try:
+            self.llm = Llama(
+                model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                n_threads_batch=threads, verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelLoadError(f"llama.cpp could not load {model_path}: {exc}") from None
+        self.model_path = model_path
+        self.n_ctx = self.llm.n_ctx()
+        self.fingerprint = model_fingerprint(model_path)
+        self.metadata = self.llm.metadata
+        self.chat_template: str | None = self.metadata.get("tokenizer.chat_template")
+        self._vocab = self.llm._model.vocab
+        self.tokens: list[int] = []
+        self.evaluated = 0
+        log.info("loaded %s (n_ctx %d, %d threads) in %.2f s", model_path.name, self.n_ctx,
+                 threads, time.perf_counter() - started)
+
+    @property
+    def name(self) -> str:
+        return self.model_path.name
+
+    # tokens
+
+    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Tokenize with special tokens parsed (chat templates emit them as text)."""
+        if not text:
+            return [self.bos_token] if add_bos and self.bos_token >= 0 else []
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+
+    @property
+    def bos_token(self) -> int:
+        return self.llm.token_bos()
+
+    @property
+    def eos_token(self) -> int:
+        return self.llm.token_eos()
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def token_text(self, token: int, *, special: bool = True) -> str:
+        return self.token_piece(token, special=special).decode("utf-8", errors="replace")
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return ctypes.string_at(buf, n)
+
+    def is_end(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def text_stream(self) -> TextStream:
+        return TextStream(self)
+
+    # the KV of sequence 0
+
+    def common_prefix(self, tokens: list[int]) -> int:
+        n = 0
+        for live, new in zip(self.tokens, tokens):
+            if live != new:
+                break
+            n += 1
+        return n
+
+    def truncate(self, n: int) -> bool:
+        """Keep the KV of the first n tokens; False when the model cannot (then the KV is cleared)."""
+        if n >= len(self.tokens):
+            return True
+        mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
+        ok = n > 0 and llama_cpp.llama_memory_seq_rm(mem, 0, n, -1)
+        # Never trust a True: sliding-window and recurrent models may keep nothing.
+        if ok and llama_cpp.llama_memory_seq_pos_max(mem, 0) != n - 1:
+            ok = False
+        if not ok:
+            self.clear()
+            return n == 0
+        self.tokens = self.tokens[:n]
+        self.llm.n_tokens = n
+        return True
+
+    def clear(self) -> None:
+        mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
+        llama_cpp.llama_memory_clear(mem, True)
+        self.tokens = []
+        self.llm.n_tokens = 0
+
+    def evaluate(self, tokens: list[int]) -> None:
+        """Decode tokens after the live ones; their KV becomes live."""
+        if not tokens:
+            return
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflow(
+                f"{len(self.tokens) + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
+            )
+        self.llm.n_tokens = len(self.tokens)
+        self.llm.eval(tokens)
+        self.tokens.extend(tokens)
+        self.evaluated += len(tokens)
+
+    def prefill(self, prompt: list[int]) -> int:
+        """Make the KV hold prompt, reusing the live prefix; return how many tokens were reused.
+
+        At least the last prompt token is evaluated, so that its logits are there to sample from.
+        """
+        reuse = min(self.common_prefix(prompt), len(prompt) - 1)
+        if not self.truncate(reuse):
+            reuse = 0
+        self.evaluate(prompt[reuse:])
+        return reuse
+
+    def sampler(self, sampling: Sampling) -> LlamaSampler:
+        sampler = LlamaSampler()
+        if sampling.temperature <= 0:
+            sampler.add_greedy()
+            return sampler
+        seed = sampling.seed if sampling.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED
+        sampler.add_top_k(sampling.top_k)
+        sampler.add_top_p(sampling.top_p, 1)
+        sampler.add_min_p(sampling.min_p, 1)
+        sampler.add_temp(sampling.temperature)
+        sampler.add_dist(seed)
+        return sampler
+
+    def generate(self, sampling: Sampling, max_tokens: int) -> Iterator[int]:
+        """Sample after the live tokens; yield each new token (its KV is live once the next is asked for).
+
+        Stops at an end-of-generation token (not yielded), after max_tokens, or when the context
+        is full.
+        """
+        sampler = self.sampler(sampling)
+        token = None
+        for _ in range(max_tokens):
+            if token is not None:
+                if len(self.tokens) >= self.n_ctx:
+                    return
+                self.evaluate([token])  # only when another token is wanted after it
+            token = sampler.sample(self.llm._ctx, -1)
+            if self.is_end(token):
+                return
+            yield token
+
+    # saving and restoring the KV of sequence 0 (no logits: see DESIGN.md)
+
+    def state(self) -> memoryview:
+        """The KV of the live tokens, as llama_state_seq_get_data gives it."""
+        ctx = self.llm._ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        return memoryview(buf).cast("B")[:written]
+
+    def restore(self, tokens: list[int], state: memoryview) -> bool:
+        """Load a saved KV for tokens; False (and an empty context) if it does not take exactly."""
+        if not tokens or len(tokens) > self.n_ctx:
+            return False
+        self.clear()
+        ctx = self.llm._ctx.ctx
+        buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        read = llama_cpp.llama_state_seq_set_data(ctx, buf, len(state), 0)
+        mem = llama_cpp.llama_get_memory(ctx)
+        # Never trust the call: check the positions the sequence now holds.
+        if (read != len(state) or llama_cpp.llama_memory_seq_pos_min(mem, 0) != 0
+                or llama_cpp.llama_memory_seq_pos_max(mem, 0) != len(tokens) - 1):
+            self.clear()
+            return False
+        self.tokens = list(tokens)
+        self.llm.n_tokens = len(tokens)
+        self.llm.input_ids[: len(tokens)] = tokens
+        return True

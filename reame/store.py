@@ -1,0 +1,196 @@
+"""Chats and messages in SQLite through sqlmodel. The only module that knows SQL."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection, Engine
+from sqlmodel import Field, Session, SQLModel, create_engine, delete, func, select
+
+
+class ChatNotFound(LookupError):
+    """No chat has this id."""
+
+    def __init__(self, chat_id: object):
+        super().__init__(f"chat {chat_id} does not exist")
+        self.chat_id = chat_id
+
+
+class Chat(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    title: str
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 512
+    created_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(default_factory=time.time, index=True)
+
+
+class Message(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    chat_id: int = Field(foreign_key="chat.id", index=True)
+    position: int
+    role: str  # "user" | "assistant"
+    content: str
+    created_at: float = Field(default_factory=time.time)
+    # The exact tokens the model generated for an assistant message (JSON list), and the
+    # fingerprint of the model they belong to: re-tokenizing the text need not give them back.
+    tokens: str | None = None
+    tokens_model: str | None = None
+    stats: str | None = None  # JSON: the turn's numbers, shown under the reply
+    stopped: bool = False
+
+    @property
+    def token_list(self) -> list[int] | None:
+        return json.loads(self.tokens) if self.tokens else None
+
+    @property
+    def stats_dict(self) -> dict:
+        return json.loads(self.stats) if self.stats else {}
+
+
+def _create_tables(conn: Connection) -> None:
+    SQLModel.metadata.create_all(conn)
+
+
+# Named, ordered, idempotent; each runs once and is recorded in the migrations table.
+MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
+    ("001_create_chat_and_message", _create_tables),
+)
+
+
+def _enable_wal(dbapi_conn, _record) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def migrate(engine: Engine) -> list[str]:
+    """Apply the migrations not yet recorded; return the names applied."""
+    applied: list[str] = []
+    with engine.begin() as conn:
+        conn.execute(text(
+            "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL)"
+        ))
+        done = {row[0] for row in conn.execute(text("SELECT name FROM migrations"))}
+        for name, step in MIGRATIONS:
+            if name in done:
+                continue
+            step(conn)
+            conn.execute(text("INSERT INTO migrations VALUES (:n, :t)"), {"n": name, "t": time.time()})
+            applied.append(name)
+    return applied
+
+
+class Store:
+    """The chats of one database; every method opens and closes its own session."""
+
+    def __init__(self, database_path: Path):
+        database_path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = database_path
+        self.engine = create_engine(
+            f"sqlite:///{database_path}", connect_args={"check_same_thread": False}
+        )
+        event.listen(self.engine, "connect", _enable_wal)
+        migrate(self.engine)
+
+    def _session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    # chats
+
+    def create_chat(self, *, title: str, system_prompt: str, temperature: float,
+                    top_p: float, max_tokens: int) -> Chat:
+        chat = Chat(title=title, system_prompt=system_prompt, temperature=temperature,
+                    top_p=top_p, max_tokens=max_tokens)
+        with self._session() as session:
+            session.add(chat)
+            session.commit()
+        return chat
+
+    def get_chat(self, chat_id: int) -> Chat:
+        with self._session() as session:
+            chat = session.get(Chat, chat_id)
+        if chat is None:
+            raise ChatNotFound(chat_id)
+        return chat
+
+    def list_chats(self) -> list[Chat]:
+        """Most recently active first."""
+        with self._session() as session:
+            query = select(Chat).order_by(Chat.updated_at.desc(), Chat.id.desc())
+            return list(session.exec(query))
+
+    def update_chat(self, chat_id: int, **fields) -> Chat:
+        with self._session() as session:
+            chat = session.get(Chat, chat_id)
+            if chat is None:
+                raise ChatNotFound(chat_id)
+            for name, value in fields.items():
+                if not hasattr(Chat, name) or name in ("id", "created_at"):
+                    raise AttributeError(f"Chat has no editable field {name!r}")
+                setattr(chat, name, value)
+            session.add(chat)
+            session.commit()
+        return chat
+
+    def touch(self, chat_id: int) -> None:
+        self.update_chat(chat_id, updated_at=time.time())
+
+    def delete_chat(self, chat_id: int) -> None:
+        with self._session() as session:
+            chat = session.get(Chat, chat_id)
+            if chat is None:
+                raise ChatNotFound(chat_id)
+            session.exec(delete(Message).where(Message.chat_id == chat_id))
+            session.delete(chat)
+            session.commit()
+
+    def chat_ids(self) -> set[int]:
+        with self._session() as session:
+            return set(session.exec(select(Chat.id)))
+
+    # messages
+
+    def messages(self, chat_id: int) -> list[Message]:
+        with self._session() as session:
+            query = select(Message).where(Message.chat_id == chat_id).order_by(Message.position)
+            return list(session.exec(query))
+
+    def add_message(self, chat_id: int, role: str, content: str, *,
+                    tokens: Iterable[int] | None = None, tokens_model: str | None = None,
+                    stats: dict | None = None, stopped: bool = False) -> Message:
+        with self._session() as session:
+            if session.get(Chat, chat_id) is None:
+                raise ChatNotFound(chat_id)
+            last = session.exec(
+                select(func.max(Message.position)).where(Message.chat_id == chat_id)
+            ).one()
+            message = Message(
+                chat_id=chat_id, position=(last + 1) if last is not None else 0, role=role,
+                content=content, tokens=json.dumps(list(tokens)) if tokens is not None else None,
+                tokens_model=tokens_model, stats=json.dumps(stats) if stats else None,
+                stopped=stopped,
+            )
+            session.add(message)
+            chat = session.get(Chat, chat_id)
+            chat.updated_at = time.time()
+            session.add(chat)
+            session.commit()
+        return message
+
+    def delete_messages_from(self, chat_id: int, position: int) -> int:
+        """Delete the messages at position and after; return how many went."""
+        with self._session() as session:
+            result = session.exec(
+                delete(Message).where(Message.chat_id == chat_id, Message.position >= position)
+            )
+            session.commit()
+            return result.rowcount

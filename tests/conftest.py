@@ -1,0 +1,130 @@
+"""Shared fixtures: the real default model, real SQLite files in temp dirs, real servers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from reame.chat import ChatService
+from reame.config import GenerationConfig
+from reame.engine import Engine
+from reame.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GREEDY = GenerationConfig(system_prompt="You are a helpful assistant.", temperature=0.0,
+                          top_p=1.0, max_tokens=24)
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    if not MODEL.exists():
+        pytest.fail(f"the default model is missing at {MODEL}: run `make model`")
+    return MODEL
+
+
+@pytest.fixture(scope="session")
+def engine(model_path) -> Engine:
+    return Engine(model_path, n_ctx=2048, n_threads=0)
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(tmp_path / "reame.db")
+
+
+@pytest.fixture
+def service(store, engine) -> ChatService:
+    engine.clear()
+    return ChatService(store, engine, GREEDY)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2048,
+                 max_tokens: int = 24, temperature: float = 0.0, port: int | None = None,
+                 extra: str = "") -> Path:
+    """A reame.conf in folder with its sessions beside it."""
+    path = folder / "reame.conf"
+    path.write_text(
+        "# test config\n"
+        f"[model]\nmodel_path = {model_path}\nn_ctx = {n_ctx}\nn_threads = 0\n\n"
+        f"[generation]\nsystem_prompt = You are a helpful assistant.\n"
+        f"temperature = {temperature}\ntop_p = 1.0\nmax_tokens = {max_tokens}\n\n"
+        f"[server]\nhost = 127.0.0.1\nport = {port or free_port()}\n\n"
+        f"[storage]\nsessions_dir = sessions\n{extra}",
+        encoding="utf-8",
+    )
+    return path
+
+
+class Server:
+    """`python app.py --config PATH` as a real process on a free port."""
+
+    def __init__(self, config: Path, log_path: Path):
+        self.config = config
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 90) -> "Server":
+        log = self.log_path.open("ab")
+        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "app.py"), "--config", str(self.config),
+             "--port", str(self.port)],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "config", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"server did not start: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> "Server":
+        self.stop()
+        return self.start()
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    servers: list[Server] = []
+
+    def make(**config_options) -> Server:
+        folder = tmp_path / f"server{len(servers)}"
+        folder.mkdir()
+        server = Server(write_config(folder, **config_options), folder / "server.log")
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for server in servers:
+        server.stop()

@@ -1,0 +1,67 @@
+"""The named API endpoints, through gradio_client against a real server process."""
+
+import pytest
+from gradio_client import Client
+
+
+@pytest.fixture
+def server(server_factory):
+    return server_factory()
+
+
+def client_for(server) -> Client:
+    return Client(server.url, verbose=False)
+
+
+def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
+    client = client_for(server)
+    chat_id = client.predict("Geography", "You are a terse assistant.", api_name="/new_chat")
+    assert isinstance(chat_id, int)
+
+    job = client.submit(chat_id, "What is the capital city of France? Answer in one word.", api_name="/send")
+    chunks = list(job)
+    assert len(chunks) > 2, "the reply streams"
+    assert all(b.startswith(a) for a, b in zip(chunks, chunks[1:]))
+    final = job.result()
+    assert final == chunks[-1] and "Paris" in final
+
+    other = client.predict("", None, api_name="/new_chat")
+    listed = client.predict(api_name="/list_chats")
+    assert [c["id"] for c in listed] == [other, chat_id]
+
+    chat = client.predict(chat_id, api_name="/get_chat")
+    assert chat["title"] == "Geography"
+    assert chat["system_prompt"] == "You are a terse assistant."
+    roles = [(m["role"], m["content"]) for m in chat["messages"]]
+    assert roles == [("user", "What is the capital city of France? Answer in one word."), ("assistant", final)]
+    stats = chat["messages"][1]["stats"]
+    assert stats["generated"] > 0 and stats["prefilled"] == stats["prompt_tokens"]
+
+    renamed = client.predict(chat_id, "Capitals", api_name="/rename_chat")
+    assert renamed["title"] == "Capitals"
+    assert client.predict(other, api_name="/delete_chat") is True
+
+    server.restart()
+    client = client_for(server)
+    listed = client.predict(api_name="/list_chats")
+    assert [(c["id"], c["title"]) for c in listed] == [(chat_id, "Capitals")]
+    again = client.predict(chat_id, api_name="/get_chat")
+    assert [m["content"] for m in again["messages"]] == [m["content"] for m in chat["messages"]]
+    follow_up = client.predict(chat_id, "And of Italy?", api_name="/send")
+    assert follow_up.strip()
+
+
+def test_unknown_chat_ids_give_a_clear_error(server):
+    client = client_for(server)
+    for api_name, args in [("/get_chat", (4242,)), ("/rename_chat", (4242, "x")),
+                           ("/delete_chat", (4242,)), ("/send", (4242, "hi"))]:
+        with pytest.raises(Exception, match="chat 4242 does not exist"):
+            client.predict(*args, api_name=api_name)
+
+
+def test_an_empty_message_is_refused_by_the_api(server):
+    client = client_for(server)
+    chat_id = client.predict("t", None, api_name="/new_chat")
+    with pytest.raises(Exception, match="the message is empty"):
+        client.predict(chat_id, "   ", api_name="/send")
+    assert client.predict(chat_id, api_name="/get_chat")["messages"] == []

@@ -1,0 +1,136 @@
+"""The turn, with the real default model."""
+
+import pytest
+
+from reame.chat import ChatService, EmptyMessage, MessageTooLong, NoModel
+from reame.store import ChatNotFound
+
+from .conftest import GREEDY
+
+
+def reply(service, chat_id, text, **kwargs):
+    updates = list(service.send(chat_id, text, **kwargs))
+    assert updates[-1].done
+    return updates
+
+
+def test_a_turn_streams_and_stores_both_messages(service):
+    chat = service.new_chat()
+    updates = reply(service, chat.id, "What is the capital city of France? Answer in one word.")
+    assert len(updates) > 3, "the reply streams token by token"
+    texts = [u.text for u in updates[:-1]]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    final = updates[-1]
+    assert "Paris" in final.text
+    messages = service.messages(chat.id)
+    assert [(m.role, m.content) for m in messages] == [
+        ("user", "What is the capital city of France? Answer in one word."), ("assistant", final.text)]
+    stats = messages[1].stats_dict
+    assert stats["generated"] == final.stats.generated > 0
+    assert stats["prefilled"] == stats["prompt_tokens"]
+    assert messages[1].token_list and messages[1].tokens_model == service.engine.fingerprint
+
+
+def test_the_chat_is_titled_from_its_first_message(service):
+    chat = service.new_chat()
+    reply(service, chat.id, "  Tell me   about the   moon and its phases please, in detail!  ")
+    assert service.get_chat(chat.id).title == "Tell me about the moon and its phases please…"
+    reply(service, chat.id, "Another question")
+    assert service.get_chat(chat.id).title.startswith("Tell me about")
+
+
+def test_a_continued_chat_evaluates_only_the_new_tokens(service):
+    engine = service.engine
+    chat = service.new_chat()
+    reply(service, chat.id, "Name a colour.")
+    kv_after_first = list(engine.tokens)
+    before = engine.evaluated
+    second = reply(service, chat.id, "Name another one.")[-1].stats
+    assert second.reused == len(kv_after_first), "the whole first turn is reused"
+    assert second.prefilled == second.prompt_tokens - second.reused
+    # Besides the new prompt tokens, only the reply's own tokens were evaluated.
+    kv_reply = len(engine.tokens) - second.prompt_tokens
+    assert second.generated - 1 <= kv_reply <= second.generated
+    assert engine.evaluated - before == second.prefilled + kv_reply
+
+
+def test_a_reused_history_gives_the_same_greedy_reply_as_a_cold_one(service, store, engine):
+    chat = service.new_chat()
+    reply(service, chat.id, "Say hello.")
+    warm = reply(service, chat.id, "Now say goodbye.")[-1]
+    assert warm.stats.reused > 0
+    # The same conversation, computed from nothing.
+    engine.clear()
+    cold_service = ChatService(store, engine, GREEDY)
+    twin = cold_service.new_chat()
+    first = service.messages(chat.id)
+    store.add_message(twin.id, "user", first[0].content)
+    store.add_message(twin.id, "assistant", first[1].content, tokens=first[1].token_list,
+                      tokens_model=first[1].tokens_model)
+    cold = reply(cold_service, twin.id, "Now say goodbye.")[-1]
+    assert cold.stats.reused == 0
+    assert cold.text == warm.text
+
+
+def test_empty_message_is_refused(service):
+    chat = service.new_chat()
+    for text in ("", "   \n "):
+        with pytest.raises(EmptyMessage):
+            service.send(chat.id, text)
+    assert service.messages(chat.id) == []
+
+
+def test_unknown_chat_is_a_clear_error(service):
+    with pytest.raises(ChatNotFound, match="chat 999 does not exist"):
+        service.send(999, "hi")
+
+
+def test_a_message_longer_than_the_context_is_refused_and_the_chat_stays_usable(service):
+    chat = service.new_chat()
+    reply(service, chat.id, "Hi")
+    with pytest.raises(MessageTooLong, match=r"context holds 2,048 tokens"):
+        list(service.send(chat.id, "word " * 3000))
+    assert len(service.messages(chat.id)) == 2, "nothing is stored for it"
+    assert reply(service, chat.id, "Hello again")[-1].text
+
+
+def test_a_stopped_reply_keeps_its_partial_text(service):
+    chat = service.new_chat()
+    service.update_settings(chat.id, max_tokens=64)
+    stream = service.send(chat.id, "Write a long story about a dragon.")
+    seen = [next(stream).text for _ in range(5)]
+    stream.close()  # what a Stop does to the generator
+    stored = service.messages(chat.id)[-1]
+    assert stored.role == "assistant" and stored.stopped
+    assert stored.content == seen[-1]
+    assert stored.stats_dict["stopped"] is True
+    assert not service.lock.locked()
+    assert reply(service, chat.id, "Go on.")[-1].text
+
+
+def test_oldest_messages_are_left_out_when_the_history_outgrows_the_context(store, model_path):
+    from reame.engine import Engine
+    small = Engine(model_path, n_ctx=256)
+    service = ChatService(store, small, GREEDY)
+    chat = service.new_chat()
+    service.update_settings(chat.id, max_tokens=40)
+    for n in range(8):
+        last = reply(service, chat.id, f"Tell me a fact about the number {n}.")[-1]
+    assert last.stats.dropped_messages > 0
+    assert last.stats.prompt_tokens + 40 <= 256 or last.stats.prompt_tokens <= 256
+    assert len(service.messages(chat.id)) == 16, "every message stays stored"
+
+
+def test_without_a_model_sending_says_why(store):
+    service = ChatService(store, None, GREEDY, load_error="Model file not found: /x.gguf")
+    chat = service.new_chat()
+    with pytest.raises(NoModel, match="Model file not found: /x.gguf"):
+        service.send(chat.id, "hi")
+
+
+def test_settings_are_validated(service):
+    chat = service.new_chat()
+    with pytest.raises(Exception, match="temperature must be between 0 and 2"):
+        service.update_settings(chat.id, temperature=5)
+    updated = service.update_settings(chat.id, temperature=0.3, system_prompt="Be brief.")
+    assert (updated.temperature, updated.system_prompt) == (0.3, "Be brief.")

@@ -1,0 +1,65 @@
+from pathlib import Path
+
+import pytest
+
+from reame.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "reame.conf"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_shipped_config_reads_with_every_key_commented():
+    config = load_config(ROOT / "reame.conf")
+    assert config.model.model_path == ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert config.server.host == "127.0.0.1"
+    assert config.storage.database_path == ROOT / "sessions" / "reame.db"
+    lines = (ROOT / "reame.conf").read_text().splitlines()
+    for n, line in enumerate(lines):
+        if "=" in line and not line.startswith("#"):
+            assert lines[n - 1].startswith("#"), f"key without a comment: {line}"
+
+
+def test_relative_paths_are_relative_to_the_config_folder(tmp_path):
+    sub = tmp_path / "elsewhere"
+    sub.mkdir()
+    config = load_config(write(sub, "[model]\nmodel_path = m/x.gguf\n[storage]\nsessions_dir = s\n"))
+    assert config.model.model_path == sub / "m" / "x.gguf"
+    assert config.storage.sessions_dir == sub / "s"
+
+
+def test_missing_keys_take_defaults(tmp_path):
+    config = load_config(write(tmp_path, "[model]\nn_ctx = 1024\n"))
+    assert config.model.n_ctx == 1024
+    assert config.generation.max_tokens == 512
+    assert config.server.port == 7860
+
+
+def test_malformed_line_is_named(tmp_path):
+    path = write(tmp_path, "[model]\nn_ctx = 1024\nthis line has no equals sign\n")
+    with pytest.raises(ConfigError, match=r"line 3: this line has no equals sign"):
+        load_config(path)
+
+
+def test_line_before_any_section_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"line 1"):
+        load_config(write(tmp_path, "n_ctx = 1\n[model]\n"))
+
+
+def test_bad_value_names_section_and_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[model\] n_ctx = 'lots': expected int"):
+        load_config(write(tmp_path, "[model]\nn_ctx = lots\n"))
+
+
+def test_out_of_range_value_gives_the_range(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[server\] port = 70000: allowed range is 1 to 65535"):
+        load_config(write(tmp_path, "[server]\nport = 70000\n"))
+
+
+def test_missing_config_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.conf")

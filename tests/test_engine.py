@@ -1,0 +1,66 @@
+import pytest
+
+from reame.engine import Engine, ModelLoadError, check_model_file, model_fingerprint
+from reame.render import inert_html
+
+
+def test_missing_model_names_the_path_and_lists_the_models_folder(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tiny.gguf").write_bytes(b"GGUF" + b"\0" * 16)
+    (models / "notes.txt").write_text("x")
+    wanted = models / "missing.gguf"
+    with pytest.raises(ModelLoadError) as info:
+        check_model_file(wanted, models)
+    message = str(info.value)
+    assert str(wanted) in message and "No such file or directory" in message
+    assert "tiny.gguf" in message and "notes.txt" not in message
+
+
+def test_empty_models_folder_says_so(tmp_path):
+    with pytest.raises(ModelLoadError, match="No .gguf files found"):
+        check_model_file(tmp_path / "x.gguf", tmp_path)
+
+
+def test_a_file_that_is_not_gguf_is_refused_before_loading(tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_text("<html>404 Not Found</html>")
+    with pytest.raises(ModelLoadError, match="Not a GGUF model file"):
+        Engine(fake, n_ctx=512, models_dir=tmp_path)
+
+
+def test_a_truncated_gguf_fails_with_a_clear_error(tmp_path, model_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(model_path.read_bytes()[:4096])
+    with pytest.raises(ModelLoadError, match="could not load"):
+        Engine(broken, n_ctx=512)
+
+
+def test_fingerprint_tells_files_apart(tmp_path, model_path):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"GGUF" + b"1" * 100)
+    b.write_bytes(b"GGUF" + b"2" * 100)
+    assert model_fingerprint(a) != model_fingerprint(b)
+    assert model_fingerprint(model_path) == model_fingerprint(model_path)
+
+
+def test_prefill_reuses_the_live_prefix(engine):
+    engine.clear()
+    first = engine.tokenize("The quick brown fox jumps over the lazy dog.")
+    assert engine.prefill(first) == 0
+    before = engine.evaluated
+    longer = first + engine.tokenize(" And then it ran away.")
+    assert engine.prefill(longer) == len(first)
+    assert engine.evaluated - before == len(longer) - len(first)
+    # A diverging prompt keeps only the common part.
+    other = first[:3] + engine.tokenize(" something else")
+    assert engine.prefill(other) == 3
+    assert engine.tokens == other
+
+
+def test_html_is_inert_outside_code_and_untouched_inside():
+    text = "<script>alert(1)</script> **bold** `<b>x</b>`\n```html\n<i>y</i>\n```\n> quote"
+    out = inert_html(text)
+    assert "<script>" not in out and "&lt;script>" in out
+    assert "`<b>x</b>`" in out and "<i>y</i>" in out
+    assert "**bold**" in out and "> quote" in out

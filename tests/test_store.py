@@ -1,0 +1,77 @@
+import sqlite3
+
+import pytest
+
+from reame.store import ChatNotFound, Store
+
+
+def new_chat(store, title="t"):
+    return store.create_chat(title=title, system_prompt="s", temperature=0.5, top_p=0.9,
+                             max_tokens=10)
+
+
+def test_database_uses_wal_and_records_migrations(tmp_path):
+    store = Store(tmp_path / "db" / "reame.db")
+    new_chat(store)
+    conn = sqlite3.connect(tmp_path / "db" / "reame.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    names = [row[0] for row in conn.execute("SELECT name FROM migrations")]
+    assert names == ["001_create_chat_and_message"]
+
+
+def test_migrations_run_once(tmp_path):
+    Store(tmp_path / "reame.db")
+    again = Store(tmp_path / "reame.db")
+    with again.engine.connect() as conn:
+        from sqlalchemy import text
+        assert conn.execute(text("SELECT count(*) FROM migrations")).scalar() == 1
+
+
+def test_chats_and_messages_survive_reopening(tmp_path):
+    store = Store(tmp_path / "reame.db")
+    chat = new_chat(store, "first")
+    store.add_message(chat.id, "user", "hello")
+    store.add_message(chat.id, "assistant", "hi", tokens=[1, 2, 3], tokens_model="m",
+                      stats={"generated": 3})
+    reopened = Store(tmp_path / "reame.db")
+    messages = reopened.messages(chat.id)
+    assert [(m.position, m.role, m.content) for m in messages] == [
+        (0, "user", "hello"), (1, "assistant", "hi")]
+    assert messages[1].token_list == [1, 2, 3]
+    assert messages[1].stats_dict == {"generated": 3}
+    assert reopened.get_chat(chat.id).title == "first"
+
+
+def test_list_is_most_recently_active_first(store):
+    older, newer = new_chat(store, "older"), new_chat(store, "newer")
+    assert [c.title for c in store.list_chats()] == ["newer", "older"]
+    store.add_message(older.id, "user", "bump")
+    assert [c.id for c in store.list_chats()] == [older.id, newer.id]
+
+
+def test_delete_chat_removes_its_messages(store, tmp_path):
+    chat, other = new_chat(store), new_chat(store)
+    store.add_message(chat.id, "user", "x")
+    store.add_message(other.id, "user", "y")
+    store.delete_chat(chat.id)
+    with pytest.raises(ChatNotFound):
+        store.get_chat(chat.id)
+    conn = sqlite3.connect(store.path)
+    assert conn.execute("SELECT chat_id FROM message").fetchall() == [(other.id,)]
+
+
+def test_unknown_chat_raises(store):
+    with pytest.raises(ChatNotFound, match="chat 42 does not exist"):
+        store.get_chat(42)
+    with pytest.raises(ChatNotFound):
+        store.add_message(42, "user", "x")
+    with pytest.raises(ChatNotFound):
+        store.update_chat(42, title="x")
+
+
+def test_delete_messages_from_position(store):
+    chat = new_chat(store)
+    for n in range(4):
+        store.add_message(chat.id, "user" if n % 2 == 0 else "assistant", str(n))
+    assert store.delete_messages_from(chat.id, 2) == 2
+    assert [m.content for m in store.messages(chat.id)] == ["0", "1"]
