@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
+from .cache import KVCache
 from .config import GenerationConfig
 from .engine import Engine, Sampling
 from .prompt import PromptBuilder, Turn
@@ -44,10 +45,12 @@ class NoModel(ChatError):
 @dataclass
 class TurnStats:
     reused: int = 0  # history tokens whose KV was reused
-    source: str = "none"  # where they came from: live / none
+    source: str = "none"  # where they came from: live / disk / prefix / none
+    restore_ms: float = 0.0  # reading and loading a KV file
     prompt_tokens: int = 0
     prefilled: int = 0  # tokens evaluated for the prompt
     prefill_ms: float = 0.0
+    save_ms: float = 0.0  # writing the chat's KV file after the reply
     first_token_s: float = 0.0
     generated: int = 0
     tokens_per_s: float = 0.0
@@ -57,8 +60,11 @@ class TurnStats:
 
     def line(self) -> str:
         """The small line shown under a reply."""
-        if self.reused:
-            head = f"reused {self.reused:,} tokens ({self.source})"
+        if self.source in ("disk", "prefix"):
+            where = "from disk" if self.source == "disk" else "from a shared prefix"
+            head = f"restored {self.reused:,} tokens {where} in {self.restore_ms:,.0f} ms"
+        elif self.reused:
+            head = f"reused {self.reused:,} tokens in memory"
         else:
             head = "no cached history"
         parts = [head, f"prefilled {self.prefilled:,} in {self.prefill_ms:,.0f} ms",
@@ -98,12 +104,14 @@ class ChatService:
     """Everything a user can do with chats; the UI and the API are thin layers over it."""
 
     def __init__(self, store: Store, engine: Engine | None, defaults: GenerationConfig, *,
-                 load_error: str | None = None):
+                 cache: KVCache | None = None, load_error: str | None = None):
         self.store = store
         self.engine = engine
         self.defaults = defaults
         self.load_error = load_error
         self.prompts = PromptBuilder(engine) if engine else None
+        # Without a KV store, only the live context is reused (what plain servers do).
+        self.cache = cache or (KVCache(engine, None) if engine else None)
         self.lock = threading.Lock()
 
     # chats
@@ -152,6 +160,11 @@ class ChatService:
 
     def delete_chat(self, chat_id: int) -> None:
         self.store.delete_chat(chat_id)
+        if self.cache:
+            self.cache.forget(chat_id)
+
+    def cache_stats(self) -> dict:
+        return self.cache.stats() if self.cache else {"enabled": False}
 
     # the turn
 
@@ -184,34 +197,78 @@ class ChatService:
 
     def send(self, chat_id: int, text: str, *, seed: int | None = None) -> Iterator[TurnUpdate]:
         """Add the user's message and stream the reply. The reply is saved even when stopped."""
-        if not text or not text.strip():
-            raise EmptyMessage("the message is empty")
+        _check_text(text)
+        chat = self._chat_for_turn(chat_id)
+        return self._turn(chat, text, seed=seed)
+
+    def regenerate(self, chat_id: int, *, seed: int | None = None) -> Iterator[TurnUpdate]:
+        """Replace the last reply with a new one; the history's KV is reused up to it."""
+        chat = self._chat_for_turn(chat_id)
+        messages = self.store.messages(chat_id)
+        if not messages:
+            raise ChatError("there is no reply to regenerate: the chat is empty")
+        return self._turn(chat, None, cut_at=messages[-1].position if messages[-1].role ==
+                          "assistant" else None, seed=seed)
+
+    def edit_message(self, chat_id: int, message_id: int, text: str, *,
+                     seed: int | None = None) -> Iterator[TurnUpdate]:
+        """Replace one of the user's messages (and drop what followed it), then answer it."""
+        _check_text(text)
+        chat = self._chat_for_turn(chat_id)
+        target = next((m for m in self.store.messages(chat_id) if m.id == message_id), None)
+        if target is None:
+            raise ChatError(f"message {message_id} is not in chat {chat_id}")
+        if target.role != "user":
+            raise ChatError("only the user's messages can be edited")
+        return self._turn(chat, text, cut_at=target.position, seed=seed)
+
+    def _chat_for_turn(self, chat_id: int) -> Chat:
         if self.engine is None:
             raise NoModel(self.load_error or "no model is loaded")
-        chat = self.store.get_chat(chat_id)
-        return self._turn(chat, text, seed)
+        return self.store.get_chat(chat_id)
 
-    def _turn(self, chat: Chat, text: str, seed: int | None) -> Iterator[TurnUpdate]:
+    def _turn(self, chat: Chat, text: str | None, *, cut_at: int | None = None,
+              seed: int | None) -> Iterator[TurnUpdate]:
         with self.lock:
             history = self.store.messages(chat.id)
-            turns = self._turns(history) + [Turn("user", text)]
+            kept = [m for m in history if cut_at is None or m.position < cut_at]
+            turns = self._turns(kept) + ([Turn("user", text)] if text is not None else [])
             prompt, dropped = self._fit(chat, turns)
-            user_message = self.store.add_message(chat.id, "user", text)
-            if chat.title == DEFAULT_TITLE and not history:
-                self.store.update_chat(chat.id, title=title_from(text))
-            yield from self._reply(chat, prompt, dropped, seed, user_message.id)
+            if cut_at is not None:
+                self.store.delete_messages_from(chat.id, cut_at)
+            user_message_id = None
+            if text is not None:
+                user_message_id = self.store.add_message(chat.id, "user", text).id
+                if chat.title == DEFAULT_TITLE and not kept:
+                    self.store.update_chat(chat.id, title=title_from(text))
+            yield from self._reply(chat, prompt, dropped, seed, user_message_id)
+
+    def _prefill(self, chat: Chat, prompt: list[int], stats: TurnStats) -> None:
+        """Restore what the cache has, snapshot a shared prefix if new, evaluate the rest."""
+        engine, cache = self.engine, self.cache
+        restored = cache.prepare(chat.id, prompt)
+        stats.reused, stats.source, stats.restore_ms = (
+            restored.reused, restored.source, restored.restore_ms)
+        started = time.perf_counter()
+        before = engine.evaluated
+        opening = self.prompts.tokens(chat.system_prompt, [Turn("user", "")])
+        snapshot = cache.prefix_length(opening, prompt)
+        if restored.reused < snapshot and cache.wants_snapshot(snapshot, prompt):
+            engine.prefill(prompt[:snapshot])
+            if engine.tokens == prompt[:snapshot]:
+                cache.save_snapshot(prompt, snapshot)
+        engine.prefill(prompt)
+        seconds = time.perf_counter() - started
+        stats.prefilled = engine.evaluated - before
+        stats.prefill_ms = seconds * 1000
+        cache.record_prefill(stats.prefilled, seconds)
 
     def _reply(self, chat: Chat, prompt: list[int], dropped: int, seed: int | None,
                user_message_id: int | None) -> Iterator[TurnUpdate]:
         engine = self.engine
         stats = TurnStats(prompt_tokens=len(prompt), dropped_messages=dropped)
         started = time.perf_counter()
-        before = engine.evaluated
-        reused = engine.prefill(prompt)
-        stats.reused = reused
-        stats.source = "live" if reused else "none"
-        stats.prefilled = engine.evaluated - before
-        stats.prefill_ms = (time.perf_counter() - started) * 1000
+        self._prefill(chat, prompt, stats)
         sampling = Sampling(temperature=chat.temperature, top_p=chat.top_p, seed=seed)
         max_tokens = min(chat.max_tokens, engine.n_ctx - len(prompt))
         stream = engine.text_stream()
@@ -242,6 +299,7 @@ class ChatService:
             stats.tokens_per_s = (len(generated) - 1) / gen_time if gen_time > 0 else 0.0
             stats.total_s = now - started
             stats.stopped = not finished
+            stats.save_ms = self.cache.save(chat.id)
             message = self.store.add_message(
                 chat.id, "assistant", reply.strip() if finished else reply,
                 # A reply cut at a stop string holds tokens past its text: re-tokenize it instead.
@@ -251,6 +309,11 @@ class ChatService:
             log.info("chat %s: %s", chat.id, stats.line())
         yield TurnUpdate(reply.strip(), done=True, stats=stats, message_id=message.id,
                          user_message_id=user_message_id)
+
+
+def _check_text(text: str) -> None:
+    if not text or not text.strip():
+        raise EmptyMessage("the message is empty")
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -44,6 +44,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "port", int, 7860, "port to listen on", 1, 65535),
     Setting("storage", "sessions_dir", Path, "sessions",
             "folder for reame.db (SQLite) and the KV files"),
+    Setting("cache", "enabled", bool, True, "keep each chat's KV cache on disk and restore it"),
+    Setting("cache", "dir", Path, "sessions/kv", "folder of the KV files"),
+    Setting("cache", "max_disk_mb", int, 4096,
+            "disk budget of the KV files in MB; least recently used go first", 16, 10_000_000),
+    Setting("cache", "kv_type", str, "f16", "KV cache type: f16, or q8_0 (half the size)",
+            choices=("f16", "q8_0")),
 )
 
 
@@ -78,11 +84,20 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool
+    dir: Path
+    max_disk_mb: int
+    kv_type: str
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig
     generation: GenerationConfig
     server: ServerConfig
     storage: StorageConfig
+    cache: CacheConfig
     path: Path | None = None
 
     @property
@@ -95,7 +110,12 @@ _SECTIONS = {
     "generation": GenerationConfig,
     "server": ServerConfig,
     "storage": StorageConfig,
+    "cache": CacheConfig,
 }
+
+
+_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,
+             "false": False, "no": False, "off": False, "0": False}
 
 
 def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
@@ -105,8 +125,15 @@ def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
             raise ConfigError(f"{where}: a path is required")
         path = Path(os.path.expanduser(raw.strip()))
         return path if path.is_absolute() else (base_dir / path)
+    if setting.kind is bool:
+        value = raw.strip().lower()
+        if value not in _BOOLEANS:
+            raise ConfigError(f"{where} = {raw!r}: expected true or false")
+        return _BOOLEANS[value]
     if setting.kind is str:
-        return raw
+        if setting.choices and raw.strip() not in setting.choices:
+            raise ConfigError(f"{where} = {raw!r}: expected one of {', '.join(setting.choices)}")
+        return raw.strip() if setting.choices else raw
     try:
         value = setting.kind(raw)
     except ValueError:

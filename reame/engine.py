@@ -24,7 +24,8 @@ from llama_cpp._internals import LlamaSampler
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
-_FINGERPRINT_SPAN = 1 << 20  # bytes hashed from the head and from the tail of the model file
+_FINGERPRINT_SPAN = 1 << 20
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}  # bytes hashed from the head and from the tail of the model file
 
 
 class ModelLoadError(Exception):
@@ -109,15 +110,20 @@ class Engine:
     """One loaded model and its context. Not thread-safe: callers hold a lock."""
 
     def __init__(self, model_path: Path, *, n_ctx: int, n_threads: int = 0,
-                 models_dir: Path | None = None, n_batch: int = 512):
+                 kv_type: str = "f16", models_dir: Path | None = None, n_batch: int = 512):
         model_path = Path(model_path)
         check_model_file(model_path, models_dir or model_path.parent)
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type {kv_type!r}: expected one of {', '.join(KV_TYPES)}")
         threads = n_threads or os.cpu_count() or 1
+        # A quantized V cache needs flash attention in llama.cpp.
+        self.kv_type, self.flash_attn = kv_type, kv_type != "f16"
         started = time.perf_counter()
         try:
             self.llm = Llama(
                 model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
-                n_threads_batch=threads, verbose=False,
+                n_threads_batch=threads, verbose=False, flash_attn=self.flash_attn,
+                type_k=KV_TYPES[kv_type], type_v=KV_TYPES[kv_type],
             )
         except (ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {model_path}: {exc}") from None
@@ -135,6 +141,12 @@ class Engine:
     @property
     def name(self) -> str:
         return self.model_path.name
+
+    @property
+    def kv_fingerprint(self) -> str:
+        """What a saved KV state depends on: the model file, the KV layout, the library."""
+        return (f"model={self.fingerprint};kv={self.kv_type};flash_attn={int(self.flash_attn)};"
+                f"llama-cpp-python={llama_cpp.__version__}")
 
     # tokens
 
@@ -288,3 +300,10 @@ class Engine:
         self.llm.n_tokens = len(tokens)
         self.llm.input_ids[: len(tokens)] = tokens
         return True
+
+    def logits(self) -> "numpy.ndarray":
+        """A copy of the logits after the last evaluated token."""
+        import numpy
+
+        ptr = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return numpy.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()

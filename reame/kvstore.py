@@ -41,15 +41,11 @@ class KVEntry:
 
 @dataclass
 class CacheCounters:
-    hits: int = 0
-    misses: int = 0
-    rejected: int = 0  # files found but unusable: corrupt, foreign, old format
+    rejected: int = 0  # files found but unusable: corrupt, foreign model, old format
     writes: int = 0
     write_errors: int = 0
+    bytes_written: int = 0
     evicted: int = 0
-    prefix_hits: int = 0
-    tokens_restored: int = 0
-    restore_ms_total: float = 0.0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -92,6 +88,43 @@ class KVStore:
 
     # reading
 
+    def peek(self, path: Path) -> list[int] | None:
+        """The tokens a file holds, from its head only; None if absent or not for this model."""
+        try:
+            with path.open("rb") as f:
+                preamble = f.read(_PREAMBLE.size)
+                if len(preamble) < _PREAMBLE.size:
+                    return self.reject(path, "truncated")
+                magic, version, header_len = _PREAMBLE.unpack(preamble)
+                if magic != MAGIC:
+                    return self.reject(path, "not a Reame KV file")
+                if version != FORMAT_VERSION:
+                    return self.reject(path, f"format version {version}, expected {FORMAT_VERSION}")
+                header = self._header(path, f.read(header_len))
+                if header is None:
+                    return None
+                raw = f.read(4 * header["n_tokens"])
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return self.reject(path, f"cannot read: {exc.strerror}")
+        if len(raw) != 4 * header["n_tokens"]:
+            return self.reject(path, "truncated")
+        tokens = array("i")
+        tokens.frombytes(raw)
+        return tokens.tolist()
+
+    def _header(self, path: Path, raw: bytes) -> dict | None:
+        try:
+            header = json.loads(raw)
+            header["n_tokens"], header["state_bytes"] = int(header["n_tokens"]), int(header["state_bytes"])
+            fingerprint = header["fingerprint"]
+        except (ValueError, KeyError, TypeError):
+            return self.reject(path, "unreadable header")
+        if fingerprint != self.fingerprint:
+            return self.reject(path, "made with another model or KV settings")
+        return header
+
     def read(self, path: Path) -> KVEntry | None:
         """The file's tokens and state, or None (counted, logged) if it is not usable."""
         try:
@@ -100,10 +133,9 @@ class KVStore:
                 data = bytearray(os.fstat(f.fileno()).st_size)
                 f.readinto(data)
         except FileNotFoundError:
-            self.counters.misses += 1
             return None
         except OSError as exc:
-            return self._reject(path, f"cannot read: {exc.strerror}")
+            return self.reject(path, f"cannot read: {exc.strerror}")
         entry = self._parse(path, data)
         if entry is not None:
             os.utime(path)  # recently used: the last to be evicted
@@ -111,34 +143,30 @@ class KVStore:
 
     def _parse(self, path: Path, data: bytearray) -> KVEntry | None:
         if len(data) < _PREAMBLE.size + _CRC.size:
-            return self._reject(path, "truncated")
+            return self.reject(path, "truncated")
         magic, version, header_len = _PREAMBLE.unpack_from(data)
         if magic != MAGIC:
-            return self._reject(path, "not a Reame KV file")
+            return self.reject(path, "not a Reame KV file")
         if version != FORMAT_VERSION:
-            return self._reject(path, f"format version {version}, expected {FORMAT_VERSION}")
+            return self.reject(path, f"format version {version}, expected {FORMAT_VERSION}")
         body, (crc,) = memoryview(data)[:-_CRC.size], _CRC.unpack_from(data, len(data) - _CRC.size)
         if zlib.crc32(body) != crc:
-            return self._reject(path, "checksum mismatch (corrupt or truncated)")
-        try:
-            header = json.loads(bytes(body[_PREAMBLE.size:_PREAMBLE.size + header_len]))
-            n_tokens, state_bytes = int(header["n_tokens"]), int(header["state_bytes"])
-            fingerprint = header["fingerprint"]
-        except (ValueError, KeyError, TypeError):
-            return self._reject(path, "unreadable header")
-        if fingerprint != self.fingerprint:
-            return self._reject(path, "made with another model or KV settings")
+            return self.reject(path, "checksum mismatch (corrupt or truncated)")
+        header = self._header(path, bytes(body[_PREAMBLE.size:_PREAMBLE.size + header_len]))
+        if header is None:
+            return None
+        n_tokens, state_bytes = header["n_tokens"], header["state_bytes"]
         start = _PREAMBLE.size + header_len
         if start + 4 * n_tokens + state_bytes != len(body):
-            return self._reject(path, "sizes do not add up")
+            return self.reject(path, "sizes do not add up")
         tokens = array("i")
         tokens.frombytes(body[start:start + 4 * n_tokens])
         state = body[start + 4 * n_tokens:]
         return KVEntry(tokens.tolist(), state)
 
-    def _reject(self, path: Path, why: str) -> None:
+    def reject(self, path: Path, why: str) -> None:
+        """Count and log an unusable file; it is a miss, and the next save replaces it."""
         self.counters.rejected += 1
-        self.counters.misses += 1
         log.warning("KV file %s not used: %s", path.name, why)
         return None
 
@@ -172,6 +200,7 @@ class KVStore:
                 tmp.unlink(missing_ok=True)
             return False
         self.counters.writes += 1
+        self.counters.bytes_written += len(state) + len(token_bytes) + len(header)
         self.evict()
         return True
 

@@ -54,24 +54,6 @@ def test_a_continued_chat_evaluates_only_the_new_tokens(service):
     assert engine.evaluated - before == second.prefilled + kv_reply
 
 
-def test_a_reused_history_gives_the_same_greedy_reply_as_a_cold_one(service, store, engine):
-    chat = service.new_chat()
-    reply(service, chat.id, "Say hello.")
-    warm = reply(service, chat.id, "Now say goodbye.")[-1]
-    assert warm.stats.reused > 0
-    # The same conversation, computed from nothing.
-    engine.clear()
-    cold_service = ChatService(store, engine, GREEDY)
-    twin = cold_service.new_chat()
-    first = service.messages(chat.id)
-    store.add_message(twin.id, "user", first[0].content)
-    store.add_message(twin.id, "assistant", first[1].content, tokens=first[1].token_list,
-                      tokens_model=first[1].tokens_model)
-    cold = reply(cold_service, twin.id, "Now say goodbye.")[-1]
-    assert cold.stats.reused == 0
-    assert cold.text == warm.text
-
-
 def test_empty_message_is_refused(service):
     chat = service.new_chat()
     for text in ("", "   \n "):

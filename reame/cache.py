@@ -1,0 +1,147 @@
+"""The KV cache of a turn: where the prompt's history comes from, and saving it afterwards.
+
+Sources, best first: the live context (the last turn's KV), the chat's KV file, a
+shared-prefix snapshot (same system prompt as an earlier chat), else nothing. Whatever is
+chosen, the engine then holds the KV of the longest common prefix with the prompt, verified.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .engine import Engine
+from .kvstore import BLOCK, KVStore, block_hashes
+
+log = logging.getLogger(__name__)
+
+MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
+
+
+@dataclass
+class Restored:
+    reused: int  # prompt tokens whose KV is live after prepare()
+    source: str  # live / disk / prefix / none
+    restore_ms: float = 0.0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class KVCache:
+    """Puts the right KV into the engine before a turn, and saves it after."""
+
+    def __init__(self, engine: Engine, store: KVStore | None):
+        self.engine = engine
+        self.store = store  # None: the cache is off, only the live context is reused
+        self.prefill_rate = 0.0  # tokens/s, measured on this machine and model
+        self.tokens_saved = 0  # history tokens not recomputed thanks to disk or prefix
+        self.lookups = 0
+        self.hits = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    def prepare(self, chat_id: int, prompt: list[int]) -> Restored:
+        """Make the engine's KV hold the longest available prefix of prompt."""
+        engine = self.engine
+        usable = len(prompt) - 1  # the last token is always evaluated, for its logits
+        live = min(engine.common_prefix(prompt), usable)
+        if self.store is None or live >= usable:
+            return Restored(live, "live" if live else "none")
+        self.lookups += 1
+        started = time.perf_counter()
+        for source, path in self._candidates(chat_id, prompt):
+            head = self.store.peek(path)
+            if head is None:
+                continue
+            reach = min(common_prefix(head, prompt), usable)
+            if reach <= live:
+                continue
+            entry = self.store.read(path)
+            if entry is None:
+                continue
+            if not engine.restore(entry.tokens, entry.state):
+                self.store.reject(path, "llama.cpp did not take the state back exactly")
+                continue
+            if not engine.truncate(reach):
+                log.warning("KV of %s cannot be cut at %d tokens (sliding window or recurrent "
+                            "model): recomputing", path.name, reach)
+                continue
+            ms = (time.perf_counter() - started) * 1000
+            self.hits += 1
+            self.tokens_saved += reach
+            return Restored(reach, source, ms)
+        # Nothing better on disk: whatever still matches in the context is reused.
+        live = min(engine.common_prefix(prompt), usable)
+        return Restored(live, "live" if live else "none", (time.perf_counter() - started) * 1000)
+
+    def _candidates(self, chat_id: int, prompt: list[int]):
+        yield "disk", self.store.chat_path(chat_id)
+        for block_hash in reversed(block_hashes(prompt)):
+            path = self.store.prefix_path(block_hash)
+            if path.exists():
+                yield "prefix", path
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens >= MIN_RATE_SAMPLE and seconds > 0:
+            rate = tokens / seconds
+            self.prefill_rate = rate if not self.prefill_rate else 0.8 * self.prefill_rate + 0.2 * rate
+
+    def prefix_length(self, prefix: list[int], prompt: list[int]) -> int:
+        """Where a shared-prefix snapshot of prompt goes: the last block boundary of prefix."""
+        shared = common_prefix(prefix, prompt)
+        return (min(shared, len(prompt) - 1) // BLOCK) * BLOCK
+
+    def wants_snapshot(self, length: int, prompt: list[int]) -> bool:
+        if self.store is None or length < BLOCK:
+            return False
+        return not self.store.prefix_path(block_hashes(prompt[:length])[-1]).exists()
+
+    def save_snapshot(self, prompt: list[int], length: int) -> None:
+        """Save the live KV (exactly prompt[:length]) as a shared-prefix snapshot."""
+        assert self.engine.tokens == prompt[:length]
+        path = self.store.prefix_path(block_hashes(prompt[:length])[-1])
+        self.store.write(path, prompt[:length], self.engine.state())
+
+    def save(self, chat_id: int) -> float:
+        """Write the chat's KV file with the exact tokens the KV holds; return the ms it took."""
+        if self.store is None or not self.engine.tokens:
+            return 0.0
+        started = time.perf_counter()
+        self.store.write(self.store.chat_path(chat_id), self.engine.tokens, self.engine.state())
+        return (time.perf_counter() - started) * 1000
+
+    def forget(self, chat_id: int) -> None:
+        if self.store is not None:
+            self.store.delete_chat(chat_id)
+
+    def stats(self) -> dict:
+        out = {"enabled": self.enabled, "prefill_tokens_per_s": round(self.prefill_rate, 1),
+               "lookups": self.lookups, "hits": self.hits,
+               "hit_rate": round(self.hits / self.lookups, 3) if self.lookups else None,
+               "tokens_restored": self.tokens_saved,
+               "time_saved_s": round(self.tokens_saved / self.prefill_rate, 2)
+               if self.prefill_rate else 0.0}
+        if self.store is not None:
+            files = self.store.files()
+            out.update(files=len(files), disk_bytes=sum(_size(p) for p in files),
+                       max_disk_bytes=self.store.max_bytes, dir=str(self.store.folder),
+                       counters=self.store.counters.as_dict())
+        return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,311 @@
+"""The persistent KV cache, with the real default model: count the tokens evaluated."""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+
+import pytest
+
+from reame.cache import KVCache
+from reame.chat import ChatService
+from reame.engine import Engine
+from reame.kvstore import BLOCK, KVStore
+from reame.prompt import Turn
+from reame.store import Store
+
+from .conftest import GREEDY
+
+LONG_SYSTEM = ("You are a meticulous assistant for a public library. " * 30).strip()
+
+
+class Node:
+    """One 'process': its own engine (an empty context), store, KV store and service."""
+
+    def __init__(self, folder, model_path, *, enabled=True, kv_type="f16", max_mb=4096,
+                 n_ctx=2048):
+        self.engine = Engine(model_path, n_ctx=n_ctx, kv_type=kv_type)
+        self.store = Store(folder / "reame.db")
+        self.kv = (KVStore(folder / "kv", fingerprint=self.engine.kv_fingerprint,
+                           max_bytes=max_mb * 1024 * 1024) if enabled else None)
+        self.service = ChatService(self.store, self.engine, GREEDY,
+                                   cache=KVCache(self.engine, self.kv))
+
+    def say(self, chat_id, text):
+        return self.finish(self.service.send(chat_id, text))
+
+    def finish(self, updates):
+        before = self.engine.evaluated
+        last = list(updates)[-1]
+        assert last.done
+        last.evaluated = self.engine.evaluated - before
+        return last
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return tmp_path
+
+
+def cold_reply(folder, model_path, node, chat_id, text):
+    """The reply to text after chat_id's history, computed with no cache from nothing."""
+    cold = Node(folder / "cold", model_path, enabled=False)
+    twin = cold.service.new_chat(system_prompt=node.service.get_chat(chat_id).system_prompt)
+    for m in node.store.messages(chat_id):
+        cold.store.add_message(twin.id, m.role, m.content, tokens=m.token_list,
+                               tokens_model=m.tokens_model)
+    last = cold.say(twin.id, text)
+    assert last.stats.reused == 0
+    return last.text
+
+
+def sitting(folder, model_path, script, *, system_prompt=GREEDY.system_prompt):
+    """The replies of one uninterrupted conversation with the cache off: the exact reference.
+
+    A restored KV must give bit-identical replies to this. A cold prefill of the whole history
+    is close but not bit-identical: llama.cpp's batched and one-token evaluations round
+    differently (see close_to_cold)."""
+    node = Node(folder, model_path, enabled=False)
+    chat = node.service.new_chat(system_prompt=system_prompt)
+    return [node.say(chat.id, text).text for text in script]
+
+
+def close_to_cold(node, chat_id, text, model_path):
+    """The first-token logits after the cache's restore vs after a cold prefill of the prompt."""
+    service = node.service
+    chat = service.get_chat(chat_id)
+    turns = service._turns(node.store.messages(chat_id)) + [Turn("user", text)]
+    prompt = service.prompts.tokens(chat.system_prompt, turns)
+    restored = service.cache.prepare(chat_id, prompt)
+    node.engine.prefill(prompt)
+    warm = node.engine.logits()
+    cold = Engine(model_path, n_ctx=2048)
+    cold.prefill(prompt)
+    reference = cold.logits()
+    assert warm.argmax() == reference.argmax()
+    assert abs(warm - reference).max() / abs(reference).max() < 0.1
+    return restored
+
+
+def kv_tokens(kv: KVStore, chat_id: int) -> list[int]:
+    return kv.peek(kv.chat_path(chat_id))
+
+
+def assert_only_new_tokens_evaluated(last):
+    s = last.stats
+    assert s.prefilled == s.prompt_tokens - s.reused
+    # the reply's tokens are evaluated as they are generated, except the last one
+    assert s.prefilled + s.generated - 1 <= last.evaluated <= s.prefilled + s.generated
+
+
+def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, model_path):
+    first = Node(folder, model_path)
+    chat = first.service.new_chat()
+    first.say(chat.id, "Which planet do we live on?")
+    first.say(chat.id, "What is the capital city of France? Answer in one word.")
+    saved = kv_tokens(first.kv, chat.id)
+    assert saved == first.engine.tokens, "the file holds exactly the tokens the KV holds"
+
+    second = Node(folder, model_path)  # a new process: nothing live
+    last = second.say(chat.id, "Say hello.")
+    assert last.stats.source == "disk"
+    assert last.stats.reused == len(saved), "every token before the new message is reused"
+    assert_only_new_tokens_evaluated(last)
+    assert last.stats.prefilled < 20
+    assert last.text == sitting(folder / "ref", model_path, [
+        "Which planet do we live on?", "What is the capital city of France? Answer in one word.",
+        "Say hello."])[-1]
+    assert "restored" in last.stats.line() and "from disk" in last.stats.line()
+    third = Node(folder, model_path)
+    assert close_to_cold(third, chat.id, "Thank you!", model_path).source == "disk"
+
+
+def test_switching_between_three_chats_restores_each(folder, model_path):
+    node = Node(folder, model_path)
+    questions = ["Which planet do we live on?", "Say hello.",
+                 "What is the capital city of France? Answer in one word."]
+    chats = [node.service.new_chat(system_prompt=f"You are assistant number {n}.")
+             for n in range(3)]
+    for chat, question in zip(chats, questions):
+        node.say(chat.id, question)
+    for n, (chat, question) in enumerate(zip(chats, questions)):
+        saved = kv_tokens(node.kv, chat.id)
+        reference = sitting(folder / f"ref{n}", model_path, [question, "Thank you!"],
+                            system_prompt=f"You are assistant number {n}.")[-1]
+        last = node.say(chat.id, "Thank you!")
+        assert last.stats.source == "disk" and last.stats.reused == len(saved)
+        assert_only_new_tokens_evaluated(last)
+        assert last.text == reference
+
+
+def test_regenerate_recomputes_only_the_reply(folder, model_path):
+    node = Node(folder, model_path)
+    chat = node.service.new_chat()
+    first = node.say(chat.id, "Which planet do we live on?")
+    again = node.finish(node.service.regenerate(chat.id))
+    assert again.stats.reused == again.stats.prompt_tokens - 1
+    assert again.stats.prefilled == 1
+    assert again.text.split()[:3] == first.text.split()[:3], "greedy: (nearly) the same reply"
+    messages = node.store.messages(chat.id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    # After a restart too: the reply is recomputed from the file, as in one sitting.
+    later = Node(folder, model_path)
+    third = later.finish(later.service.regenerate(chat.id))
+    assert third.stats.source == "disk" and third.stats.prefilled == 1
+    assert third.text == again.text
+
+
+def test_edit_reuses_the_kv_up_to_the_edited_message(folder, model_path):
+    node = Node(folder, model_path)
+    chat = node.service.new_chat()
+    node.say(chat.id, "Which planet do we live on?")
+    node.say(chat.id, "Say hello.")
+    node.say(chat.id, "Thank you!")
+    messages = node.store.messages(chat.id)
+    second_user = messages[2]
+    later = Node(folder, model_path)
+    edited = later.finish(later.service.edit_message(chat.id, second_user.id, "Say goodbye."))
+    prompt_before = len(later.service.prompts.tokens(
+        GREEDY.system_prompt, later.service._turns(messages[:2])))
+    assert edited.stats.source == "disk"
+    assert edited.stats.reused >= prompt_before - 1
+    assert_only_new_tokens_evaluated(edited)
+    after = [(m.role, m.content) for m in later.store.messages(chat.id)]
+    assert after[:3] == [(m.role, m.content) for m in messages[:2]] + [("user", "Say goodbye.")]
+    assert len(after) == 4
+    assert edited.text == sitting(folder / "ref", model_path,
+                                  ["Which planet do we live on?", "Say goodbye."])[-1]
+
+
+def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
+    node = Node(folder, model_path)
+    one = node.service.new_chat(system_prompt=LONG_SYSTEM)
+    reference = node.say(one.id, "Say hello.").text
+    prefixes = list((folder / "kv").glob("prefix-*.kv"))
+    assert len(prefixes) == 1
+
+    later = Node(folder, model_path)
+    two = later.service.new_chat(system_prompt=LONG_SYSTEM)
+    last = later.say(two.id, "Say hello.")
+    assert last.stats.source == "prefix"
+    opening = later.service.prompts.tokens(LONG_SYSTEM, [])
+    assert last.stats.reused >= BLOCK and last.stats.reused % BLOCK == 0
+    assert last.stats.reused > len(opening) - BLOCK - 10
+    assert_only_new_tokens_evaluated(last)
+    assert last.text == reference
+    three = later.service.new_chat(system_prompt=LONG_SYSTEM)
+    assert close_to_cold(Node(folder, model_path), three.id, "Which planet do we live on?",
+                         model_path).source == "prefix"
+
+
+def _corrupt_truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _corrupt_flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _corrupt_old_format(path):
+    data = bytearray(path.read_bytes())
+    data[8:12] = struct.pack("<I", 0)
+    path.write_bytes(bytes(data))
+
+
+def _corrupt_garbage(path):
+    path.write_bytes(os.urandom(5000))
+
+
+@pytest.mark.parametrize("damage", [_corrupt_truncate, _corrupt_flip, _corrupt_old_format,
+                                    _corrupt_garbage], ids=["truncated", "flipped-byte",
+                                                            "older-format", "garbage"])
+def test_a_damaged_file_is_a_miss_and_is_replaced(folder, model_path, damage, caplog):
+    node = Node(folder, model_path)
+    chat = node.service.new_chat()
+    node.say(chat.id, "Which planet do we live on?")
+    path = node.kv.chat_path(chat.id)
+    damage(path)
+    reference = cold_reply(folder, model_path, node, chat.id, "Say hello.")
+    later = Node(folder, model_path)
+    with caplog.at_level(logging.WARNING, logger="reame.kvstore"):
+        last = later.say(chat.id, "Say hello.")
+    assert last.stats.source == "none" and last.stats.reused == 0
+    assert last.stats.prefilled == last.stats.prompt_tokens
+    assert last.text == reference
+    assert later.kv.counters.rejected >= 1
+    assert any("not used" in r.message for r in caplog.records)
+    assert later.kv.read(path) is not None, "the file was replaced by a good one"
+    assert later.kv.peek(path) == later.engine.tokens
+
+
+def test_a_file_of_another_model_or_kv_type_is_not_restored(folder, model_path):
+    node = Node(folder, model_path, kv_type="q8_0")
+    chat = node.service.new_chat()
+    node.say(chat.id, "Which planet do we live on?")
+    q8_file = node.kv.chat_path(chat.id)
+    # The f16 node looks for its own file name; give it the q8_0 bytes under that name.
+    f16 = Node(folder, model_path, kv_type="f16")
+    f16_path = f16.kv.chat_path(chat.id)
+    assert f16_path != q8_file, "one file per chat per fingerprint"
+    f16_path.write_bytes(q8_file.read_bytes())
+    reference = cold_reply(folder, model_path, node, chat.id, "Say hello.")
+    last = f16.say(chat.id, "Say hello.")
+    assert last.stats.source == "none" and f16.kv.counters.rejected == 1
+    assert last.text == reference
+    # The q8_0 file is still there for when q8_0 comes back.
+    assert node.kv.read(q8_file) is not None
+
+
+def test_a_failed_write_delivers_the_reply_and_leaves_no_partial_file(folder, model_path,
+                                                                      monkeypatch):
+    node = Node(folder, model_path)
+    chat = node.service.new_chat()
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("reame.kvstore.os.fsync", disk_full)
+    last = node.say(chat.id, "Which planet do we live on?")
+    assert "Earth" in last.text
+    assert node.kv.counters.write_errors >= 1
+    assert list((folder / "kv").iterdir()) == []
+    assert node.store.messages(chat.id)[-1].content == last.text
+
+
+def test_eviction_keeps_the_disk_budget(folder, model_path):
+    node = Node(folder, model_path, max_mb=20)
+    chats = [node.service.new_chat(system_prompt=f"You are assistant {n}. " + "Be kind. " * 40)
+             for n in range(6)]
+    for chat in chats:
+        node.say(chat.id, "Say hello.")
+        assert node.kv.disk_bytes() <= 20 * 1024 * 1024
+    assert node.kv.counters.evicted > 0
+    assert node.kv.chat_path(chats[-1].id).exists(), "the most recent chat is kept"
+    assert not node.kv.chat_path(chats[0].id).exists(), "the least recently used went first"
+
+
+def test_deleting_a_chat_deletes_its_file_and_start_up_sweeps_orphans(folder, model_path):
+    node = Node(folder, model_path)
+    keep, drop = node.service.new_chat(), node.service.new_chat()
+    node.say(keep.id, "Say hello.")
+    node.say(drop.id, "Say hello.")
+    node.service.delete_chat(drop.id)
+    assert not node.kv.chat_path(drop.id).exists()
+    orphan = node.kv.chat_path(999)
+    orphan.write_bytes(node.kv.chat_path(keep.id).read_bytes())
+    assert node.kv.sweep(node.store.chat_ids()) == 1
+    assert not orphan.exists() and node.kv.chat_path(keep.id).exists()
+
+
+def test_with_the_cache_off_a_restart_recomputes_everything(folder, model_path):
+    node = Node(folder, model_path, enabled=False)
+    chat = node.service.new_chat()
+    node.say(chat.id, "Which planet do we live on?")
+    later = Node(folder, model_path, enabled=False)
+    last = later.say(chat.id, "Say hello.")
+    assert last.stats.source == "none" and last.stats.prefilled == last.stats.prompt_tokens
+    assert not (folder / "kv").exists()
