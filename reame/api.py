@@ -36,14 +36,28 @@ def register_api(service: ChatService, *, concurrency_id: str) -> None:
         """Create a chat; an empty title becomes the first message; returns the chat id."""
         return service.new_chat(title or "", system_prompt).id
 
-    def send(chat_id: int, message: str) -> Iterator[str]:
-        """Send a message; streams the reply so far, the last value being the whole reply."""
+    def _stream(start) -> Iterator[str]:
         try:
-            updates = service.send(int(chat_id), message)
-            for update in updates:
+            for update in start():
                 yield update.text
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
+
+    def send(chat_id: int, message: str) -> Iterator[str]:
+        """Send a message; streams the reply so far, the last value being the whole reply."""
+        yield from _stream(lambda: service.send(int(chat_id), message))
+
+    def regenerate(chat_id: int) -> Iterator[str]:
+        """Replace the last reply with a new one; streams it like /send."""
+        yield from _stream(lambda: service.regenerate(int(chat_id)))
+
+    def edit_message(chat_id: int, message_id: int, message: str) -> Iterator[str]:
+        """Replace one of the user's messages, drop what followed, and stream the new reply."""
+        yield from _stream(lambda: service.edit_message(int(chat_id), int(message_id), message))
+
+    def cache_stats() -> dict:
+        """The KV cache: disk used, files, hit rate, tokens restored, time saved."""
+        return service.cache_stats()
 
     def list_chats() -> list[dict]:
         """All chats, most recently active first."""
@@ -75,6 +89,7 @@ def register_api(service: ChatService, *, concurrency_id: str) -> None:
             raise _user_error(exc) from None
         return True
 
-    gr.api(send, api_name="send", concurrency_id=concurrency_id, concurrency_limit=1)
-    for fn in (new_chat, list_chats, get_chat, rename_chat, delete_chat):
+    for fn in (send, regenerate, edit_message):
+        gr.api(fn, api_name=fn.__name__, concurrency_id=concurrency_id, concurrency_limit=1)
+    for fn in (new_chat, list_chats, get_chat, rename_chat, delete_chat, cache_stats):
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None)

@@ -102,8 +102,12 @@ class KVCache:
         shared = common_prefix(prefix, prompt)
         return (min(shared, len(prompt) - 1) // BLOCK) * BLOCK
 
+    def restorable(self, n_tokens: int) -> bool:
+        limit = self.engine.restore_limit
+        return limit is None or n_tokens <= limit
+
     def wants_snapshot(self, length: int, prompt: list[int]) -> bool:
-        if self.store is None or length < BLOCK:
+        if self.store is None or length < BLOCK or not self.restorable(length):
             return False
         return not self.store.prefix_path(block_hashes(prompt[:length])[-1]).exists()
 
@@ -116,6 +120,10 @@ class KVCache:
     def save(self, chat_id: int) -> float:
         """Write the chat's KV file with the exact tokens the KV holds; return the ms it took."""
         if self.store is None or not self.engine.tokens:
+            return 0.0
+        if not self.restorable(len(self.engine.tokens)):
+            # Past a sliding window the state would not come back exactly. The chat's older,
+            # shorter file (if any) stays: its tokens are still a valid prefix.
             return 0.0
         started = time.perf_counter()
         self.store.write(self.store.chat_path(chat_id), self.engine.tokens, self.engine.state())

@@ -133,6 +133,11 @@ class Engine:
         self.metadata = self.llm.metadata
         self.chat_template: str | None = self.metadata.get("tokenizer.chat_template")
         self._vocab = self.llm._model.vocab
+        # A sliding-window model's KV can be saved and restored exactly only while the whole
+        # sequence fits in its window (measured on Gemma 3: past it, the restored sequence
+        # starts at the window). None: no such limit known.
+        n_swa = llama_cpp.llama_model_n_swa(self.llm._model.model)
+        self.restore_limit: int | None = n_swa if n_swa > 0 else None
         self.tokens: list[int] = []
         self.evaluated = 0
         log.info("loaded %s (n_ctx %d, %d threads) in %.2f s", model_path.name, self.n_ctx,

