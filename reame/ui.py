@@ -37,6 +37,8 @@ def _settings_values(service: ChatService, chat_id: int | None) -> tuple:
 
 def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
     with gr.Blocks(title=title, analytics_enabled=False, fill_height=True) as demo:
+        # First, so that the API names stay exactly as documented.
+        register_api(service, concurrency_id=GENERATE)
         current = gr.State(None)  # the chat shown, by id
         pending = gr.State("")  # the message being sent (the textbox clears at once)
 
@@ -96,7 +98,7 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
             chats = service.list_chats()
             return show(chats[0].id if chats else None)
 
-        def new_chat():
+        def on_new_chat():
             return show(service.new_chat().id)
 
         def begin_send(text, chat_id):
@@ -176,7 +178,7 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
 
         view = [current, chat_list, chatbot, *settings]
         demo.load(on_load, None, view, **HIDDEN)
-        new_btn.click(new_chat, None, view, **HIDDEN)
+        new_btn.click(on_new_chat, None, view, **HIDDEN)
 
         sending = message.submit(
             begin_send, [message, current], [current, pending, chatbot, message, chat_list],
@@ -203,5 +205,4 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
         for control in (temperature, top_p):
             control.release(save_settings, [current, *settings], None, **HIDDEN)
 
-        register_api(service, concurrency_id=GENERATE)
     return demo
