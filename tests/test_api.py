@@ -97,3 +97,28 @@ def test_an_empty_message_is_refused_by_the_api(server):
     with pytest.raises(Exception, match="the message is empty"):
         client.predict(chat_id, "   ", api_name="/send")
     assert client.predict(chat_id, api_name="/get_chat")["messages"] == []
+
+
+def test_a_missing_model_leaves_the_server_up_and_says_why(server_factory, tmp_path):
+    server = server_factory(model_path="models/not-here.gguf")
+    client = client_for(server)
+    chat_id = client.predict("t", None, api_name="/new_chat")
+    with pytest.raises(Exception) as info:
+        client.predict(chat_id, "hello", api_name="/send")
+    message = str(info.value)
+    assert "Model file not found" in message and "not-here.gguf" in message
+    assert client.predict(api_name="/list_chats")[0]["id"] == chat_id
+
+
+def test_a_malformed_config_stops_the_start_naming_the_line(tmp_path):
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    bad = tmp_path / "reame.conf"
+    bad.write_text("[model]\nn_ctx = 2048\nn_threads 4\n")
+    result = subprocess.run([sys.executable, str(ROOT / "app.py"), "--config", str(bad)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "line 3: n_threads 4" in result.stderr
