@@ -12,6 +12,7 @@ cannot be read back exactly is a miss, never an error.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -53,8 +54,6 @@ class CacheCounters:
 
 def block_hashes(tokens: Sequence[int], block: int = BLOCK) -> list[str]:
     """Chained hash at each block boundary: hashes[i] covers tokens[: (i + 1) * block]."""
-    import hashlib
-
     out, chain = [], b""
     for start in range(0, len(tokens) - block + 1, block):
         digest = hashlib.blake2b(chain + array("i", tokens[start:start + block]).tobytes(),
@@ -92,14 +91,9 @@ class KVStore:
         """The tokens a file holds, from its head only; None if absent or not for this model."""
         try:
             with path.open("rb") as f:
-                preamble = f.read(_PREAMBLE.size)
-                if len(preamble) < _PREAMBLE.size:
-                    return self.reject(path, "truncated")
-                magic, version, header_len = _PREAMBLE.unpack(preamble)
-                if magic != MAGIC:
-                    return self.reject(path, "not a Reame KV file")
-                if version != FORMAT_VERSION:
-                    return self.reject(path, f"format version {version}, expected {FORMAT_VERSION}")
+                header_len = self._preamble(path, f.read(_PREAMBLE.size))
+                if header_len is None:
+                    return None
                 header = self._header(path, f.read(header_len))
                 if header is None:
                     return None
@@ -114,10 +108,22 @@ class KVStore:
         tokens.frombytes(raw)
         return tokens.tolist()
 
+    def _preamble(self, path: Path, raw: bytes | memoryview) -> int | None:
+        """The header's length, if raw starts a file of this format."""
+        if len(raw) < _PREAMBLE.size:
+            return self.reject(path, "truncated")
+        magic, version, header_len = _PREAMBLE.unpack_from(raw)
+        if magic != MAGIC:
+            return self.reject(path, "not a Reame KV file")
+        if version != FORMAT_VERSION:
+            return self.reject(path, f"format version {version}, expected {FORMAT_VERSION}")
+        return header_len
+
     def _header(self, path: Path, raw: bytes) -> dict | None:
         try:
             header = json.loads(raw)
-            header["n_tokens"], header["state_bytes"] = int(header["n_tokens"]), int(header["state_bytes"])
+            for key in ("n_tokens", "state_bytes"):
+                header[key] = int(header[key])
             fingerprint = header["fingerprint"]
         except (ValueError, KeyError, TypeError):
             return self.reject(path, "unreadable header")
@@ -144,11 +150,9 @@ class KVStore:
     def _parse(self, path: Path, data: bytearray) -> KVEntry | None:
         if len(data) < _PREAMBLE.size + _CRC.size:
             return self.reject(path, "truncated")
-        magic, version, header_len = _PREAMBLE.unpack_from(data)
-        if magic != MAGIC:
-            return self.reject(path, "not a Reame KV file")
-        if version != FORMAT_VERSION:
-            return self.reject(path, f"format version {version}, expected {FORMAT_VERSION}")
+        header_len = self._preamble(path, data)
+        if header_len is None:
+            return None
         body, (crc,) = memoryview(data)[:-_CRC.size], _CRC.unpack_from(data, len(data) - _CRC.size)
         if zlib.crc32(body) != crc:
             return self.reject(path, "checksum mismatch (corrupt or truncated)")
@@ -253,6 +257,5 @@ class KVStore:
 
 
 def fingerprint_tag(fingerprint: str) -> str:
-    import hashlib
-
+    """A short, file-name-safe tag of a fingerprint."""
     return hashlib.blake2b(fingerprint.encode(), digest_size=6).hexdigest()
