@@ -187,3 +187,46 @@ def load_config(path: Path | str | None) -> Config:
         values[item.section][item.key] = _convert(item, raw, base_dir)
     parts = {name: cls(**values[name]) for name, cls in _SECTIONS.items()}
     return Config(**parts, path=path)
+
+
+def validate_value(section: str, key: str, value: Any, base_dir: Path) -> Any:
+    """The typed value of a setting, or ConfigError naming the key and what is allowed."""
+    try:
+        item = setting(section, key)
+    except KeyError:
+        raise ConfigError(f"[{section}] {key}: no such setting") from None
+    raw = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    if item.kind is int and isinstance(value, float) and value.is_integer():
+        raw = str(int(value))
+    return _convert(item, raw, base_dir)
+
+
+def update_config(path: Path, changes: dict[tuple[str, str], Any]) -> Config:
+    """Write changed settings into the file, keeping its comments, order and unknown keys.
+
+    Every value is validated first: one bad value writes nothing. The file is replaced
+    atomically (temp file, fsync, rename). Returns the config as now written.
+    """
+    from configupdater import ConfigUpdater  # comment-preserving INI: no hand-written parser
+
+    path = Path(path).resolve()
+    for (section, key), value in changes.items():
+        validate_value(section, key, value, path.parent)
+    updater = ConfigUpdater()
+    updater.read(path, encoding="utf-8")
+    for (section, key), value in changes.items():
+        raw = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        if not updater.has_section(section):
+            updater.add_section(section)
+        if updater.has_option(section, key):
+            updater[section][key].value = raw
+        else:
+            updater[section].set(key, raw)
+    text = str(updater)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return load_config(path)

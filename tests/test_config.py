@@ -63,3 +63,34 @@ def test_out_of_range_value_gives_the_range(tmp_path):
 def test_missing_config_file_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.conf")
+
+
+def test_update_keeps_comments_order_and_unknown_keys(tmp_path):
+    original = (ROOT / "reame.conf").read_text() + "\n[custom]\n# mine\nflavour = mint\n"
+    path = write(tmp_path, original)
+    from reame.config import update_config
+
+    config = update_config(path, {("model", "n_ctx"): 2048, ("cache", "kv_type"): "q8_0",
+                                  ("cache", "enabled"): False})
+    assert (config.model.n_ctx, config.cache.kv_type, config.cache.enabled) == (2048, "q8_0", False)
+    after = path.read_text()
+    changed = [(a, b) for a, b in zip(original.splitlines(), after.splitlines()) if a != b]
+    assert changed == [("n_ctx = 4096", "n_ctx = 2048"), ("enabled = true", "enabled = false"),
+                       ("kv_type = f16", "kv_type = q8_0")]
+    assert len(after.splitlines()) == len(original.splitlines())
+
+
+def test_update_refuses_bad_values_and_writes_nothing(tmp_path):
+    from reame.config import update_config
+
+    path = write(tmp_path, (ROOT / "reame.conf").read_text())
+    before = path.read_bytes()
+    for changes, message in [
+        ({("model", "n_ctx"): 10}, r"allowed range is 256 to 131072"),
+        ({("cache", "kv_type"): "q4"}, r"expected one of f16, q8_0"),
+        ({("model", "n_ctx"): 2048, ("server", "port"): "eighty"}, r"expected int"),
+        ({("model", "nope"): 1}, r"no such setting"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            update_config(path, changes)
+        assert path.read_bytes() == before
