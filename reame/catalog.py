@@ -1,0 +1,103 @@
+"""The models a user can pick: what each is, and whether it can run here, before loading it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import psutil
+
+from .engine import gguf_files
+from .gguf_info import GGUFInfo, NotGGUF, read_gguf_info
+
+log = logging.getLogger(__name__)
+
+# Beyond the weights and the KV: compute buffers, the logits, Python. Measured on SmolLM2 at
+# n_ctx 4096: about 150 MB; kept generous.
+OVERHEAD_BYTES = 256 * 1024 * 1024
+
+
+class ModelCheckError(ValueError):
+    """A model file that cannot be used here; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    info: GGUFInfo | None
+    path: Path
+    error: str | None = None  # why it cannot be described
+
+    def as_dict(self, kv_type: str = "f16") -> dict:
+        if self.info is None:
+            return {"path": str(self.path), "error": self.error}
+        i = self.info
+        return {"path": str(i.path), "file": i.path.name, "size_bytes": i.size,
+                "architecture": i.architecture, "name": i.name, "parameters": i.parameters,
+                "quantization": i.quantization, "context_length": i.context_length,
+                "chat_template": i.has_chat_template,
+                "kv_bytes_per_token": i.kv_bytes_per_token(kv_type)}
+
+
+def list_models(models_dir: Path) -> list[ModelChoice]:
+    """Every .gguf under models_dir, described from its header."""
+    out = []
+    for path in gguf_files(models_dir):
+        try:
+            out.append(ModelChoice(read_gguf_info(path), path))
+        except (NotGGUF, OSError) as exc:
+            out.append(ModelChoice(None, path, str(exc)))
+    return out
+
+
+def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str) -> int:
+    per_token = info.kv_bytes_per_token(kv_type) or 0
+    return info.size + per_token * n_ctx + OVERHEAD_BYTES
+
+
+def _supported(path: Path) -> bool:
+    """Whether the installed llama.cpp knows the file's architecture (loads the vocab only)."""
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        return False
+    llama_cpp.llama_model_free(model)
+    return True
+
+
+def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0) -> GGUFInfo:
+    """Everything that can be checked before loading; ModelCheckError names the problem.
+
+    freed_bytes: memory that loading will free (the model being replaced).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ModelCheckError(f"{path} does not exist")
+    if not path.is_file():
+        raise ModelCheckError(f"{path} is not a file")
+    if not os.access(path, os.R_OK):
+        raise ModelCheckError(f"{path} is not readable (permissions)")
+    try:
+        info = read_gguf_info(path)
+    except NotGGUF as exc:
+        raise ModelCheckError(f"not a GGUF model file: {exc}") from None
+    except OSError as exc:
+        raise ModelCheckError(f"cannot read {path}: {exc.strerror}") from None
+    if not _supported(path):
+        raise ModelCheckError(
+            f"architecture '{info.architecture}' of {path.name} is not supported by the "
+            f"installed llama.cpp (llama-cpp-python {llama_cpp.__version__})")
+    if info.context_length and n_ctx > info.context_length:
+        log.info("n_ctx %d is above %s's trained context of %d", n_ctx, path.name,
+                 info.context_length)
+    needed = memory_needed(info, n_ctx, kv_type)
+    available = psutil.virtual_memory().available + freed_bytes
+    if needed > available:
+        raise ModelCheckError(
+            f"{path.name} with a {n_ctx:,}-token context needs about {needed / 2**30:.1f} GB "
+            f"(weights {info.size / 2**30:.1f} GB + KV cache); {available / 2**30:.1f} GB is "
+            f"available. Choose a smaller n_ctx, q8_0 KV, or a smaller model.")
+    return info
