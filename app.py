@@ -8,45 +8,13 @@ import logging
 import sys
 from pathlib import Path
 
-from reame.cache import KVCache
 from reame.chat import ChatService
 from reame.config import Config, ConfigError, load_config
-from reame.engine import Engine, ModelLoadError
-from reame.kvstore import KVStore
-from reame.store import Store
+from reame.runtime import build_service
 from reame.ui import CSS, build_ui
 
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
-
-
-def build_service(config: Config) -> ChatService:
-    """The store, the engine and the KV cache; a model that cannot load leaves the app up
-    with the reason shown in the page."""
-    store = Store(config.storage.database_path)
-    engine, load_error = None, None
-    try:
-        engine = Engine(config.model.model_path, n_ctx=config.model.n_ctx,
-                        n_threads=config.model.n_threads, kv_type=config.cache.kv_type,
-                        models_dir=config.base_dir / "models")
-    except ModelLoadError as exc:
-        load_error = str(exc)
-        log.error("%s", load_error)
-    cache = None
-    if engine is not None:
-        cache = KVCache(engine, build_kvstore(config, engine, store))
-    return ChatService(store, engine, config.generation, cache=cache, load_error=load_error)
-
-
-def build_kvstore(config: Config, engine: Engine, store: Store) -> KVStore | None:
-    if not config.cache.enabled:
-        return None
-    kv = KVStore(config.cache.dir, fingerprint=engine.kv_fingerprint,
-                 max_bytes=config.cache.max_disk_mb * 1024 * 1024)
-    swept = kv.sweep(store.chat_ids())
-    if swept:
-        log.info("deleted %d KV files of chats that no longer exist", swept)
-    return kv
 
 
 def build_app(config: Config, service: ChatService):
