@@ -88,8 +88,9 @@ def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0) -
         raise ModelCheckError(f"cannot read {path}: {exc.strerror}") from None
     if not _supported(path):
         raise ModelCheckError(
-            f"architecture '{info.architecture}' of {path.name} is not supported by the "
-            f"installed llama.cpp (llama-cpp-python {llama_cpp.__version__})")
+            f"llama.cpp cannot open {path.name}: either its architecture '{info.architecture}' "
+            f"is not supported by the installed llama.cpp (llama-cpp-python "
+            f"{llama_cpp.__version__}), or the file is incomplete or damaged")
     if info.context_length and n_ctx > info.context_length:
         log.info("n_ctx %d is above %s's trained context of %d", n_ctx, path.name,
                  info.context_length)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from .cache import KVCache
@@ -113,6 +113,28 @@ class ChatService:
         # Without a KV store, only the live context is reused (what plain servers do).
         self.cache = cache or (KVCache(engine, None) if engine else None)
         self.lock = threading.Lock()
+        self._loading = False
+
+    @property
+    def loading(self) -> bool:
+        return self._loading
+
+    def replace_engine(self, load: Callable[[], tuple[Engine, KVCache]]) -> None:
+        """Switch to the engine load() builds. Turns wait meanwhile; if it fails, the current
+        engine keeps serving and the error propagates."""
+        with self.lock:
+            self._loading = True
+            try:
+                engine, cache = load()
+            finally:
+                self._loading = False
+            old = self.engine
+            self.engine, self.cache = engine, cache
+            self.prompts = PromptBuilder(engine)
+            self.load_error = None
+        if old is not None:
+            old.close()
+        log.info("now serving %s", engine.name)
 
     # chats
 

@@ -153,6 +153,11 @@ class Engine:
         return (f"model={self.fingerprint};kv={self.kv_type};flash_attn={int(self.flash_attn)};"
                 f"llama-cpp-python={llama_cpp.__version__}")
 
+    def close(self) -> None:
+        """Free the model and its context now rather than at garbage collection."""
+        self.llm.close()
+        self.tokens = []
+
     # tokens
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:

