@@ -8,6 +8,7 @@ from typing import Any
 import gradio as gr
 
 from .chat import ChatError, ChatNotFound, ChatService
+from .settings import Settings, SettingsError
 from .store import Chat, Message
 
 
@@ -29,7 +30,8 @@ def _user_error(exc: Exception) -> gr.Error:
     return gr.Error(str(exc), print_exception=False)
 
 
-def register_api(service: ChatService, *, concurrency_id: str) -> None:
+def register_api(service: ChatService, *, concurrency_id: str,
+                 settings: Settings | None = None) -> None:
     """Add the named endpoints to the Blocks being built."""
 
     def new_chat(title: str = "", system_prompt: str | None = None) -> int:
@@ -89,7 +91,37 @@ def register_api(service: ChatService, *, concurrency_id: str) -> None:
             raise _user_error(exc) from None
         return True
 
+    if settings is not None:
+        _register_settings(settings, concurrency_id=concurrency_id)
     for fn in (send, regenerate, edit_message):
         gr.api(fn, api_name=fn.__name__, concurrency_id=concurrency_id, concurrency_limit=1)
     for fn in (new_chat, list_chats, get_chat, rename_chat, delete_chat, cache_stats):
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None)
+
+
+def _register_settings(settings: Settings, *, concurrency_id: str) -> None:
+    def get_settings() -> dict:
+        """reame.conf as the app runs it, the loaded model, and what can be changed here."""
+        return settings.current()
+
+    def list_models() -> list[dict]:
+        """Every .gguf in models/, described from its header (nothing is loaded)."""
+        return settings.models()
+
+    def update_settings(changes: dict) -> dict:
+        """Change settings, e.g. {"model": {"model_path": "models/x.gguf", "n_ctx": 2048}}.
+
+        Validated first; a new model is loaded while replies wait; reame.conf is written last.
+        """
+        if not isinstance(changes, dict) or not all(isinstance(v, dict) for v in changes.values()):
+            raise gr.Error('expected {"section": {"key": value}}', print_exception=False)
+        try:
+            return settings.update(changes)
+        except SettingsError as exc:
+            raise _user_error(exc) from None
+
+    for fn in (get_settings, list_models):
+        gr.api(fn, api_name=fn.__name__, concurrency_limit=None)
+    # Loading a model waits for replies in progress, and replies wait for it.
+    gr.api(update_settings, api_name="update_settings", concurrency_id=concurrency_id,
+           concurrency_limit=1)
