@@ -21,6 +21,20 @@ def inert_html(text: str) -> str:
     )
 
 
+def reply_markdown(text: str, stats: dict | TurnStats | None = None) -> str:
+    """A reply as shown: HTML made inert, then its stats line (if any).
+
+    A reply cut by max_tokens or by stop can end inside a code fence; close it first, or the
+    fence swallows the stats line, which then shows as raw HTML in a code block.
+    """
+    shown = inert_html(text)
+    unclosed = _CODE.findall(shown)
+    if unclosed and unclosed[-1].startswith("```") and (
+            len(unclosed[-1]) < 6 or not unclosed[-1].endswith("```")):
+        shown += "\n```"
+    return shown + stats_line(stats)
+
+
 def stats_line(stats: dict | TurnStats | None) -> str:
     if not stats:
         return ""
@@ -34,8 +48,9 @@ def to_chatbot(messages: list[Message]) -> list[dict]:
     """Messages in the Chatbot's format; each reply carries its stats line."""
     shown = []
     for m in messages:
-        content = inert_html(m.content)
         if m.role == "assistant":
-            content += stats_line(m.stats_dict)
+            content = reply_markdown(m.content, m.stats_dict)
+        else:
+            content = inert_html(m.content)
         shown.append({"role": m.role, "content": content})
     return shown

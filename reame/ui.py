@@ -7,8 +7,8 @@ import logging
 import gradio as gr
 
 from .api import register_api
-from .chat import ChatError, ChatNotFound, ChatService, MessageTooLong
-from .render import inert_html, stats_line, to_chatbot
+from .chat import ChatError, ChatNotFound, ChatService
+from .render import inert_html, reply_markdown, to_chatbot
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
 
         with gr.Sidebar(open=True, elem_id="sidebar"):
             gr.Markdown(f"### {title}")
-            new_btn = gr.Button("＋ New chat", variant="primary", elem_id="new-chat")
+            new_btn = gr.Button("+ New chat", variant="primary", elem_id="new-chat")
             chat_list = gr.Radio(choices=[], label="Chats", elem_id="chat-list")
             with gr.Accordion("Rename or delete", open=False, elem_id="manage"):
                 rename_box = gr.Textbox(label="New title", elem_id="rename-box", max_lines=1)
@@ -68,8 +68,8 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
                              sanitize_html=True, render_markdown=True, buttons=["copy"],
                              feedback_options=None, placeholder="Start a conversation.")
         message = gr.Textbox(placeholder="Message (Enter to send, Shift+Enter for a new line)",
-                             show_label=False, lines=1, max_lines=8, submit_btn=True,
-                             stop_btn=False, elem_id="message", autofocus=True)
+                             label="Message", show_label=False, lines=1, max_lines=8,
+                             submit_btn=True, stop_btn=False, elem_id="message", autofocus=True)
         with gr.Accordion("Chat settings", open=False, elem_id="chat-settings"):
             system_prompt = gr.Textbox(label="System prompt", lines=2, elem_id="system-prompt")
             with gr.Row():
@@ -101,11 +101,21 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
         def on_new_chat():
             return show(service.new_chat().id)
 
-        def begin_send(text, chat_id):
+        def check_send(text, _chat_id, _in_progress):
+            """Runs before begin_send; a refusal shows on the textbox and changes nothing else."""
             if not text or not text.strip():
-                raise gr.Error("Type a message first.")
-            if service.engine is None:
-                raise gr.Error(service.load_error)
+                problem = "Type a message first."
+            elif service.engine is None:
+                problem = f"The model could not be loaded. {service.load_error}"
+            else:
+                problem = ""
+            return gr.validate(not problem, problem), gr.validate(True, ""), gr.validate(True, "")
+
+        def begin_send(text, chat_id, in_progress):
+            if in_progress:
+                # A toast: the streaming reply's updates would wipe a validation message.
+                raise gr.Error("A reply is still being written: wait for it, or press stop.",
+                               print_exception=False)
             if chat_id is None:
                 chat_id = service.new_chat().id
             history = to_chatbot(service.messages(chat_id))
@@ -120,25 +130,26 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
             base.append({"role": "user", "content": inert_html(text)})
             try:
                 for update in service.send(chat_id, text):
-                    reply = inert_html(update.text)
-                    if update.done:
-                        reply += stats_line(update.stats)
-                    yield base + [{"role": "assistant", "content": reply}], ""
-            except MessageTooLong as exc:
-                # Nothing was stored: give the text back so the user loses nothing.
+                    reply = reply_markdown(update.text, update.stats if update.done else None)
+                    # Leave the textbox alone: the user may be typing the next message.
+                    yield base + [{"role": "assistant", "content": reply}], gr.skip()
+            except ChatError as exc:  # e.g. MessageTooLong: nothing was stored
+                # A toast rather than gr.Error: on an error the Chatbot keeps an "Error" badge
+                # over the conversation. The text goes back so that the user loses nothing.
+                gr.Warning(str(exc))
                 yield to_chatbot(service.messages(chat_id)), text
-                raise gr.Error(str(exc)) from None
-            except ChatError as exc:
-                yield to_chatbot(service.messages(chat_id)), text
-                raise gr.Error(str(exc)) from None
 
         def end_send(chat_id):
-            return (gr.Textbox(submit_btn=True, stop_btn=False),
-                    gr.Radio(choices=_choices(service), value=chat_id), "")
+            """After a reply, however it ended: done, failed, stopped, or another chat chosen.
 
-        def after_stop(chat_id):
-            # The stopped turn saved its partial reply: show what is stored.
-            messages = to_chatbot(service.messages(chat_id)) if chat_id is not None else []
+            Shows the chat as stored. A stopped reply is saved when Gradio closes the cancelled
+            generator, which it does before it runs this `.then`; and the stream's last chunks,
+            which can arrive after another chat was chosen, are replaced by that chat.
+            """
+            try:
+                messages = to_chatbot(service.messages(chat_id)) if chat_id is not None else []
+            except ChatNotFound:
+                messages = []
             return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
                     gr.Radio(choices=_choices(service), value=chat_id), "")
 
@@ -177,26 +188,34 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
         # wiring
 
         view = [current, chat_list, chatbot, *settings]
-        demo.load(on_load, None, view, **HIDDEN)
-        new_btn.click(on_new_chat, None, view, **HIDDEN)
+        # Not queued: a quick read that fills the page at once (tests/test_browser.py waits for
+        # its /run/predict answer as the sign that the page is ready).
+        demo.load(on_load, None, view, queue=False, **HIDDEN)
 
+        # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
+        # badge over the conversation even with show_progress="hidden".
         sending = message.submit(
-            begin_send, [message, current], [current, pending, chatbot, message, chat_list],
-            queue=False, **HIDDEN,
+            begin_send, [message, current, pending],
+            [current, pending, chatbot, message, chat_list], validator=check_send,
+            show_progress="hidden", show_progress_on=[message], **HIDDEN,
         )
+        # Progress (the "..." bubble) on the chatbot only, not over the textbox.
         streaming = sending.success(
-            stream_reply, [pending, current], [chatbot, message],
-            concurrency_id=GENERATE, concurrency_limit=1, **HIDDEN,
+            stream_reply, [pending, current], [chatbot, message], show_progress="minimal",
+            show_progress_on=[chatbot], concurrency_id=GENERATE, concurrency_limit=1, **HIDDEN,
         )
-        streaming.then(end_send, [current], [message, chat_list, pending], queue=False, **HIDDEN)
-        message.stop(None, None, None, cancels=[streaming], **HIDDEN).then(
-            after_stop, [current], [chatbot, message, chat_list, pending], **HIDDEN)
+        # Runs after the reply ends, also when cancelled (stop, chat switch, delete).
+        streaming.then(end_send, [current], [chatbot, message, chat_list, pending], queue=False,
+                       **HIDDEN)
+        message.stop(None, None, None, cancels=[streaming], **HIDDEN)
 
         # Switching chats stops a reply in progress (its partial text is saved).
+        new_btn.click(on_new_chat, None, view, cancels=[streaming], **HIDDEN)
         chat_list.input(show, [chat_list], view, cancels=[streaming], **HIDDEN)
-        rename_btn.click(rename, [current, rename_box], [chat_list, rename_box], **HIDDEN)
-        rename_box.submit(rename, [current, rename_box], [chat_list, rename_box], **HIDDEN)
-        delete_btn.click(ask_delete, [current], [confirm_row], queue=False, **HIDDEN)
+        for trigger in (rename_btn.click, rename_box.submit):
+            trigger(rename, [current, rename_box], [chat_list, rename_box],
+                    show_progress="hidden", **HIDDEN)
+        delete_btn.click(ask_delete, [current], [confirm_row], **HIDDEN)
         cancel_btn.click(lambda: gr.Row(visible=False), None, [confirm_row], queue=False,
                          **HIDDEN)
         confirm_btn.click(delete, [current], [*view, confirm_row], cancels=[streaming], **HIDDEN)

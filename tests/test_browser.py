@@ -1,0 +1,531 @@
+"""The web page in a real browser: Debian's Chromium driven by Playwright, against real server
+processes (`python app.py`) with the real model. Also writes docs/screenshots/*.png.
+
+Most tests share one module-scoped server (each works in chats of its own); the missing-model
+test starts its own. Every wait is on a condition; the model's replies get generous timeouts
+because the 2-core machine may be busy with other work.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from reame.chat import title_from
+
+from .conftest import ROOT, Server, write_config
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-gpu"]
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+VIEWPORT = {"width": 1280, "height": 800}
+
+REPLY_TIMEOUT = 90_000  # ms: a whole reply of up to 64 tokens on a busy machine
+UI_TIMEOUT = 15_000  # ms: a quick UI event
+expect.set_options(timeout=UI_TIMEOUT)
+
+BOX = "#message textarea"
+USER = "#chatbot [data-testid=user]"
+BOT = "#chatbot [data-testid=bot]"
+STATS = "#chatbot .reame-stats"
+STOP = "#message [data-testid=stop-button]"
+SUBMIT = "#message [data-testid=submit-button]"
+TOAST = ".toast-body"
+# Gradio's "Error" pill over an output (it stays in the page, hidden, once used).
+ERROR_BADGE = "[data-testid=status-tracker]:not(.hide) .error"
+CHATS = "#chat-list label"
+
+CAPITAL = "What is the capital city of France? Answer in one word."
+STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")
+
+
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def browser() -> Browser:
+    if not CHROMIUM.exists():
+        pytest.fail(f"Chromium is missing at {CHROMIUM}: run `make browser` to install it")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                             args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser) -> Page:
+    """A fresh page (its own context: no cookies, storage or Gradio session shared)."""
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(UI_TIMEOUT)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def start_server(folder: Path, **config) -> Server:
+    folder.mkdir(parents=True, exist_ok=True)
+    return Server(write_config(folder, **config), folder / "server.log").start()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_path) -> Server:
+    """One server for the tests whose chats don't interfere; replies of at most 64 tokens."""
+    server = start_server(tmp_path_factory.mktemp("browser"), model_path=model_path,
+                          max_tokens=64)
+    yield server
+    server.stop()
+
+
+# helpers
+
+
+def api(server: Server) -> Client:
+    return Client(server.url, verbose=False)
+
+
+def open_app(page: Page, server: Server) -> None:
+    """Open the page and wait for its load event (the chat list and the chat shown)."""
+    with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
+        page.goto(server.url)
+    assert loaded.value.ok, loaded.value.status
+    expect(page.locator(BOX)).to_be_editable()
+
+
+def reload(page: Page) -> None:
+    with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
+        page.reload()
+    assert loaded.value.ok, loaded.value.status
+    expect(page.locator(BOX)).to_be_editable()
+
+
+def new_chat(page: Page) -> None:
+    """Click "New chat" and wait until it is the chat shown: selected, empty."""
+    before = page.locator(CHATS).count()
+    page.click("#new-chat")
+    expect(page.locator(CHATS)).to_have_count(before + 1)
+    expect(page.locator("#chat-list input:checked")).to_have_count(1)
+    assert selected_title(page) == "New chat"
+    expect(page.locator(USER)).to_have_count(0)
+
+
+def selected_title(page: Page) -> str:
+    return page.locator(CHATS).filter(has=page.locator("input:checked")).inner_text().strip()
+
+
+def wait_for_reply_done(page: Page, n_replies: int) -> None:
+    """The n-th reply of the chat shown has its stats line, and the textbox is ready again."""
+    expect(page.locator(STATS)).to_have_count(n_replies, timeout=REPLY_TIMEOUT)
+    expect(page.locator(STOP)).to_have_count(0)
+    expect(page.locator(SUBMIT)).to_be_visible()
+
+
+def send(page: Page, text: str) -> str:
+    """Send text with Enter and wait for the whole reply; return the reply's text as shown."""
+    replies = page.locator(STATS).count()
+    box = page.locator(BOX)
+    box.fill(text)
+    box.press("Enter")
+    wait_for_reply_done(page, replies + 1)
+    return page.locator(BOT).last.inner_text()
+
+
+def without_stats(shown: str) -> str:
+    return shown.rsplit("\n", 1)[0].strip() if STATS_TAIL.search(shown) else shown.strip()
+
+
+def current_chat(server: Server, title: str) -> dict:
+    """The chat with this title, with its messages, as the server has it."""
+    client = api(server)
+    matches = [c for c in client.predict(api_name="/list_chats") if c["title"] == title]
+    assert len(matches) == 1, f"expected one chat titled {title!r}, got {matches}"
+    return client.predict(matches[0]["id"], api_name="/get_chat")
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"\w+", text)
+
+
+def wait_until(condition, message: str, timeout: float = UI_TIMEOUT / 1000) -> None:
+    """Poll a server-side condition (the page has no event for it)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(message)
+        time.sleep(0.1)
+
+
+# tests
+
+
+def test_a_reply_streams_into_the_page_and_ends_with_its_stats_line(page, server):
+    open_app(page, server)
+    new_chat(page)
+    # Record the reply's length at every change of the chat, and whether the stats are there.
+    page.evaluate("""() => {
+        window.__samples = [];
+        new MutationObserver(() => {
+            const bots = document.querySelectorAll('#chatbot [data-testid=bot]');
+            if (!bots.length) return;
+            const last = bots[bots.length - 1];
+            window.__samples.push([last.innerText.trim().length,
+                                   !!last.querySelector('.reame-stats')]);
+        }).observe(document.querySelector('#chatbot'),
+                   {subtree: true, childList: true, characterData: true});
+    }""")
+    prompt = "Write a short story about a cat."
+    box = page.locator(BOX)
+    box.fill(prompt)
+    box.press("Enter")
+
+    # The user's bubble shows at once, long before the reply is done; the textbox is cleared
+    # and its send button became a stop button.
+    expect(page.locator(USER)).to_have_text([prompt], timeout=UI_TIMEOUT)
+    assert page.locator(STATS).count() == 0, "the user's bubble came only with the whole reply"
+    expect(box).to_have_value("")
+    expect(page.locator(STOP)).to_be_visible()
+
+    wait_for_reply_done(page, 1)
+    samples = page.evaluate("window.__samples")
+    streamed = {length for length, done in samples if length and not done}
+    assert len(streamed) >= 2, f"the reply did not grow while streaming: {samples}"
+    shown = page.locator(BOT).inner_text()
+    stats = page.locator(STATS).inner_text()
+    assert shown.endswith(stats) and STATS_TAIL.search(stats), (shown, stats)
+    assert len(without_stats(shown)) >= max(streamed), "the final reply is shorter than a chunk"
+    assert selected_title(page) == title_from(prompt), "the chat is titled from its message"
+
+    chat = current_chat(server, title_from(prompt))
+    user, reply = chat["messages"]
+    assert (user["role"], user["content"]) == ("user", prompt)
+    assert reply["role"] == "assistant" and not reply["stopped"]
+    assert f"{reply['stats']['generated']} tokens at" in stats
+    assert words(reply["content"]) == words(without_stats(shown))
+
+
+def test_stop_keeps_the_partial_reply_and_the_chat_goes_on(page, server):
+    open_app(page, server)
+    new_chat(page)
+    # A long reply: raise this chat's max tokens in its settings panel (saved on blur).
+    page.click("#chat-settings button.label-wrap")
+    max_tokens = page.locator("#max-tokens input")
+    max_tokens.fill("400")
+    max_tokens.press("Tab")
+    client = api(server)
+    chat_id = client.predict(api_name="/list_chats")[0]["id"]
+    wait_until(lambda: client.predict(chat_id, api_name="/get_chat")["max_tokens"] == 400,
+               "the max tokens setting was not saved")
+
+    box = page.locator(BOX)
+    box.fill("Write a long story about a dragon.")
+    box.press("Enter")
+    bot = page.locator(BOT)
+    expect(bot).to_have_count(1, timeout=REPLY_TIMEOUT)
+    expect(bot).not_to_have_text("", timeout=REPLY_TIMEOUT)
+    # Sending again while the reply streams is refused, and the typed text stays in the box.
+    box.fill(CAPITAL)
+    box.press("Enter")
+    expect(page.locator(TOAST).filter(has_text="A reply is still being written")).to_be_visible()
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    expect(page.locator(USER)).to_have_count(1)
+    expect(page.locator(STATS)).to_have_count(0)
+    page.click(STOP)
+
+    # The partial reply stays, now with its stats line saying it was stopped.
+    wait_for_reply_done(page, 1)
+    stats = page.locator(STATS).inner_text()
+    assert "stopped" in stats, stats
+    partial = without_stats(bot.inner_text())
+    assert partial, "the partial reply disappeared"
+    expect(box).to_have_value(CAPITAL)
+
+    stored = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[1]["stopped"] is True
+    assert 0 < stored[1]["stats"]["generated"] < 400
+    assert words(stored[1]["content"]) == words(partial)
+
+    # After a reload the stopped reply is still there: it was stored.
+    reload(page)
+    expect(page.locator(USER)).to_have_text(["Write a long story about a dragon."])
+    expect(page.locator(STATS)).to_have_count(1)
+    assert "stopped" in page.locator(STATS).inner_text()
+    assert words(without_stats(page.locator(BOT).inner_text())) == words(partial)
+
+    # And the chat goes on.
+    shown = send(page, CAPITAL)
+    assert without_stats(shown), "no reply after the stopped one"
+    expect(page.locator(USER)).to_have_count(2)
+    stored = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [(m["role"], m.get("stopped")) for m in stored] == [
+        ("user", None), ("assistant", True), ("user", None), ("assistant", False)]
+
+
+def test_each_chat_in_the_sidebar_shows_its_own_messages(page, server):
+    open_app(page, server)
+    first = "What is the capital city of Italy? Answer in one word."
+    second = "What is the capital city of Japan? Answer in one word."
+    new_chat(page)
+    send(page, first)
+    new_chat(page)
+    send(page, second)
+    expect(page.locator(CHATS).filter(has_text=title_from(first))).to_have_count(1)
+
+    for shown, other in [(first, second), (second, first), (first, second)]:
+        page.locator(CHATS).filter(has_text=title_from(shown)).click()
+        expect(page.locator(USER)).to_have_text([shown])
+        expect(page.locator(BOT)).to_have_count(1)
+        assert selected_title(page) == title_from(shown)
+        stored = current_chat(server, title_from(shown))["messages"]
+        assert words(without_stats(page.locator(BOT).inner_text())) == words(stored[1]["content"])
+        expect(page.locator("#chatbot")).not_to_contain_text(other)
+
+
+def test_choosing_another_chat_while_a_reply_streams_stops_it(page, server):
+    client = api(server)
+    quiet = client.predict("A quiet chat", None, api_name="/new_chat")
+    open_app(page, server)
+    new_chat(page)
+    box = page.locator(BOX)
+
+    for turn, (prompt, leave) in enumerate([("Write a short story about a dog.", "sidebar"),
+                                            ("Write a short story about a bird.", "new chat")]):
+        box.fill(prompt)
+        box.press("Enter")
+        expect(page.locator(BOT)).to_have_count(turn + 1, timeout=REPLY_TIMEOUT)
+        expect(page.locator(BOT).nth(turn)).not_to_have_text("", timeout=REPLY_TIMEOUT)
+        if leave == "sidebar":
+            page.locator(CHATS).filter(has_text="A quiet chat").click()
+            shown = "A quiet chat"
+        else:
+            page.click("#new-chat")
+            shown = "New chat"
+        # The chosen chat is shown, and stays shown once the stopped stream has ended.
+        expect(page.locator(USER)).to_have_count(0)
+        wait_for_reply_done(page, 0)
+        expect(page.locator(USER)).to_have_count(0)
+        expect(page.locator(BOT)).to_have_count(0)
+        assert selected_title(page) == shown
+        # The stopped reply was saved in its own chat.
+        stored = current_chat(server, title_from("Write a short story about a dog."))["messages"]
+        assert stored[-1]["role"] == "assistant" and stored[-1]["content"]
+        if leave == "sidebar":
+            page.locator(CHATS).filter(has_text="Write a short story about a dog.").click()
+            expect(page.locator(USER)).to_have_text([prompt])
+            expect(page.locator(STATS)).to_have_count(1)
+    assert client.predict(quiet, api_name="/get_chat")["messages"] == []
+
+
+def test_rename_shows_the_new_title_in_the_sidebar(page, server):
+    client = api(server)
+    chat_id = client.predict("Before the rename", None, api_name="/new_chat")
+    open_app(page, server)
+    assert selected_title(page) == "Before the rename", "the newest chat is shown first"
+
+    page.click("#manage button.label-wrap")
+    title_box = page.locator("#rename-box input, #rename-box textarea")
+    title_box.fill("Renamed in the browser")
+    page.click("#rename-btn")
+    expect(page.locator(CHATS).filter(has_text="Renamed in the browser")).to_have_count(1)
+    expect(page.locator(CHATS).filter(has_text="Before the rename")).to_have_count(0)
+    assert selected_title(page) == "Renamed in the browser"
+    expect(title_box).to_have_value("")
+    assert client.predict(chat_id, api_name="/get_chat")["title"] == "Renamed in the browser"
+
+    # An empty title is refused with a message; the sidebar stays usable (no "Error" badge).
+    title_box.fill("   ")
+    title_box.press("Enter")
+    expect(page.locator(TOAST).filter(has_text="a chat title cannot be empty")).to_be_visible()
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    assert selected_title(page) == "Renamed in the browser"
+    assert client.predict(chat_id, api_name="/get_chat")["title"] == "Renamed in the browser"
+
+
+def test_delete_asks_first_and_removes_the_chat(page, server):
+    client = api(server)
+    chat_id = client.predict("Chat to delete", None, api_name="/new_chat")
+    open_app(page, server)
+    assert selected_title(page) == "Chat to delete"
+    page.click("#manage button.label-wrap")
+    confirm = page.locator("#confirm-delete")
+
+    page.click("#delete-btn")
+    expect(confirm).to_be_visible()
+    expect(page.locator("#confirm-text")).to_contain_text("Delete this chat")
+    page.click("#cancel-delete")
+    expect(confirm).to_be_hidden()
+    expect(page.locator(CHATS).filter(has_text="Chat to delete")).to_have_count(1)
+    assert chat_id in [c["id"] for c in client.predict(api_name="/list_chats")]
+
+    page.click("#delete-btn")
+    confirm.click()
+    expect(page.locator(CHATS).filter(has_text="Chat to delete")).to_have_count(0)
+    expect(confirm).to_be_hidden()
+    assert chat_id not in [c["id"] for c in client.predict(api_name="/list_chats")]
+    with pytest.raises(Exception, match="does not exist"):
+        client.predict(chat_id, api_name="/get_chat")
+    # Another chat (the newest left) is shown and selected.
+    listed = client.predict(api_name="/list_chats")
+    assert selected_title(page) == listed[0]["title"]
+
+
+def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
+    open_app(page, server)
+    new_chat(page)
+    first = send(page, CAPITAL)
+    assert "Paris" in first
+    second = send(page, "Name three primary colors.")
+    expected_users = [CAPITAL, "Name three primary colors."]
+    expected_bots = [first, second]
+
+    def check_shown():
+        assert selected_title(page) == title_from(CAPITAL)
+        expect(page.locator(USER)).to_have_text(expected_users)
+        expect(page.locator(BOT)).to_have_text(expected_bots)
+        expect(page.locator(STATS)).to_have_count(2)
+
+    reload(page)
+    check_shown()
+    server.restart()
+    reload(page)
+    check_shown()
+    stored = current_chat(server, title_from(CAPITAL))["messages"]
+    assert [m["content"] for m in stored[::2]] == expected_users
+    assert [words(m["content"]) for m in stored[1::2]] == [words(without_stats(b))
+                                                            for b in expected_bots]
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "chat.png", full_page=True)
+
+
+def test_user_html_is_shown_as_text_and_markdown_renders(page, server):
+    open_app(page, server)
+    new_chat(page)
+    page.evaluate("delete window.__pwned")
+    attack = '<img src=x onerror="window.__pwned=1"><b>bold?</b>'
+    send(page, attack)
+    user = page.locator(USER).last
+    expect(user).to_contain_text("<b>bold?</b>")
+    assert attack in user.inner_text()
+    assert user.locator("b, img").count() == 0
+    assert page.locator("#chatbot img").count() == 0
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    # The reply (at greedy, cut by max_tokens inside a code fence) ends with its stats line as
+    # a line of text, not as raw HTML inside the code block.
+    expect(page.locator(STATS)).to_have_count(1)
+    expect(page.locator("#chatbot")).not_to_contain_text("reame-stats")
+
+    # Markdown renders: checked on the user's bubble, which shows at once (the reply is stopped).
+    box = page.locator(BOX)
+    box.fill("**strong** and `code`")
+    box.press("Enter")
+    user = page.locator(USER).nth(1)
+    expect(user.locator("strong")).to_have_text("strong")
+    expect(user.locator("code")).to_have_text("code")
+    expect(page.locator(BOT).nth(1)).not_to_have_text("", timeout=REPLY_TIMEOUT)
+    page.click(STOP)
+    wait_for_reply_done(page, 2)
+    assert page.locator("#chatbot img").count() == 0
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+
+    stored = current_chat(server, title_from(attack))["messages"]
+    assert [m["content"] for m in stored[::2]] == [attack, "**strong** and `code`"]
+
+
+def test_an_empty_message_sends_nothing(page, server):
+    open_app(page, server)
+    new_chat(page)
+    chats_before = api(server).predict(api_name="/list_chats")
+    box = page.locator(BOX)
+    hint = page.locator("#message").get_by_text("Type a message first.")
+
+    box.fill("")
+    box.press("Enter")
+    expect(hint).to_be_visible()
+    expect(page.locator(USER)).to_have_count(0)
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    expect(page.locator(SUBMIT)).to_be_visible()
+    assert api(server).predict(api_name="/list_chats") == chats_before, "something was stored"
+    assert selected_title(page) == "New chat"
+
+    # A real message is sent as usual, and the hint goes away.
+    question = "What is the capital city of Spain? Answer in one word."
+    send(page, question)
+    expect(hint).to_have_count(0)
+    expect(page.locator(USER)).to_have_text([question])
+
+    # Only spaces and newlines: nothing either.
+    box.fill("   \n  ")
+    box.press("Enter")
+    expect(hint).to_be_visible()
+    expect(page.locator(USER)).to_have_text([question])
+    expect(page.locator(BOT)).to_have_count(1)
+    assert len(current_chat(server, title_from(question))["messages"]) == 2
+
+
+def test_a_message_too_long_for_the_model_is_given_back(page, server):
+    open_app(page, server)
+    new_chat(page)
+    too_long = "word " * 3000  # about 3,000 tokens; the context holds 2,048
+    box = page.locator(BOX)
+    box.fill(too_long)
+    box.press("Enter")
+    expect(page.locator(TOAST).filter(has_text="Shorten it and send again")).to_be_visible()
+    expect(box).to_have_value(too_long)
+    expect(page.locator(USER)).to_have_count(0)
+    expect(page.locator(SUBMIT)).to_be_visible()
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    chat_id = api(server).predict(api_name="/list_chats")[0]["id"]
+    assert api(server).predict(chat_id, api_name="/get_chat")["messages"] == []
+
+
+def test_a_missing_model_is_explained_and_sending_fails_clearly(page, model_path):
+    # A short folder name: the path shows in the screenshot. Its models/ holds the real model.
+    with tempfile.TemporaryDirectory(prefix="reame-") as tmp:
+        folder = Path(tmp)
+        (folder / "models").mkdir()
+        (folder / "models" / model_path.name).symlink_to(model_path)
+        server = start_server(folder, model_path="models/does-not-exist.gguf")
+        try:
+            check_missing_model_page(page, server, folder, model_path.name)
+        finally:
+            server.stop()
+
+
+def check_missing_model_page(page: Page, server: Server, folder: Path, model_name: str):
+    open_app(page, server)
+    error = page.locator("#model-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("The model could not be loaded")
+    expect(error).to_contain_text(str(folder / "models" / "does-not-exist.gguf"))
+    expect(error).to_contain_text(model_name)  # what the models folder holds
+    expect(page.locator("#model-info")).to_have_count(0)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "missing-model.png", full_page=True)
+
+    box = page.locator(BOX)
+    box.fill("Hello?")
+    box.press("Enter")
+    refusal = page.locator("#message").get_by_text("The model could not be loaded")
+    expect(refusal).to_be_visible()
+    expect(refusal).to_contain_text("does-not-exist.gguf")
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    expect(box).to_have_value("Hello?")  # the text is kept
+    expect(box).to_be_editable()
+    expect(page.locator(USER)).to_have_count(0)
+    client = api(server)
+    assert client.predict(api_name="/list_chats") == []
+
+    # The server is still up and the page still works.
+    new_chat(page)
+    assert [c["title"] for c in client.predict(api_name="/list_chats")] == ["New chat"]
