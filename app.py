@@ -11,6 +11,7 @@ from pathlib import Path
 from reame.chat import ChatService
 from reame.config import Config, ConfigError, load_config
 from reame.runtime import build_service
+from reame.settings import Settings
 from reame.ui import CSS, build_ui
 
 log = logging.getLogger("reame")
@@ -19,7 +20,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
 
 def build_app(config: Config, service: ChatService):
     """The Gradio Blocks with the UI and the API endpoints."""
-    return build_ui(service, title="Reame")
+    return build_ui(service, settings=Settings(config, service), title="Reame")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -9,6 +9,8 @@ import gradio as gr
 from .api import register_api
 from .chat import ChatError, ChatNotFound, ChatService
 from .render import inert_html, reply_markdown, to_chatbot
+from .settings import Settings
+from .ui_settings import build_settings_tab, cache_markdown
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +37,11 @@ def _settings_values(service: ChatService, chat_id: int | None) -> tuple:
     return chat.system_prompt, chat.temperature, chat.top_p, chat.max_tokens
 
 
-def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
+def build_ui(service: ChatService, *, settings: Settings | None = None,
+             title: str = "Reame") -> gr.Blocks:
     with gr.Blocks(title=title, analytics_enabled=False, fill_height=True) as demo:
         # First, so that the API names stay exactly as documented.
-        register_api(service, concurrency_id=GENERATE)
+        register_api(service, concurrency_id=GENERATE, settings=settings)
         current = gr.State(None)  # the chat shown, by id
         pending = gr.State("")  # the message being sent (the textbox clears at once)
 
@@ -56,29 +59,39 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
                     confirm_btn = gr.Button("Delete", variant="stop", elem_id="confirm-delete",
                                             size="sm")
                     cancel_btn = gr.Button("Cancel", elem_id="cancel-delete", size="sm")
+            with gr.Accordion("Cache", open=True, elem_id="cache-panel"):
+                cache_md = gr.Markdown(elem_id="cache-stats")
 
-        if service.load_error:
-            gr.Markdown(f"**The model could not be loaded.** {inert_html(service.load_error)}",
-                        elem_id="model-error")
-        else:
-            engine = service.engine
-            gr.Markdown(f"Model: `{engine.name}` · context {engine.n_ctx:,} tokens",
-                        elem_id="model-info")
-        chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", height="65vh", show_label=False,
-                             sanitize_html=True, render_markdown=True, buttons=["copy"],
-                             feedback_options=None, placeholder="Start a conversation.")
-        message = gr.Textbox(placeholder="Message (Enter to send, Shift+Enter for a new line)",
-                             label="Message", show_label=False, lines=1, max_lines=8,
-                             submit_btn=True, stop_btn=False, elem_id="message", autofocus=True)
-        with gr.Accordion("Chat settings", open=False, elem_id="chat-settings"):
-            system_prompt = gr.Textbox(label="System prompt", lines=2, elem_id="system-prompt")
-            with gr.Row():
-                temperature = gr.Slider(0, 2, step=0.05, label="Temperature",
-                                        elem_id="temperature")
-                top_p = gr.Slider(0.05, 1, step=0.05, label="Top p", elem_id="top-p")
-                max_tokens = gr.Number(label="Max tokens", precision=0, minimum=1,
-                                       maximum=32768, elem_id="max-tokens")
-        settings = [system_prompt, temperature, top_p, max_tokens]
+        with gr.Tabs(elem_id="tabs"):
+            with gr.Tab("Chat", id="chat", elem_id="chat-tab"):
+
+                if service.load_error:
+                    gr.Markdown(f"**The model could not be loaded.** {inert_html(service.load_error)}",
+                                elem_id="model-error")
+                else:
+                    engine = service.engine
+                    gr.Markdown(f"Model: `{engine.name}` · context {engine.n_ctx:,} tokens",
+                                elem_id="model-info")
+                chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", height="65vh", show_label=False,
+                                     editable="user",
+                                     sanitize_html=True, render_markdown=True, buttons=["copy"],
+                                     feedback_options=None, placeholder="Start a conversation.")
+                message = gr.Textbox(placeholder="Message (Enter to send, Shift+Enter for a new line)",
+                                     label="Message", show_label=False, lines=1, max_lines=8,
+                                     submit_btn=True, stop_btn=False, elem_id="message", autofocus=True)
+                with gr.Accordion("Chat settings", open=False, elem_id="chat-settings"):
+                    system_prompt = gr.Textbox(label="System prompt", lines=2, elem_id="system-prompt")
+                    with gr.Row():
+                        temperature = gr.Slider(0, 2, step=0.05, label="Temperature",
+                                                elem_id="temperature")
+                        top_p = gr.Slider(0.05, 1, step=0.05, label="Top p", elem_id="top-p")
+                        max_tokens = gr.Number(label="Max tokens", precision=0, minimum=1,
+                                               maximum=32768, elem_id="max-tokens")
+                chat_settings = [system_prompt, temperature, top_p, max_tokens]
+            settings_view = None
+            if settings is not None:
+                with gr.Tab("Settings", id="settings", elem_id="settings-tab"):
+                    settings_view = build_settings_tab(settings, concurrency_id=GENERATE)
 
         # handlers
 
@@ -151,7 +164,38 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
             except ChatNotFound:
                 messages = []
             return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
-                    gr.Radio(choices=_choices(service), value=chat_id), "")
+                    gr.Radio(choices=_choices(service), value=chat_id), "",
+                    cache_markdown(service))
+
+        def stream_turn(base, start):
+            """Stream a regenerated or edited reply after base (the messages kept)."""
+            try:
+                for update in start():
+                    reply = reply_markdown(update.text, update.stats if update.done else None)
+                    yield base + [{"role": "assistant", "content": reply}]
+            except ChatError as exc:
+                gr.Warning(str(exc))
+
+        def regenerate(chat_id):
+            if chat_id is None:
+                return
+            messages = service.messages(chat_id)
+            kept = messages[:-1] if messages and messages[-1].role == "assistant" else messages
+            yield from stream_turn(to_chatbot(kept), lambda: service.regenerate(chat_id))
+
+        def edit(chat_id, data: gr.EditData):
+            if chat_id is None:
+                return
+            messages = service.messages(chat_id)
+            index = data.index if isinstance(data.index, int) else data.index[0]
+            text = _flatten(data.value)
+            if not 0 <= index < len(messages) or messages[index].role != "user":
+                gr.Warning("Only your own messages can be edited.")
+                yield to_chatbot(messages)
+                return
+            base = to_chatbot(messages[:index]) + [{"role": "user", "content": inert_html(text)}]
+            yield from stream_turn(base, lambda: service.edit_message(
+                chat_id, messages[index].id, text))
 
         def rename(chat_id, new_title):
             if chat_id is None:
@@ -187,10 +231,17 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
 
         # wiring
 
-        view = [current, chat_list, chatbot, *settings]
+        view = [current, chat_list, chatbot, *chat_settings]
         # Not queued: a quick read that fills the page at once (tests/test_browser.py waits for
         # its /run/predict answer as the sign that the page is ready).
-        demo.load(on_load, None, view, queue=False, **HIDDEN)
+        # One load event for the whole page (the tests wait for its one answer).
+        show_settings, settings_outputs = settings_view or (lambda: (), [])
+
+        def on_load_page():
+            return (*on_load(), cache_markdown(service), *show_settings())
+
+        demo.load(on_load_page, None, [*view, cache_md, *settings_outputs], queue=False,
+                  **HIDDEN)
 
         # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
         # badge over the conversation even with show_progress="hidden".
@@ -205,8 +256,14 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
             show_progress_on=[chatbot], concurrency_id=GENERATE, concurrency_limit=1, **HIDDEN,
         )
         # Runs after the reply ends, also when cancelled (stop, chat switch, delete).
-        streaming.then(end_send, [current], [chatbot, message, chat_list, pending], queue=False,
-                       **HIDDEN)
+        after = [chatbot, message, chat_list, pending, cache_md]
+        streaming.then(end_send, [current], after, queue=False, **HIDDEN)
+        # Regenerate (the retry button under the last reply) and edit (a user message).
+        for trigger, fn, inputs in ((chatbot.retry, regenerate, [current]),
+                                    (chatbot.edit, edit, [current])):
+            trigger(fn, inputs, [chatbot], show_progress="minimal", show_progress_on=[chatbot],
+                    concurrency_id=GENERATE, concurrency_limit=1, **HIDDEN).then(
+                end_send, [current], after, queue=False, **HIDDEN)
         message.stop(None, None, None, cancels=[streaming], **HIDDEN)
 
         # Switching chats stops a reply in progress (its partial text is saved).
@@ -220,8 +277,19 @@ def build_ui(service: ChatService, *, title: str = "Reame") -> gr.Blocks:
                          **HIDDEN)
         confirm_btn.click(delete, [current], [*view, confirm_row], cancels=[streaming], **HIDDEN)
         for control in (system_prompt, max_tokens):
-            control.blur(save_settings, [current, *settings], None, **HIDDEN)
+            control.blur(save_settings, [current, *chat_settings], None, **HIDDEN)
         for control in (temperature, top_p):
-            control.release(save_settings, [current, *settings], None, **HIDDEN)
+            control.release(save_settings, [current, *chat_settings], None, **HIDDEN)
 
     return demo
+
+
+def _flatten(value) -> str:
+    """Message content from the Chatbot: a string, or a list of blocks with text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_flatten(v) for v in value)
+    if isinstance(value, dict):
+        return str(value.get("text", ""))
+    return str(value or "")

@@ -403,6 +403,11 @@ def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
     assert [m["content"] for m in stored[::2]] == expected_users
     assert [words(m["content"]) for m in stored[1::2]] == [words(without_stats(b))
                                                             for b in expected_bots]
+    # Continuing after the restart restores the chat's KV from its file: the page says so.
+    send(page, "Which planet do we live on?")
+    line = page.locator(STATS).last.inner_text()
+    assert re.match(r"restored [\d,]+ tokens from disk in \d+ ms · prefilled \d+ ", line), line
+    expect(page.locator("#cache-stats")).to_contain_text("1 of 1 lookups")
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "chat.png", full_page=True)
