@@ -1,0 +1,226 @@
+"""Reame benchmark: reame vs no cache vs LlamaDiskCache, side by side, on one model and machine.
+
+    python -m bench                 full run (default model, plus the larger random-weight
+                                    shapes found in bench/cache/, see bench/make_models.py)
+    python -m bench --quick         every scenario, shortened (a couple of minutes)
+
+Writes results.md, results.json and PNG plots to --out and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from . import report, scenarios
+from .scenarios import Context, Plan
+
+log = logging.getLogger("bench")
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_OUT = ROOT / "bench" / "results"
+SHAPES_DIR = ROOT / "bench" / "cache"
+ALL = ("1", "2", "3", "4", "5", "6", "kv", "restore")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer sizes, one run each, fewer turns (a couple of minutes)")
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
+                        help="GGUF model (default: %(default)s)")
+    parser.add_argument("--out", type=Path,
+                        help=f"results folder (default: {DEFAULT_OUT.relative_to(ROOT)}, "
+                             "or its quick/ subfolder with --quick)")
+    parser.add_argument("--runs", type=int, help="runs per measurement (median); default 3, "
+                        "1 with --quick")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="llama.cpp threads per system (default 0: all cores, as reame)")
+    parser.add_argument("--scenarios", default=",".join(ALL),
+                        help="comma-separated subset of %(default)s")
+    parser.add_argument("--shapes", type=Path, nargs="*",
+                        help="larger-shape GGUFs for the shortened scenario 1 (default: the "
+                             "*.gguf in bench/cache/ on a full run, none with --quick)")
+    parser.add_argument("--work", type=Path, help="scratch folder (default: a temp folder, "
+                        "deleted at the end)")
+    parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
+                        help="only rewrite results.md and the plots from a results.json")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    unknown = set(args.scenarios.split(",")) - set(ALL)
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(sorted(unknown))}: pick from {', '.join(ALL)}")
+    return args
+
+
+def model_info(path: Path) -> dict:
+    """Name, size and (for generated shapes) the description make_models.py left beside it."""
+    info = {"name": path.name, "path": str(path), "bytes": path.stat().st_size}
+    sidecar = path.with_suffix(".json")
+    if sidecar.exists():
+        meta = json.loads(sidecar.read_text())
+        info["description"] = meta.get("description", "")
+        info["note"] = ", random weights"
+    return info
+
+
+def run_main_model(ctx: Context, wanted: set[str], results: dict, done) -> dict:
+    """The wanted scenarios on the main model, most telling first, into results; done() is
+    called after each (so a run stopped half-way leaves what it measured). Returns the wall
+    seconds of each."""
+    steps = [
+        ("1", "s1", scenarios.restart_and_continue),
+        ("kv", "kv", scenarios.kv_bytes_per_token),
+        ("restore", "restore", lambda c: _restore(c, results.get("s1"))),
+        ("4", "s4", scenarios.low_overlap),
+        ("6", "s6", scenarios.over_time),
+        ("2", "s2", scenarios.switching),
+        ("3", "s3", scenarios.shared_prefix),
+        ("5", "s5", scenarios.edit_middle),
+    ]
+    walls = {}
+    for name, key, fn in steps:
+        if name in wanted:
+            results[key], walls[key] = _timed_scenario(name, fn, ctx)
+            results["save"] = scenarios.save_share(results)
+            done(walls)
+    return walls
+
+
+def _timed_scenario(name: str, fn, ctx: Context):
+    log.info("=== scenario %s (%s) ===", name, ctx.model.name)
+    started = time.perf_counter()
+    out = fn(ctx)
+    wall = time.perf_counter() - started
+    log.info("=== scenario %s done in %.1f s ===", name, wall)
+    return out, wall
+
+
+def _restore(ctx: Context, s1: dict | None) -> dict:
+    """Restore throughput on scenario 1's reame file closest to plan.restore_tokens (built
+    here if scenario 1 did not run)."""
+    if s1 is None:
+        ctx = replace(ctx, plan=replace(ctx.plan, sizes=(ctx.plan.restore_tokens,), runs=1),
+                      systems=(scenarios.REAME,))
+        s1 = scenarios.restart_and_continue(ctx)
+    bases = s1["_bases"]
+    size = min(bases, key=lambda s: abs(s - ctx.plan.restore_tokens))
+    folder, chat_id = bases[size]
+    return scenarios.restore_throughput(ctx, folder, chat_id)
+
+
+def run_shape(path: Path, work: Path, runs: int | None, threads: int) -> dict:
+    """The shortened run on a larger shape: KV bytes per token and scenario 1."""
+    plan = replace(Plan.shapes_plan(), threads=threads)
+    if runs:
+        plan = replace(plan, runs=runs)
+    ctx = Context(path, work / path.stem, plan)
+    out = {}
+    out["kv"], _ = _timed_scenario("kv", scenarios.kv_bytes_per_token, ctx)
+    out["s1"], _ = _timed_scenario("1", scenarios.restart_and_continue, ctx)
+    return out
+
+
+def strip_private(obj):
+    """Drop keys starting with _ (paths kept for later steps) before writing JSON."""
+    if isinstance(obj, dict):
+        return {k: strip_private(v) for k, v in obj.items() if not str(k).startswith("_")}
+    if isinstance(obj, list):
+        return [strip_private(v) for v in obj]
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.report_only:
+        results = json.loads(args.report_only.read_text())
+        write(results, args.out or args.report_only.parent, final=True, recompute=False)
+        return 0
+    started = time.perf_counter()
+    plan = Plan.quick_plan() if args.quick else Plan()
+    if args.runs:
+        plan = replace(plan, runs=args.runs)
+    plan = replace(plan, threads=args.threads)
+    out = args.out or (DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT)
+    shapes = args.shapes if args.shapes is not None else (
+        [] if args.quick else sorted(SHAPES_DIR.glob("*.gguf")))
+    model = args.model.resolve()
+    if not model.exists():
+        log.error("model not found: %s (run `make model`)", model)
+        return 2
+    work = args.work or Path(tempfile.mkdtemp(prefix="reame-bench-"))
+    run_info = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                "command": "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv),
+                "quick": args.quick, "load_start": report.load_average(),
+                "n_ctx": plan.n_ctx, "max_tokens": plan.max_tokens, "plan": plan.__dict__,
+                "threads": args.threads}
+    results = {"run": run_info, "machine": report.machine_info(), "models": [], "notes": []}
+    main_entry = {**model_info(model), "scenarios": {}}
+    results["models"].append(main_entry)
+    wanted = [n for n in ALL if n in args.scenarios.split(",")]
+    pending = [*wanted, *(p.name for p in shapes)]
+
+    def done(walls: dict, finished: str | None = None) -> None:
+        """Write what is measured so far (the tables say what is still to come)."""
+        if finished and finished in pending:
+            pending.remove(finished)
+        for key in walls:
+            name = key.removeprefix("s")
+            if name in pending:
+                pending.remove(name)
+        run_info.update(wall_s=time.perf_counter() - started, load_end=report.load_average(),
+                        scenario_wall_s={k: round(v, 1) for k, v in walls.items()},
+                        pending=list(pending))
+        write(results, out, final=not pending)
+
+    try:
+        walls = run_main_model(Context(model, work / "main", plan), set(wanted),
+                               main_entry["scenarios"], done)
+        for shape in shapes:
+            try:
+                results["models"].append({**model_info(shape),
+                                          "scenarios": run_shape(shape, work / "shapes", args.runs,
+                                                                     args.threads)})
+            except Exception as exc:  # a broken generated model must not lose the main results
+                log.exception("shape %s failed", shape.name)
+                results["notes"].append(f"{shape.name}: not measured ({exc})")
+            done(walls, shape.name)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    if pending:  # nothing was left to measure after the last write
+        done(walls)
+    log.info("wrote %s in %.1f min", out / "results.md", run_info["wall_s"] / 60)
+    return 0
+
+
+def write(results: dict, out: Path, *, final: bool, recompute: bool = True) -> None:
+    """results.json, the plots and results.md in out; the tables to stdout when final.
+    recompute=False: results already hold their targets and notes (--report-only)."""
+    main_scenarios = results["models"][0]["scenarios"]
+    clean = strip_private({**results, "targets": report.targets(main_scenarios),
+                           "notes": report.findings(main_scenarios) + results["notes"]}
+                          if recompute else results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(clean, indent=1, default=str))
+    names = report.plots(clean, out)
+    text = report.markdown(clean, names)
+    (out / "results.md").write_text(text)
+    if final:
+        print(text)
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,509 @@
+"""Results -> markdown tables (results.md, also printed) and PNG plots."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+from .systems import DISK_CACHE, MB, NO_CACHE, REAME, SYSTEMS
+
+COLORS = {REAME: "#1b7837", NO_CACHE: "#b2182b", DISK_CACHE: "#2166ac"}
+MARKERS = {REAME: "o", NO_CACHE: "s", DISK_CACHE: "^"}
+
+
+# machine
+
+
+def machine_info() -> dict:
+    """CPU model, cores, RAM, versions: what the numbers depend on."""
+    import llama_cpp
+    import psutil
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu, "arch": platform.machine(), "cores": os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 1024 ** 3, 1),
+        "os": platform.platform(), "python": platform.python_version(),
+        "llama_cpp_python": llama_cpp.__version__,
+    }
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+# formatting
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table."""
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def secs(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def mb(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / MB:,.1f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    """How many times b is a (b / a), e.g. the speed-up of a over b."""
+    if not a or b is None:
+        return "n/a"
+    return f"{b / a:,.1f}x"
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.1f} %"
+
+
+def rss(row: dict) -> str:
+    return f"{mb(row['peak_rss'])} (+{mb(row['rss_growth'])})"
+
+
+def _by(rows: list[dict], **match) -> dict | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+# scenario tables
+
+
+def table_s1(s1: dict) -> str:
+    rows = []
+    for row in s1["rows"]:
+        reame = _by(s1["rows"], size=row["size"], system=REAME)
+        speedup = ratio(reame["ttft_s"], row["ttft_s"]) if reame and row is not reame else "1x"
+        spread = (f" [{secs(row['ttft_min_s'])}-{secs(row['ttft_max_s'])}]"
+                  if row["turns"] > 1 else "")
+        rows.append([
+            f"{row['size']:,}", row["system"], secs(row["ttft_s"]) + spread,
+            speedup if row["system"] != REAME else "-",
+            f"{row['evaluated']:,.0f}", f"{row['reused']:,.0f} ({', '.join(row['sources'])})",
+            f"{row['restore_ms']:,.0f}", f"{row['save_ms']:,.0f}", mb(row["bytes_written"]), rss(row),
+        ])
+    return table(["history (tokens)", "system", "first token (s)", "reame faster by",
+                  "tokens evaluated", "reused (from)", "restore ms", "save ms", "MB written",
+                  "peak RSS MB (+growth)"], rows)
+
+
+def table_s2(s2: dict) -> str:
+    rows = [[r["system"], secs(r["ttft_s"]), f"{secs(r['ttft_min_s'])}-{secs(r['ttft_max_s'])}",
+             secs(r["sum_total_s"]), f"{r['sum_evaluated']:,}", mb(r["sum_bytes_written"]),
+             rss(r), ", ".join(r["sources"])] for r in s2["rows"]]
+    return table(["system", "median first token (s)", "range (s)",
+                  f"time of all {s2['rows'][0]['turns']} turns (s)", "tokens evaluated (all)",
+                  "MB written (all)", "peak RSS MB (+growth)", "sources"], rows)
+
+
+def table_s3(s3: dict) -> str:
+    rows = [[r["variant"], r["system"], secs(r["first_chat_ttft_s"]), secs(r["ttft_s"]),
+             f"{r['reused']:,.0f} ({', '.join(r['sources'])})", f"{r['all_evaluated']:,}",
+             mb(r["all_bytes_written"]), rss(r)] for r in s3["rows"]]
+    return table(["variant", "system", "first chat: first token (s)",
+                  "later chats: median first token (s)", "later chats: reused (from)",
+                  "tokens evaluated (all chats)", "MB written (all chats)",
+                  "peak RSS MB (+growth)"], rows)
+
+
+def table_s4(s4: dict) -> str:
+    rows = [[r["system"], secs(r["mean_total_s"]), secs(r["total_s"]), pct(r["overhead"]),
+             secs(r["ttft_s"]), f"{r['save_ms']:,.0f}", f"{r['save_share'] * 100:.1f} %",
+             mb(r["bytes_written"]), rss(r)] for r in s4["rows"]]
+    return table(["system", "mean turn (s)", "median turn (s)", "vs no cache",
+                  "median first token (s)", "median save ms", "save share of the turn",
+                  "MB written per turn", "peak RSS MB (+growth)"], rows)
+
+
+def table_s5(s5: dict) -> str:
+    rows = []
+    for r in s5["rows"]:
+        reame = _by(s5["rows"], variant=r["variant"], system=REAME)
+        rows.append([r["variant"], r["system"], secs(r["ttft_s"]),
+                     ratio(reame["ttft_s"], r["ttft_s"]) if r["system"] != REAME else "-",
+                     f"{r['reused']:,.0f} ({', '.join(r['sources'])})", f"{r['prefilled']:,.0f}",
+                     f"{r['evaluated']:,.0f}", mb(r["bytes_written"]), rss(r)])
+    return table(["variant", "system", "first token (s)", "reame faster by", "reused (from)",
+                  "prompt tokens evaluated", "tokens evaluated", "MB written",
+                  "peak RSS MB (+growth)"], rows)
+
+
+def table_s6(s6: dict) -> str:
+    base = _by(s6["rows"], system=NO_CACHE)
+    rows = [[r["system"], secs(r["sum_total_s"]),
+             f"{r['sum_total_s'] / base['sum_total_s']:.2f}" if base else "n/a",
+             secs(r["ttft_s"]), f"{r['sum_evaluated']:,}", mb(r["sum_bytes_written"]), rss(r),
+             f"{r['save_share'] * 100:.1f} %"] for r in s6["rows"]]
+    return table(["system", "cumulative turn time (s)", "share of no cache's",
+                  "median first token (s)", "tokens evaluated (all)", "MB written (all)",
+                  "peak RSS MB (+growth)", "median save share"], rows)
+
+
+def table_kv(kv: dict) -> str:
+    rows = [[r["kv_type"], f"{r['bytes_per_token']:,.0f}", f"{r['bytes_per_token'] / 1024:,.1f}",
+             f"{r['mb_per_1000_tokens']:,.1f}", f"{r['fixed_bytes']:,.0f}"] for r in kv["rows"]]
+    return table(["KV type", "bytes per token", "KiB per token", "MB per 1,000 tokens",
+                  "fixed bytes per state"], rows)
+
+
+def table_restore(rt: dict) -> str:
+    rows = [[r["step"], f"{r['ms']:,.1f}", f"{r['mb_per_s']:,.0f}"] for r in rt["rows"]]
+    return table(["step (median of %d)" % rt["reps"], "ms", "MB/s"], rows)
+
+
+def table_save(ss: dict) -> str:
+    rows = [[r["scenario"], r["turns"], f"{r['save_ms']:,.0f}", f"{r['share'] * 100:.1f} %",
+             f"{r['max_share'] * 100:.1f} %", f"{r['mb_per_s']:,.0f}"] for r in ss["rows"]]
+    return table(["scenario", "reame turns", "median save ms", "median share of the turn",
+                  "max share", "MB/s written"], rows)
+
+
+# targets
+
+
+def targets(res: dict) -> list[dict]:
+    """The report's targets: measured value and hit / missed (never asserted)."""
+    out = []
+    s1 = res.get("s1")
+    if s1:
+        size = 2000 if 2000 in s1["sizes"] else max(s1["sizes"])
+        reame, none, ldc = (_by(s1["rows"], size=size, system=k) for k in SYSTEMS)
+        if reame and none:
+            x = none["ttft_s"] / reame["ttft_s"]
+            out.append(_target(f"restart at {size:,} tokens: reame >= 20x faster to first token "
+                               "than no cache", f"{x:,.1f}x ({secs(reame['ttft_s'])} s vs "
+                               f"{secs(none['ttft_s'])} s)", x >= 20))
+        if reame and ldc:
+            x = ldc["ttft_s"] / reame["ttft_s"]
+            out.append(_target(f"restart at {size:,} tokens: reame >= 5x faster than "
+                               "LlamaDiskCache", f"{x:,.1f}x ({secs(reame['ttft_s'])} s vs "
+                               f"{secs(ldc['ttft_s'])} s)", x >= 5))
+        lo, hi = min(s1["sizes"]), max(s1["sizes"])
+        a, b = _by(s1["rows"], size=lo, system=REAME), _by(s1["rows"], size=hi, system=REAME)
+        if a and b and lo != hi:
+            x = b["ttft_s"] / a["ttft_s"]
+            out.append(_target(f"reame's first token grows at most 2x from {lo:,} to {hi:,} "
+                               "tokens", f"{x:.2f}x ({secs(a['ttft_s'])} s -> "
+                               f"{secs(b['ttft_s'])} s)", x <= 2))
+    rt = res.get("restore")
+    if rt and rt.get("ratio"):
+        out.append(_target("restore (read + restore) within 2x of a plain read of the file",
+                           f"{rt['ratio']:.2f}x ({rt['tokens']:,}-token file, "
+                           f"{rt['file_bytes'] / MB:.1f} MB)", rt["ratio"] <= 2))
+    s4 = res.get("s4")
+    if s4:
+        reame = _by(s4["rows"], system=REAME)
+        if reame and reame["overhead"] is not None:
+            out.append(_target("low overlap: reame within 10 % of no cache (mean turn time)",
+                               pct(reame["overhead"]), reame["overhead"] <= 0.10))
+    s6 = res.get("s6")
+    if s6:
+        reame, none = _by(s6["rows"], system=REAME), _by(s6["rows"], system=NO_CACHE)
+        if reame and none:
+            x = reame["sum_total_s"] / none["sum_total_s"]
+            out.append(_target("over time: reame's cumulative time at most 1/3 of no cache's",
+                               f"{x:.2f} ({secs(reame['sum_total_s'])} s vs "
+                               f"{secs(none['sum_total_s'])} s)", x <= 1 / 3))
+    return out
+
+
+def _target(name: str, measured: str, hit: bool) -> dict:
+    return {"target": name, "measured": measured, "hit": hit}
+
+
+def table_targets(items: list[dict]) -> str:
+    return table(["target", "measured", ""],
+                 [[t["target"], t["measured"], "hit" if t["hit"] else "**missed**"] for t in items])
+
+
+# findings computed from the turns
+
+
+def findings(sc: dict) -> list[str]:
+    """Facts worth a line that the tables do not show directly."""
+    out = []
+    ldc = [t for t in sc.get("s2", {}).get("turns", []) if t["system"] == DISK_CACHE]
+    if ldc:
+        most = max(t["extra"].get("cache_entries_after", 0) for t in ldc)
+        full = sum(1 for t in ldc if t["reused"] > 0.5 * t["prompt_tokens"])
+        out.append(
+            f"LlamaDiskCache held at most {most} entr{'y' if most == 1 else 'ies'} while switching "
+            f"between chats: only {full} of its {len(ldc)} turns in scenario 2 reused most of "
+            "the history. `LlamaDiskCache.__getitem__` pops the entry with the longest common "
+            "prefix before `Llama` decides whether to load it, so a new prompt that shares only "
+            "the chat template's system header with another chat deletes that chat's entry.")
+    s1 = sc.get("s1")
+    if s1:
+        rows = [r for r in s1["rows"] if r["system"] == DISK_CACHE]
+        if rows:
+            big = max(rows, key=lambda r: r["size"])
+            out.append(
+                f"LlamaDiskCache writes {mb(big['bytes_written'])} MB per turn at "
+                f"{big['size']:,} tokens (its pickled `LlamaState` carries the logits of up to "
+                f"n_batch tokens), and its peak RSS grows by {mb(big['rss_growth'])} MB during "
+                "the turn (the entry is unpickled, then copied into the context).")
+    return out
+
+
+# the whole report
+
+
+def markdown(results: dict, plots: list[str]) -> str:
+    """results.md: run info, method notes, targets, one table per scenario."""
+    info, run = results["machine"], results["run"]
+    main = results["models"][0]
+    parts = [
+        "# Reame benchmark results", "",
+        f"- date: {run['date']}  ",
+        f"- command: `{run['command']}` ({'quick' if run['quick'] else 'full'} run, "
+        f"{run['wall_s'] / 60:.1f} min" + (f"; **partial: still to run: "
+                                          f"{', '.join(run['pending'])}**" if run.get('pending')
+                                          else "") + ")  ",
+        f"- machine: {info['cpu']} ({info['arch']}), {info['cores']} cores, "
+        f"{info['ram_gb']} GB RAM, {info['os']}  ",
+        f"- load average (1/5/15 min) at start: {run['load_start']}; at end: {run['load_end']}  ",
+        f"- llama-cpp-python {info['llama_cpp_python']}, Python {info['python']}  ",
+        f"- models: " + "; ".join(f"{m['name']} ({m['bytes'] / MB:,.0f} MB{m.get('note', '')})"
+                                  for m in results["models"]) + "  ",
+        f"- every system: n_ctx {run['n_ctx']}, n_batch 512, "
+        f"{str(run['threads']) + ' llama.cpp thread(s)' if run.get('threads') else 'all cores'}"
+        ", f16 KV, greedy "
+        f"(temperature 0), replies of at most {run['max_tokens']} tokens unless said",
+        "", "## How it is measured", "",
+        "- **reame**: `ChatService` with `KVCache(engine, KVStore(...))` in a temp folder. "
+        "**no cache**: the same `ChatService` with `KVCache(engine, None)` (only the live "
+        "context is reused). **LlamaDiskCache**: `Llama.set_cache(LlamaDiskCache(cache_dir=...))` "
+        "and `create_chat_completion(stream=True)`; chats kept in a JSON file.",
+        "- **Restart** = a new engine, database and cache objects (a new `Llama` for "
+        "LlamaDiskCache) built over the same folder in the same Python process: the in-memory "
+        "context is gone, the files remain. The files were just written, so they are in the OS "
+        "page cache: this measures CPU and memory work, not a cold disk. Model loading is not "
+        "counted in any time.",
+        "- Histories are filler messages from a fixed seed inserted into the store directly, then "
+        "one real turn writes the chat's KV (reame) or cache entry (LlamaDiskCache); the next "
+        "turn is measured. no cache runs on a copy of reame's database (same messages, same "
+        "reply tokens) without the KV folder.",
+        "- **first token**: from the call (`ChatService.send` / `create_chat_completion`) to the "
+        "first streamed token, so restore, prefill and the first sample are in it.",
+        "- **tokens evaluated**: the `Engine.evaluated` delta for reame and no cache; for "
+        "LlamaDiskCache a `Llama` subclass records every `eval()` call with its `n_tokens` "
+        "before the call (the reused prefix) and the number of tokens decoded. Both count the "
+        "prompt tokens evaluated plus the reply tokens fed back.",
+        "- **MB written**: bytes this process passed to `write()` during the turn "
+        "(psutil `io_counters().write_chars`: KV files, SQLite, diskcache, a few bytes of logs).",
+        "- **peak RSS**: of this whole Python process (psutil / Linux VmHWM, reset before each "
+        "turn through /proc/self/clear_refs), so it includes the loaded model and its context; "
+        "(+growth) is the peak minus the RSS just before the turn. It is per process: in "
+        "scenarios 2, 3, 4 and 6 the three systems are loaded side by side in this process "
+        "(they take each step in turn, so that a change in the machine's load hits them "
+        "alike), so there only the growth is one system's.",
+        "", "## Targets (reported, not asserted)", "",
+        table_targets(results["targets"]) if results["targets"] else "_none measured_",
+    ]
+    sc = main["scenarios"]
+    sections = [
+        ("s1", "1. Restart and continue", table_s1,
+         lambda d: f"Median of {d['runs']} run(s) per size; the restart is just before the "
+                   "measured turn."),
+        ("s2", "2. Switching between chats", table_s2,
+         lambda d: f"{d['chats']} chats of about {d['tokens']:,} tokens, answered in turn for "
+                   f"{d['rounds']} rounds in one process (each chat had one turn before, in an "
+                   "earlier process; no restart during the rounds)."),
+        ("s3", "3. Shared prefix", table_s3,
+         lambda d: f"{d['chats']} new chats with the same system prompt of {d['prefix_tokens']:,}"
+                   " tokens. 'one process': consecutive chats (the live context already holds "
+                   "the prefix, for every system); 'restart before each chat': only what is on "
+                   "disk helps."),
+        ("s4", "4. Low overlap (the cost of saving)", table_s4,
+         lambda d: f"{d['prompts']} unrelated single-turn prompts, each a new chat (replies of at "
+                   f"most {d['max_tokens']} tokens); only the chat template's system header is shared."),
+        ("s5", "5. Edit in the middle", table_s5,
+         lambda d: f"A {d['turns_in_chat']}-turn chat; the 3rd user message is edited and "
+                   "resent (what followed it is dropped). 'same process': the chat's last turn "
+                   "was just answered in this process; 'after a restart': new process."),
+        ("s6", "6. Over time", table_s6,
+         lambda d: f"A scripted day of {d['day_turns']} turns across {d['day_chats']} chats (half "
+                   f"the time the user stays in the same chat), a restart every "
+                   f"{d['restart_every']} turns, replies of at most {d['max_tokens']} tokens; each chat "
+                   "had one turn the day before. "
+                   "Cumulative time = the sum of the turns' times (restarts themselves not "
+                   "counted). reame vs no cache only: LlamaDiskCache keeps about one entry once "
+                   "several chats share a system prompt (see the notes), so it would measure "
+                   "like no cache plus its saves."),
+    ]
+    for key, title, render, note in sections:
+        if key in sc:
+            parts += ["", f"## {title}", "", note(sc[key]), "", render(sc[key])]
+    if "kv" in sc:
+        parts += ["", "## KV bytes per token", "",
+                  f"`llama_state_seq_get_data` size, slope between {sc['kv']['probe_tokens'][0]} "
+                  f"and {sc['kv']['probe_tokens'][1]} tokens (q8_0 turns flash attention on).",
+                  "", table_kv(sc["kv"])]
+    if "restore" in sc:
+        rt = sc["restore"]
+        decode = "; ".join(f"{k}: {v:,.0f} ms" for k, v in rt.get("decode_ms", {}).items())
+        parts += ["", "## Restore throughput", "",
+                  f"A {rt['tokens']:,}-token reame KV file ({rt['file_bytes'] / MB:.1f} MB), "
+                  f"context of {rt['n_ctx']:,} tokens. The file is read once before, so every "
+                  "step is warm (dropping the page cache needs root): the comparison is CPU and "
+                  "memory work, not the disk. read + restore / plain read: reame today "
+                  f"{rt['ratio']:.2f}x; with the changes proposed (see bench/restore_profile.py) "
+                  f"{rt['proposed_ratio']:.2f}x, {rt['proposed_mapped_ratio']:.2f}x with the "
+                  f"file mapped, {rt['proposed_deferred_ratio']:.2f}x with the crc32 checked "
+                  "behind the new message's prefill.",
+                  "", table_restore(rt), "",
+                  f"The other part of the first token after a restore is the prefill of the new "
+                  f"message ({rt['new_tokens']} tokens) on top of the restored KV: {decode}."]
+    if "save" in sc and sc["save"]["rows"]:
+        parts += ["", "## Save time per turn (reame)", "",
+                  "`save_ms` (write the chat's KV file: temp file, fsync, rename) over the whole "
+                  "turn time; MB/s = bytes written in the turn / save time.", "",
+                  table_save(sc["save"])]
+    for model in results["models"][1:]:
+        parts += ["", f"## Larger shape: {model['name']}", "",
+                  f"{model.get('description', '')} Shortened: scenario 1 only, sizes "
+                  f"{', '.join(str(s) for s in model['scenarios']['s1']['sizes'])}, "
+                  f"{model['scenarios']['s1']['runs']} run each.", ""]
+        if "kv" in model["scenarios"]:
+            parts += [table_kv(model["scenarios"]["kv"]), ""]
+        parts += [table_s1(model["scenarios"]["s1"])]
+    if results.get("notes"):
+        parts += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
+    if plots:
+        parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(parts) + "\n"
+
+
+# plots
+
+
+def plots(results: dict, out: Path) -> list[str]:
+    """Write the PNGs; return their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    names = []
+    models = [m for m in results["models"] if "s1" in m["scenarios"]]
+    if models:
+        names.append(plot_ttft(models, out / "ttft_vs_history.png"))
+    main = results["models"][0]["scenarios"]
+    if "s6" in main:
+        names.append(plot_over_time(main["s6"], out / "over_time.png"))
+    if "s4" in main:
+        names.append(plot_low_overlap(main["s4"], out / "low_overlap.png"))
+    return names
+
+
+def plot_ttft(models: list[dict], path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rows = model["scenarios"]["s1"]["rows"]
+        for kind in SYSTEMS:
+            pts = sorted((r["size"], r["ttft_s"]) for r in rows if r["system"] == kind)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=MARKERS[kind],
+                        color=COLORS[kind], label=kind, linewidth=2)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        sizes = sorted({r["size"] for r in rows})
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([f"{s:,}" for s in sizes])
+        ax.minorticks_off()
+        _log_ticks(ax, [r["ttft_s"] for r in rows])
+        ax.set_xlabel("history before the new message (tokens)")
+        ax.set_ylabel("time to first token after a restart (s)")
+        ax.set_title(model["name"], fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend()
+    fig.suptitle("Restart and continue: time to first token (log-log)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path.name
+
+
+def _log_ticks(ax, values: list[float]) -> None:
+    """Readable ticks (0.1, 0.2, 0.5, 1, 2, 5, ...) on a log y axis."""
+    low, high = min(values), max(values)
+    ticks = [m * 10 ** e for e in range(-3, 4) for m in (1, 2, 5)]
+    ticks = [t for t in ticks if low / 1.5 <= t <= high * 1.5]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{t:g}" for t in ticks])
+    ax.yaxis.set_minor_locator(__import__("matplotlib").ticker.NullLocator())
+
+
+def plot_over_time(s6: dict, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for kind, curve in s6["curves"].items():
+        ax.plot(range(1, len(curve) + 1), curve, color=COLORS[kind], label=f"{kind} "
+                f"({curve[-1]:,.0f} s)", linewidth=2)
+    for i, at in enumerate(s6["restart_at"]):
+        ax.axvline(at + 0.5, color="grey", linestyle="--", linewidth=1,
+                   label="restart" if i == 0 else None)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("cumulative turn time (s)")
+    ax.set_title(f"A scripted day: {s6['day_turns']} turns across {s6['day_chats']} chats, "
+                 f"restart every {s6['restart_every']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path.name
+
+
+def plot_low_overlap(s4: dict, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    per = s4["per_prompt"]
+    kinds = [k for k in SYSTEMS if k in per]
+    n = len(next(iter(per.values())))
+    width = 0.8 / len(kinds)
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for i, kind in enumerate(kinds):
+        row = _by(s4["rows"], system=kind)
+        saves = [t["save_ms"] / 1000 for t in s4.get("turns", []) if t["system"] == kind]
+        saves = saves if len(saves) == n else [0.0] * n
+        label = kind + (f" (mean {pct(row['overhead'])} vs no cache)" if kind != NO_CACHE else "")
+        xs = [p + i * width for p in range(n)]
+        ax.bar(xs, [t - sv for t, sv in zip(per[kind], saves)], width, color=COLORS[kind],
+               label=label)
+        if any(saves):
+            ax.bar(xs, saves, width, bottom=[t - sv for t, sv in zip(per[kind], saves)],
+                   color="black", alpha=0.55, label="saving (KV file / cache entry)" if i == 0
+                   or kind == DISK_CACHE and REAME not in kinds else None)
+    ax.set_xticks([p + width * (len(kinds) - 1) / 2 for p in range(n)])
+    ax.set_xticklabels([str(p + 1) for p in range(n)])
+    ax.set_xlabel("unrelated prompt (a new chat each)")
+    ax.set_ylabel("turn time, saving included (s)")
+    ax.set_title("Low overlap: the cost of saving when nothing is reused")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path.name
