@@ -26,13 +26,18 @@ def cache_markdown(service: ChatService) -> str:
     if not s.get("enabled"):
         return "The disk cache is **off** (`[cache] enabled = false`): only the live context is reused."
     hit_rate = f"{s['hit_rate']:.0%}" if s["hit_rate"] is not None else "—"
+    if s["prefill_tokens_per_s"]:
+        saved = (f"**{s['time_saved_s']:,.1f} s** "
+                 f"(at {s['prefill_tokens_per_s']:,.0f} tok/s prefill)")
+    else:
+        saved = "not measured yet (needs one prefill of 32+ tokens in this run)"
+    c = s["counters"]
     return (f"**{s['files']}** KV files · **{s['disk_bytes'] / 2**20:,.1f} MB** of "
             f"{s['max_disk_bytes'] / 2**20:,.0f} MB\n\n"
             f"hit rate **{hit_rate}** ({s['hits']} of {s['lookups']} lookups) · "
-            f"**{s['tokens_restored']:,}** tokens restored · time saved "
-            f"**{s['time_saved_s']:,.1f} s** (at {s['prefill_tokens_per_s']:,.0f} tok/s prefill)"
-            f"\n\nunusable files replaced: {s['counters']['rejected']} · failed writes: "
-            f"{s['counters']['write_errors']} · evicted: {s['counters']['evicted']}")
+            f"**{s['tokens_restored']:,}** tokens restored · time saved {saved}\n\n"
+            f"unusable files replaced: {c['rejected']} · failed writes: "
+            f"{c['write_errors']} · evicted: {c['evicted']}")
 
 
 def build_settings_tab(settings: Settings, *, concurrency_id: str) -> None:
