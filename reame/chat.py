@@ -321,14 +321,19 @@ class ChatService:
             stats.tokens_per_s = (len(generated) - 1) / gen_time if gen_time > 0 else 0.0
             stats.total_s = now - started
             stats.stopped = not finished
-            stats.save_ms = self.cache.save(chat.id)
-            message = self.store.add_message(
-                chat.id, "assistant", reply.strip() if finished else reply,
-                # A reply cut at a stop string holds tokens past its text: re-tokenize it instead.
-                tokens=None if cut else generated, tokens_model=engine.fingerprint,
-                stats=asdict(stats), stopped=stats.stopped,
-            )
-            log.info("chat %s: %s", chat.id, stats.line())
+            message = None
+            # The chat may have been deleted while it was answering: then save nothing.
+            if chat.id in self.store.chat_ids():
+                stats.save_ms = self.cache.save(chat.id)
+                message = self.store.add_message(
+                    chat.id, "assistant", reply.strip() if finished else reply,
+                    # A reply cut at a stop string holds tokens past its text: re-tokenize it.
+                    tokens=None if cut else generated, tokens_model=engine.fingerprint,
+                    stats=asdict(stats), stopped=stats.stopped,
+                )
+                log.info("chat %s: %s", chat.id, stats.line())
+        if message is None:
+            raise ChatNotFound(chat.id)
         yield TurnUpdate(reply.strip(), done=True, stats=stats, message_id=message.id,
                          user_message_id=user_message_id)
 

@@ -341,3 +341,15 @@ def test_gemma3_sliding_window_restores_short_chats_and_recomputes_long_ones(fol
     assert recomputed.stats.source in ("none", "live") and recomputed.stats.reused <= 2
     assert recomputed.stats.prefilled == recomputed.stats.prompt_tokens - recomputed.stats.reused
     assert recomputed.text == long_ref
+
+
+def test_a_chat_deleted_while_it_answers_leaves_no_file(folder, model_path):
+    node = Node(folder, model_path)
+    chat = node.service.new_chat()
+    stream = node.service.send(chat.id, "Write a long story about a dragon.")
+    next(stream)
+    node.service.delete_chat(chat.id)
+    with pytest.raises(Exception, match=f"chat {chat.id} does not exist"):
+        list(stream)
+    assert list((folder / "kv").glob(f"chat-{chat.id}-*")) == []
+    assert not node.service.lock.locked()
