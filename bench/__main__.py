@@ -13,6 +13,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import resource
 import shlex
 import shutil
 import sys
@@ -54,6 +55,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "*.gguf in bench/cache/ on a full run, none with --quick)")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temp folder, "
                         "deleted at the end)")
+    parser.add_argument("--sizes", help="comma-separated history lengths for scenario 1 "
+                        "(and the shapes' run), instead of the plan's")
+    parser.add_argument("--add-to", type=Path, metavar="RESULTS_JSON",
+                        help="run only the --shapes and add them to an existing results.json "
+                             "(its folder gets the new results.md and plots)")
     parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                         help="only rewrite results.md and the plots from a results.json")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -120,9 +126,12 @@ def _restore(ctx: Context, s1: dict | None) -> dict:
     return scenarios.restore_throughput(ctx, folder, chat_id)
 
 
-def run_shape(path: Path, work: Path, runs: int | None, threads: int) -> dict:
+def run_shape(path: Path, work: Path, runs: int | None, threads: int,
+              sizes: tuple[int, ...] | None = None) -> dict:
     """The shortened run on a larger shape: KV bytes per token and scenario 1."""
     plan = replace(Plan.shapes_plan(), threads=threads)
+    if sizes:
+        plan = replace(plan, sizes=sizes)
     if runs:
         plan = replace(plan, runs=runs)
     ctx = Context(path, work / path.stem, plan)
@@ -154,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs:
         plan = replace(plan, runs=args.runs)
     plan = replace(plan, threads=args.threads)
+    sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else None
+    if sizes:
+        plan = replace(plan, sizes=sizes)
+    if args.add_to:
+        return add_shapes(args, sizes)
     out = args.out or (DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT)
     shapes = args.shapes if args.shapes is not None else (
         [] if args.quick else sorted(SHAPES_DIR.glob("*.gguf")))
@@ -182,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             if name in pending:
                 pending.remove(name)
         run_info.update(wall_s=time.perf_counter() - started, load_end=report.load_average(),
+                        cpu_s=round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 1),
                         scenario_wall_s={k: round(v, 1) for k, v in walls.items()},
                         pending=list(pending))
         write(results, out, final=not pending)
@@ -193,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 results["models"].append({**model_info(shape),
                                           "scenarios": run_shape(shape, work / "shapes", args.runs,
-                                                                     args.threads)})
+                                                                     args.threads, sizes)})
             except Exception as exc:  # a broken generated model must not lose the main results
                 log.exception("shape %s failed", shape.name)
                 results["notes"].append(f"{shape.name}: not measured ({exc})")
@@ -204,6 +219,32 @@ def main(argv: list[str] | None = None) -> int:
     if pending:  # nothing was left to measure after the last write
         done(walls)
     log.info("wrote %s in %.1f min", out / "results.md", run_info["wall_s"] / 60)
+    return 0
+
+
+def add_shapes(args: argparse.Namespace, sizes: tuple[int, ...] | None) -> int:
+    """Run the shapes alone and add them to an existing results.json (e.g. after a run that
+    was stopped before its shapes)."""
+    results = json.loads(args.add_to.read_text())
+    work = args.work or Path(tempfile.mkdtemp(prefix="reame-bench-"))
+    out = args.out or args.add_to.parent
+    try:
+        for shape in args.shapes or []:
+            started = time.perf_counter()
+            results["models"] = [m for m in results["models"] if m["name"] != shape.name]
+            results["models"].append({**model_info(shape), "scenarios": run_shape(
+                shape, work, args.runs, args.threads, sizes)})
+            pending = results["run"].get("pending", [])
+            results["run"]["pending"] = [p for p in pending if p != shape.name]
+            results["notes"].append(
+                f"{shape.name} was run afterwards with `python -m bench "
+                f"{shlex.join(sys.argv[1:])}` ({(time.perf_counter() - started) / 60:.1f} min, "
+                f"load average at its end {report.load_average()}).")
+            write(results, out, final=False, recompute=False)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    write(results, out, final=True, recompute=False)
     return 0
 
 

@@ -276,7 +276,8 @@ def markdown(results: dict, plots: list[str]) -> str:
         "# Reame benchmark results", "",
         f"- date: {run['date']}  ",
         f"- command: `{run['command']}` ({'quick' if run['quick'] else 'full'} run, "
-        f"{run['wall_s'] / 60:.1f} min" + (f"; **partial: still to run: "
+        f"{run['wall_s'] / 60:.1f} min" + (f", {run['cpu_s'] / 60:.1f} min of CPU"
+                                          if run.get("cpu_s") else "") + (f"; **partial: still to run: "
                                           f"{', '.join(run['pending'])}**" if run.get('pending')
                                           else "") + ")  ",
         f"- machine: {info['cpu']} ({info['arch']}), {info['cores']} cores, "
