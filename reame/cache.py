@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import Engine
+from .engine import Engine, common_prefix
 from .kvstore import BLOCK, KVStore, block_hashes
 
 log = logging.getLogger(__name__)
@@ -25,15 +25,6 @@ class Restored:
     reused: int  # prompt tokens whose KV is live after prepare()
     source: str  # live / disk / prefix / none
     restore_ms: float = 0.0
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class KVCache:

@@ -273,12 +273,13 @@ class ChatService:
             restored.reused, restored.source, restored.restore_ms)
         started = time.perf_counter()
         before = engine.evaluated
-        opening = self.prompts.tokens(chat.system_prompt, [Turn("user", "")])
-        snapshot = cache.prefix_length(opening, prompt)
-        if restored.reused < snapshot and cache.wants_snapshot(snapshot, prompt):
-            engine.prefill(prompt[:snapshot])
-            if engine.tokens == prompt[:snapshot]:
-                cache.save_snapshot(prompt, snapshot)
+        if cache.enabled:  # a shared-prefix snapshot only makes sense with files to keep it
+            opening = self.prompts.tokens(chat.system_prompt, [Turn("user", "")])
+            snapshot = cache.prefix_length(opening, prompt)
+            if restored.reused < snapshot and cache.wants_snapshot(snapshot, prompt):
+                engine.prefill(prompt[:snapshot])
+                if engine.tokens == prompt[:snapshot]:
+                    cache.save_snapshot(prompt, snapshot)
         engine.prefill(prompt)
         seconds = time.perf_counter() - started
         stats.prefilled = engine.evaluated - before
@@ -323,7 +324,7 @@ class ChatService:
             stats.stopped = not finished
             message = None
             # The chat may have been deleted while it was answering: then save nothing.
-            if chat.id in self.store.chat_ids():
+            if self.store.has_chat(chat.id):
                 stats.save_ms = self.cache.save(chat.id)
                 message = self.store.add_message(
                     chat.id, "assistant", reply.strip() if finished else reply,

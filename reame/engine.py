@@ -24,8 +24,8 @@ from llama_cpp._internals import LlamaSampler
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
-_FINGERPRINT_SPAN = 1 << 20
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}  # bytes hashed from the head and from the tail of the model file
+_FINGERPRINT_SPAN = 1 << 20  # bytes hashed from the head and from the tail of the model file
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 
 
 class ModelLoadError(Exception):
@@ -34,6 +34,16 @@ class ModelLoadError(Exception):
 
 class ContextOverflow(ValueError):
     """The tokens to evaluate do not fit in the context window."""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens a and b share from the start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def gguf_files(folder: Path) -> list[Path]:
@@ -198,12 +208,7 @@ class Engine:
     # the KV of sequence 0
 
     def common_prefix(self, tokens: list[int]) -> int:
-        n = 0
-        for live, new in zip(self.tokens, tokens):
-            if live != new:
-                break
-            n += 1
-        return n
+        return common_prefix(self.tokens, tokens)
 
     def truncate(self, n: int) -> bool:
         """Keep the KV of the first n tokens; False when the model cannot (then the KV is cleared)."""

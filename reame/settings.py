@@ -16,7 +16,7 @@ from typing import Any
 
 from .catalog import ModelCheckError, check_model, list_models
 from .chat import ChatService
-from .config import SETTINGS, Config, ConfigError, load_config, update_config, validate_value
+from .config import SETTINGS, Config, ConfigError, update_config, validate_value
 from .engine import ModelLoadError
 from .runtime import build_cache, build_engine
 
@@ -90,8 +90,7 @@ class Settings:
     def _differs(self, new: Config) -> bool:
         old = self.config
         return (new.model != old.model or new.cache.kv_type != old.cache.kv_type
-                or new.cache.enabled != old.cache.enabled or new.cache.dir != old.cache.dir
-                or self.service.engine is None)
+                or new.cache.enabled != old.cache.enabled or new.cache.dir != old.cache.dir)
 
     def _check(self, config: Config) -> None:
         engine = self.service.engine
@@ -157,4 +156,4 @@ def _relative(path: Path, base: Path) -> str:
         return str(path)
 
 
-__all__ = ["Settings", "SettingsError", "EDITABLE", "RELOAD", "load_config"]
+__all__ = ["Settings", "SettingsError", "EDITABLE", "RELOAD"]

@@ -122,6 +122,10 @@ class Store:
             raise ChatNotFound(chat_id)
         return chat
 
+    def has_chat(self, chat_id: int) -> bool:
+        with self._session() as session:
+            return session.get(Chat, chat_id) is not None
+
     def list_chats(self) -> list[Chat]:
         """Most recently active first."""
         with self._session() as session:

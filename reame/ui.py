@@ -232,9 +232,8 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         # wiring
 
         view = [current, chat_list, chatbot, *chat_settings]
-        # Not queued: a quick read that fills the page at once (tests/test_browser.py waits for
-        # its /run/predict answer as the sign that the page is ready).
-        # One load event for the whole page (the tests wait for its one answer).
+        # One load event for the whole page, not queued: a quick read that fills it at once
+        # (tests/test_browser.py waits for its one /run/predict answer as "page ready").
         show_settings, settings_outputs = settings_view or (lambda: (), [])
 
         def on_load_page():
