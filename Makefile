@@ -1,5 +1,5 @@
 # Reame: set-up, run and test targets (GNU make).
-# First `make venv` builds llama-cpp-python from source (~6 minutes on 2 cores).
+# First `make venv` builds llama-cpp-python from source (6-10 minutes on 2 cores).
 
 PYTHON      ?= python3
 VENV        := .venv
@@ -22,7 +22,7 @@ $(VENV_PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): requirements.txt | $(VENV_PY)
-	@echo "Installing requirements into $(VENV); the first install builds llama-cpp-python from source (~6 minutes on 2 cores)."
+	@echo "Installing requirements into $(VENV); the first install builds llama-cpp-python from source (6-10 minutes on 2 cores)."
 	$(VENV_PY) -m pip install -r requirements.txt
 	@touch $@
 
