@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     service = build_service(config)
     demo = build_app(config, service)
     demo.queue(default_concurrency_limit=8)
+    # Stop on SIGTERM as on Ctrl-C: Gradio closes, and the KV files still being written in
+    # the background are finished (an atexit flush) before the process ends.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     demo.launch(server_name=config.server.host, server_port=config.server.port,
                 show_error=True, inbrowser=False, css=CSS, run_history=False, ssr_mode=False)
     return 0

@@ -3,6 +3,9 @@
 Sources, best first: the live context (the last turn's KV), the chat's KV file, a
 shared-prefix snapshot (same system prompt as an earlier chat), else nothing. Whatever is
 chosen, the engine then holds the KV of the longest common prefix with the prompt, verified.
+
+A chat's file can also be restored ahead of its turn (`warm`, when the chat is opened): the
+turn then starts with its history live.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class KVCache:
         self.tokens_saved = 0  # history tokens not recomputed thanks to disk or prefix
         self.lookups = 0
         self.hits = 0
+        self._warmed: tuple[int, Restored] | None = None  # (chat id, what warm() restored)
 
     @property
     def enabled(self) -> bool:
@@ -47,10 +51,46 @@ class KVCache:
         engine = self.engine
         usable = len(prompt) - 1  # the last token is always evaluated, for its logits
         live = min(engine.common_prefix(prompt), usable)
+        warmed, self._warmed = self._warmed, None
+        if warmed is not None and warmed[0] == chat_id and live >= warmed[1].reused:
+            # Restored when the chat was opened: count it as this turn's restore.
+            self.lookups += 1
+            self.hits += 1
+            self.tokens_saved += live
+            return Restored(live, warmed[1].source, warmed[1].restore_ms)
         if self.store is None or live >= usable:
             return Restored(live, "live" if live else "none")
         self.lookups += 1
         started = time.perf_counter()
+        restored = self._restore(chat_id, prompt, live, usable)
+        ms = (time.perf_counter() - started) * 1000
+        if restored is not None:
+            self.hits += 1
+            self.tokens_saved += restored.reused
+            restored.restore_ms = ms
+            return restored
+        # Nothing better on disk: whatever still matches in the context is reused.
+        live = min(engine.common_prefix(prompt), usable)
+        return Restored(live, "live" if live else "none", ms)
+
+    def warm(self, chat_id: int) -> Restored | None:
+        """Restore the chat's KV file now, ahead of its next turn; None if there is nothing
+        to restore or the live context already holds it."""
+        if self.store is None:
+            return None
+        tokens = self.store.peek(self.store.chat_path(chat_id))
+        if not tokens or self.engine.common_prefix(tokens) == len(tokens):
+            return None
+        started = time.perf_counter()
+        restored = self._restore(chat_id, tokens + [-1], 0, len(tokens))
+        if restored is not None:
+            restored.restore_ms = (time.perf_counter() - started) * 1000
+            self._warmed = (chat_id, restored)
+        return restored
+
+    def _restore(self, chat_id: int, prompt: list[int], live: int, usable: int) -> Restored | None:
+        """Load the file that covers most of prompt (beyond live tokens), cut to what matches."""
+        engine = self.engine
         for source, path in self._candidates(chat_id, prompt):
             head = self.store.peek(path)
             if head is None:
@@ -61,20 +101,21 @@ class KVCache:
             entry = self.store.read(path)
             if entry is None:
                 continue
-            if not engine.restore(entry.tokens, entry.state):
+            with entry:
+                ok = engine.restore(entry.tokens, entry.state)
+                if not entry.verified():
+                    engine.clear()
+                    self.store.reject(path, "checksum mismatch (corrupt or truncated)")
+                    continue
+            if not ok:
                 self.store.reject(path, "llama.cpp did not take the state back exactly")
                 continue
             if not engine.truncate(reach):
                 log.warning("KV of %s cannot be cut at %d tokens (sliding window or recurrent "
                             "model): recomputing", path.name, reach)
                 continue
-            ms = (time.perf_counter() - started) * 1000
-            self.hits += 1
-            self.tokens_saved += reach
-            return Restored(reach, source, ms)
-        # Nothing better on disk: whatever still matches in the context is reused.
-        live = min(engine.common_prefix(prompt), usable)
-        return Restored(live, "live" if live else "none", (time.perf_counter() - started) * 1000)
+            return Restored(reach, source)
+        return None
 
     def _candidates(self, chat_id: int, prompt: list[int]):
         yield "disk", self.store.chat_path(chat_id)
@@ -89,27 +130,32 @@ class KVCache:
             self.prefill_rate = rate if not self.prefill_rate else 0.8 * self.prefill_rate + 0.2 * rate
 
     def prefix_length(self, prefix: list[int], prompt: list[int]) -> int:
-        """Where a shared-prefix snapshot of prompt goes: the last block boundary of prefix."""
-        shared = common_prefix(prefix, prompt)
-        return (min(shared, len(prompt) - 1) // BLOCK) * BLOCK
+        """Where a shared-prefix snapshot of prompt ends: all of prefix that prompt shares."""
+        return min(common_prefix(prefix, prompt), len(prompt) - 1)
 
     def restorable(self, n_tokens: int) -> bool:
         limit = self.engine.restore_limit
         return limit is None or n_tokens <= limit
 
     def wants_snapshot(self, length: int, prompt: list[int]) -> bool:
+        """Whether prompt[:length] is worth a snapshot that is not on disk yet. Snapshots are
+        found by the chained hash of their last whole block, and hold every token up to length."""
         if self.store is None or length < BLOCK or not self.restorable(length):
             return False
-        return not self.store.prefix_path(block_hashes(prompt[:length])[-1]).exists()
+        return self.store.peek(self._snapshot_path(prompt[:length])) != prompt[:length]
+
+    def _snapshot_path(self, prefix: list[int]) -> Path:
+        return self.store.prefix_path(block_hashes(prefix)[-1])
 
     def save_snapshot(self, prompt: list[int], length: int) -> None:
         """Save the live KV (exactly prompt[:length]) as a shared-prefix snapshot."""
         assert self.engine.tokens == prompt[:length]
-        path = self.store.prefix_path(block_hashes(prompt[:length])[-1])
-        self.store.write(path, prompt[:length], self.engine.state())
+        self.store.write_later(self._snapshot_path(prompt[:length]), prompt[:length],
+                               self.engine.state())
 
     def save(self, chat_id: int) -> float:
-        """Write the chat's KV file with the exact tokens the KV holds; return the ms it took."""
+        """Queue the chat's KV file with the exact tokens the KV holds; return the ms the turn
+        spent on it (copying the state out of llama.cpp; the write is in the background)."""
         if self.store is None or not self.engine.tokens:
             return 0.0
         if not self.restorable(len(self.engine.tokens)):
@@ -117,8 +163,14 @@ class KVCache:
             # shorter file (if any) stays: its tokens are still a valid prefix.
             return 0.0
         started = time.perf_counter()
-        self.store.write(self.store.chat_path(chat_id), self.engine.tokens, self.engine.state())
+        self.store.write_later(self.store.chat_path(chat_id), self.engine.tokens,
+                               self.engine.state())
         return (time.perf_counter() - started) * 1000
+
+    def flush(self) -> None:
+        """Wait until the queued KV files are written."""
+        if self.store is not None:
+            self.store.flush()
 
     def forget(self, chat_id: int) -> None:
         if self.store is not None:

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TITLE = "New chat"
 TITLE_LENGTH = 48
+WARM_WAIT_S = 2.0
 
 __all__ = ["ChatService", "ChatError", "ChatNotFound", "EmptyMessage", "MessageTooLong",
            "NoModel", "TurnStats", "TurnUpdate"]
@@ -129,6 +130,8 @@ class ChatService:
             finally:
                 self._loading = False
             old = self.engine
+            if self.cache is not None:
+                self.cache.flush()  # the old model's last files are complete on disk
             self.engine, self.cache = engine, cache
             self.prompts = PromptBuilder(engine)
             self.load_error = None
@@ -184,6 +187,20 @@ class ChatService:
         self.store.delete_chat(chat_id)
         if self.cache:
             self.cache.forget(chat_id)
+
+    def warm(self, chat_id: int) -> bool:
+        """Restore the chat's KV from disk ahead of its next turn (called when a chat is
+        opened), unless the engine stays busy. True if something was restored."""
+        if self.engine is None or self.cache is None or not self.cache.enabled:
+            return False
+        # A turn about to end (e.g. the reply being stopped by this very switch) is waited
+        # for a little; a long one is not.
+        if not self.lock.acquire(timeout=WARM_WAIT_S):
+            return False
+        try:
+            return self.cache.warm(chat_id) is not None
+        finally:
+            self.lock.release()
 
     def cache_stats(self) -> dict:
         return self.cache.stats() if self.cache else {"enabled": False}

@@ -8,21 +8,29 @@ The header holds the fingerprint (model file, KV type, flash attention, llama-cp
 version): a file whose fingerprint differs is not restored. Writes go to a temp file, fsync,
 os.replace: a reader sees the old file or the new one, never a partial one. Any file that
 cannot be read back exactly is a miss, never an error.
+
+Speed (see bench/restore_profile.py): a file is mapped, not copied, and its crc32 runs in a
+second thread while llama.cpp loads the state (both release the GIL); the caller checks it with
+`KVEntry.verified()` before trusting the KV. Writes happen on one background thread, so a turn
+pays only for copying the state out of llama.cpp; any read first waits for pending writes.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
+import mmap
 import os
 import struct
 import tempfile
 import threading
+import time
 import zlib
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -34,10 +42,38 @@ _CRC = struct.Struct("<I")
 BLOCK = 64  # tokens per block of the shared-prefix chained hash
 
 
-@dataclass(frozen=True)
 class KVEntry:
-    tokens: list[int]
-    state: memoryview  # writable, over the file's bytes
+    """A mapped KV file: its tokens, its state, and its checksum being verified meanwhile.
+
+    Use it as a context manager (the mapping is closed on exit) and call verified() before
+    trusting anything loaded from `state`."""
+
+    def __init__(self, data: mmap.mmap, tokens: list[int], body: memoryview, state: memoryview,
+                 stored_crc: int):
+        self.tokens = tokens
+        self.state = state  # writable (a private mapping), so ctypes takes it without a copy
+        self._data, self._body, self._stored_crc = data, body, stored_crc
+        self._crc: list[int] = []
+        self._checker = threading.Thread(target=lambda: self._crc.append(zlib.crc32(body)),
+                                         name="kv-crc32", daemon=True)
+        self._checker.start()
+
+    def verified(self) -> bool:
+        """Whether the file's checksum matches (waits for the check to finish)."""
+        self._checker.join()
+        return self._crc == [self._stored_crc]
+
+    def close(self) -> None:
+        self._checker.join()
+        for view in (self.state, self._body):
+            view.release()
+        self._data.close()
+
+    def __enter__(self) -> "KVEntry":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @dataclass
@@ -46,10 +82,75 @@ class CacheCounters:
     writes: int = 0
     write_errors: int = 0
     bytes_written: int = 0
+    write_ms: float = 0.0  # time spent writing files, on the background writer
     evicted: int = 0
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["write_ms"] = round(self.write_ms, 1)
+        return out
+
+
+class _Writer:
+    """One background thread that writes KV files in order; a newer write of a path replaces
+    an older one still queued. Shared by every KVStore of the process, so that a reader in
+    any of them can wait for a file's pending write."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._queue: list[tuple[int, "KVStore", Path, Sequence[int], memoryview]] = []
+        self._latest: dict[Path, int] = {}  # path -> newest write queued or in progress
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, store: "KVStore", path: Path, tokens: Sequence[int], state) -> None:
+        with self._cond:
+            self._seq += 1
+            self._latest[path] = self._seq
+            self._queue.append((self._seq, store, path, tokens, state))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="kv-writer", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def wait(self, path: Path) -> None:
+        """Wait until no write of path is queued or in progress."""
+        with self._cond:
+            while path in self._latest:
+                self._cond.wait()
+
+    def flush(self) -> None:
+        """Wait until every write submitted so far is done (on disk, or failed)."""
+        with self._cond:
+            while self._latest:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                seq, store, path, tokens, state = self._queue.pop(0)
+                if self._latest.get(path) != seq:
+                    continue  # a newer write of the same file is queued
+            try:
+                store.write(path, tokens, state)
+            except Exception:  # never let the writer die: the file is simply not there
+                log.exception("KV file %s not written", path.name)
+            finally:
+                with self._cond:
+                    if self._latest.get(path) == seq:
+                        del self._latest[path]
+                    self._cond.notify_all()
+
+
+_writer = _Writer()
+atexit.register(_writer.flush)
+
+
+def flush_writes() -> None:
+    """Wait for every KV file queued for writing in this process."""
+    _writer.flush()
 
 
 def block_hashes(tokens: Sequence[int], block: int = BLOCK) -> list[str]:
@@ -89,6 +190,7 @@ class KVStore:
 
     def peek(self, path: Path) -> list[int] | None:
         """The tokens a file holds, from its head only; None if absent or not for this model."""
+        _writer.wait(path)
         try:
             with path.open("rb") as f:
                 header_len = self._preamble(path, f.read(_PREAMBLE.size))
@@ -132,41 +234,48 @@ class KVStore:
         return header
 
     def read(self, path: Path) -> KVEntry | None:
-        """The file's tokens and state, or None (counted, logged) if it is not usable."""
+        """The file mapped, its header checked and its crc32 started; None (counted, logged)
+        if it is not usable. The caller closes the entry and must check entry.verified()."""
+        _writer.wait(path)
         try:
             with path.open("rb") as f:
-                # A bytearray, so that the state reaches llama.cpp without another copy.
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                f.readinto(data)
+                size = os.fstat(f.fileno()).st_size
+                if size < _PREAMBLE.size + _CRC.size:
+                    return self.reject(path, "truncated")
+                # Private and writable: llama.cpp gets the bytes without a copy, and files are
+                # only ever replaced (os.replace), never rewritten in place under a mapping.
+                data = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
+                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            return self.reject(path, f"cannot read: {exc.strerror}")
+        except (OSError, ValueError) as exc:
+            return self.reject(path, f"cannot read: {getattr(exc, 'strerror', None) or exc}")
         entry = self._parse(path, data)
-        if entry is not None:
-            os.utime(path)  # recently used: the last to be evicted
+        if entry is None:
+            data.close()
+            return None
+        os.utime(path)  # recently used: the last to be evicted
         return entry
 
-    def _parse(self, path: Path, data: bytearray) -> KVEntry | None:
-        if len(data) < _PREAMBLE.size + _CRC.size:
-            return self.reject(path, "truncated")
+    def _parse(self, path: Path, data: mmap.mmap) -> KVEntry | None:
         header_len = self._preamble(path, data)
         if header_len is None:
             return None
-        body, (crc,) = memoryview(data)[:-_CRC.size], _CRC.unpack_from(data, len(data) - _CRC.size)
-        if zlib.crc32(body) != crc:
-            return self.reject(path, "checksum mismatch (corrupt or truncated)")
-        header = self._header(path, bytes(body[_PREAMBLE.size:_PREAMBLE.size + header_len]))
+        end = len(data) - _CRC.size
+        if _PREAMBLE.size + header_len > end:
+            return self.reject(path, "truncated")
+        header = self._header(path, data[_PREAMBLE.size:_PREAMBLE.size + header_len])
         if header is None:
             return None
         n_tokens, state_bytes = header["n_tokens"], header["state_bytes"]
         start = _PREAMBLE.size + header_len
-        if start + 4 * n_tokens + state_bytes != len(body):
-            return self.reject(path, "sizes do not add up")
+        if start + 4 * n_tokens + state_bytes != end:
+            return self.reject(path, "sizes do not add up (truncated?)")
         tokens = array("i")
-        tokens.frombytes(body[start:start + 4 * n_tokens])
-        state = body[start + 4 * n_tokens:]
-        return KVEntry(tokens.tolist(), state)
+        tokens.frombytes(data[start:start + 4 * n_tokens])
+        (crc,) = _CRC.unpack_from(data, end)
+        body = memoryview(data)[:end]
+        return KVEntry(data, tokens.tolist(), body, body[start + 4 * n_tokens:], crc)
 
     def reject(self, path: Path, why: str) -> None:
         """Count and log an unusable file; it is a miss, and the next save replaces it."""
@@ -176,8 +285,17 @@ class KVStore:
 
     # writing
 
+    def write_later(self, path: Path, tokens: Sequence[int], state: bytes | memoryview) -> None:
+        """Queue write(): it happens on the background writer; state must not change after."""
+        _writer.submit(self, path, list(tokens), state)
+
+    def flush(self) -> None:
+        """Wait until every queued write is done."""
+        _writer.flush()
+
     def write(self, path: Path, tokens: Sequence[int], state: bytes | memoryview) -> bool:
         """Atomically replace path; False (logged, counted) if the disk refused."""
+        started = time.perf_counter()
         header = json.dumps({"fingerprint": self.fingerprint, "n_tokens": len(tokens),
                              "state_bytes": len(state)}).encode()
         token_bytes = array("i", tokens).tobytes()
@@ -203,6 +321,8 @@ class KVStore:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
             return False
+        finally:
+            self.counters.write_ms += (time.perf_counter() - started) * 1000
         self.counters.writes += 1
         self.counters.bytes_written += len(state) + len(token_bytes) + len(header)
         self.evict()
@@ -239,6 +359,7 @@ class KVStore:
 
     def delete_chat(self, chat_id: int) -> None:
         """Every file of the chat, whatever model made it."""
+        _writer.flush()  # or a queued write would bring one back
         for p in self.folder.glob(f"chat-{chat_id}-*.kv"):
             p.unlink(missing_ok=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import gradio as gr
 
@@ -102,6 +103,8 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                     messages = to_chatbot(service.messages(chat_id))
                 except ChatNotFound:
                     chat_id, messages = None, []
+                else:  # restore its KV while the user reads and types
+                    threading.Thread(target=service.warm, args=(chat_id,), daemon=True).start()
             else:
                 messages = []
             return (chat_id, gr.Radio(choices=_choices(service), value=chat_id), messages,

@@ -53,6 +53,7 @@ def test_switching_to_gemma_and_back_keeps_every_chat_usable(setup, gemma_path, 
     chat = service.new_chat()
     last_turn(service, chat.id, "Which planet do we live on?")
     smol_file = service.cache.store.chat_path(chat.id)
+    service.cache.flush()  # KV files are written in the background
     assert smol_file.exists()
 
     settings.update({"model": {"model_path": gemma_path}})
@@ -62,6 +63,7 @@ def test_switching_to_gemma_and_back_keeps_every_chat_usable(setup, gemma_path, 
     assert on_gemma.stats.source == "none", "the SmolLM2 KV is not restored into Gemma"
     assert on_gemma.text.strip()
     gemma_file = service.cache.store.chat_path(chat.id)
+    service.cache.flush()
     assert gemma_file != smol_file and gemma_file.exists() and smol_file.exists()
 
     settings.update({"model": {"model_path": str(tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")}})
@@ -131,4 +133,5 @@ def test_kv_type_switch_reloads_and_uses_its_own_files(setup):
     assert service.engine.kv_type == "q8_0"
     turn = last_turn(service, chat.id, "Say hello.")
     assert turn.stats.source == "none"
+    service.cache.flush()
     assert len(list(service.cache.store.folder.glob(f"chat-{chat.id}-*.kv"))) == 2
