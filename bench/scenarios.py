@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import workload
-from .systems import (DISK_CACHE, MB, NO_CACHE, REAME, SYSTEMS, ServiceSystem, System,
-                      TurnResult, make_system)
+from .systems import (DISK_CACHE, MB, NO_CACHE, REAME, REAME_OPENED, SYSTEMS, ServiceSystem,
+                      System, TurnResult, make_system)
 
 log = logging.getLogger(__name__)
 
@@ -189,18 +189,24 @@ def restart_and_continue(ctx: Context) -> dict:
                 chat_ids[kind] = build_chat(system, hist.pairs)
             bases[kind] = system.folder
         bases_by_size[size] = (bases[REAME], chat_ids[REAME])
-        per_system: dict[str, list[TurnResult]] = {k: [] for k in ctx.systems}
+        variants = list(ctx.systems) + ([REAME_OPENED] if REAME in ctx.systems else [])
+        per_system: dict[str, list[TurnResult]] = {k: [] for k in variants}
         for run in range(plan.runs):
-            for kind in ctx.systems:
+            for variant in variants:
+                kind = REAME if variant == REAME_OPENED else variant
                 src, with_kv = source_folder(kind, bases)
                 dst = clone(src, ctx.work / "s1" / str(size) / f"run{run}" / kind, with_kv=with_kv)
                 with ctx.system(kind, dst) as system:  # the restart: a new process, same files
-                    result = system.send(of_kind(chat_ids, kind), NEXT_MESSAGE)
+                    chat_id = of_kind(chat_ids, kind)
+                    opened_s = system.open_chat(chat_id) if variant == REAME_OPENED else 0.0
+                    result = system.send(chat_id, NEXT_MESSAGE)
                 shutil.rmtree(dst)
+                result.system = variant
+                result.extra["open_chat_s"] = opened_s
                 log.info("scenario 1: %d tokens, run %d, %s: first token %.3f s, %d evaluated, "
-                         "source %s", size, run + 1, kind, result.ttft_s, result.evaluated,
+                         "source %s", size, run + 1, variant, result.ttft_s, result.evaluated,
                          result.source)
-                per_system[kind].append(result)
+                per_system[variant].append(result)
         for kind, results in per_system.items():
             rows.append({"size": size, "system": kind, **summary(results)})
             turns += [{"size": size, **t} for t in turn_dicts(results)]
@@ -480,9 +486,11 @@ def save_share(scenarios: dict) -> dict:
         if not turns:
             continue
         shares = [t["save_ms"] / 1000 / t["total_s"] for t in turns if t["total_s"]]
-        rates = [t["bytes_written"] / MB / (t["save_ms"] / 1000) for t in turns if t["save_ms"]]
+        writes = [t["extra"].get("write_ms", 0.0) for t in turns]
+        rates = [t["bytes_written"] / MB / (w / 1000) for t, w in zip(turns, writes) if w]
         rows.append({"scenario": name, "turns": len(turns),
                      "save_ms": statistics.median(t["save_ms"] for t in turns),
+                     "write_ms": statistics.median(writes),
                      "share": statistics.median(shares), "max_share": max(shares),
                      "mb_per_s": statistics.median(rates) if rates else 0.0})
     return {"rows": rows}
