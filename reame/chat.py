@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from .cache import KVCache
 from .config import GenerationConfig
-from .engine import Engine, Sampling
+from .engine import Engine, Sampling, common_prefix
 from .prompt import PromptBuilder, Turn
 from .store import Chat, ChatNotFound, Message, Store
 
@@ -56,6 +56,7 @@ class TurnStats:
     generated: int = 0
     tokens_per_s: float = 0.0
     total_s: float = 0.0
+    ahead: int = 0  # tokens of the next prompt's fixed head, evaluated after the reply
     dropped_messages: int = 0  # oldest messages left out to fit the context
     stopped: bool = False
 
@@ -280,7 +281,8 @@ class ChatService:
                 user_message_id = self.store.add_message(chat.id, "user", text).id
                 if chat.title == DEFAULT_TITLE and not kept:
                     self.store.update_chat(chat.id, title=title_from(text))
-            yield from self._reply(chat, prompt, dropped, seed, user_message_id)
+            yield from self._reply(chat, turns[dropped:], prompt, dropped, seed,
+                                   user_message_id)
 
     def _prefill(self, chat: Chat, prompt: list[int], stats: TurnStats) -> None:
         """Restore what the cache has, snapshot a shared prefix if new, evaluate the rest."""
@@ -303,8 +305,8 @@ class ChatService:
         stats.prefill_ms = seconds * 1000
         cache.record_prefill(stats.prefilled, seconds)
 
-    def _reply(self, chat: Chat, prompt: list[int], dropped: int, seed: int | None,
-               user_message_id: int | None) -> Iterator[TurnUpdate]:
+    def _reply(self, chat: Chat, turns: list[Turn], prompt: list[int], dropped: int,
+               seed: int | None, user_message_id: int | None) -> Iterator[TurnUpdate]:
         engine = self.engine
         stats = TurnStats(prompt_tokens=len(prompt), dropped_messages=dropped)
         started = time.perf_counter()
@@ -342,6 +344,9 @@ class ChatService:
             message = None
             # The chat may have been deleted while it was answering: then save nothing.
             if self.store.has_chat(chat.id):
+                if finished and not cut:
+                    stats.ahead = self._prefill_next_header(chat, turns, generated)
+                    stats.total_s = time.perf_counter() - started
                 stats.save_ms = self.cache.save(chat.id)
                 message = self.store.add_message(
                     chat.id, "assistant", reply.strip() if finished else reply,
@@ -355,6 +360,21 @@ class ChatService:
         yield TurnUpdate(reply.strip(), done=True, stats=stats, message_id=message.id,
                          user_message_id=user_message_id)
 
+
+    def _prefill_next_header(self, chat: Chat, turns: list[Turn], generated: list[int]) -> int:
+        """Evaluate now what the next prompt will hold whatever the user writes (e.g.
+        "<|im_end|>\n<|im_start|>user\n"), so the next turn's first token waits only for the
+        message itself. The next turn checks these tokens like any others (common prefix)."""
+        engine = self.engine
+        done = turns + [Turn("assistant", "", tuple(generated))]
+        a = self.prompts.tokens(chat.system_prompt, done + [Turn("user", "a")])
+        b = self.prompts.tokens(chat.system_prompt, done + [Turn("user", "b")])
+        head = common_prefix(a, b)
+        live = len(engine.tokens)
+        if not live < head <= engine.n_ctx or engine.common_prefix(a) != live:
+            return 0
+        engine.evaluate(a[live:head])
+        return head - live
 
 def _check_text(text: str) -> None:
     if not text or not text.strip():

@@ -95,8 +95,10 @@ def kv_tokens(kv: KVStore, chat_id: int) -> list[int]:
 def assert_only_new_tokens_evaluated(last):
     s = last.stats
     assert s.prefilled == s.prompt_tokens - s.reused
-    # the reply's tokens are evaluated as they are generated, except the last one
-    assert s.prefilled + s.generated - 1 <= last.evaluated <= s.prefilled + s.generated
+    # the reply's tokens are evaluated as they are generated, except the last one; then the
+    # next prompt's fixed head ("<|im_end|>\n<|im_start|>user\n"), ahead of the next turn
+    assert (s.prefilled + s.generated - 1 + s.ahead <= last.evaluated
+            <= s.prefilled + s.generated + s.ahead)
 
 
 def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, model_path):

@@ -48,10 +48,18 @@ def test_a_continued_chat_evaluates_only_the_new_tokens(service):
     second = reply(service, chat.id, "Name another one.")[-1].stats
     assert second.reused == len(kv_after_first), "the whole first turn is reused"
     assert second.prefilled == second.prompt_tokens - second.reused
-    # Besides the new prompt tokens, only the reply's own tokens were evaluated.
-    kv_reply = len(engine.tokens) - second.prompt_tokens
-    assert second.generated - 1 <= kv_reply <= second.generated
-    assert engine.evaluated - before == second.prefilled + kv_reply
+    # Every token the KV holds past the reused ones was evaluated once, and nothing else: the
+    # new prompt tokens, the reply, and the next prompt's fixed head, evaluated ahead.
+    assert engine.evaluated - before == len(engine.tokens) - second.reused
+    reply_tokens = service.store.messages(chat.id)[-1].token_list
+    head = engine.tokenize("<|im_end|>\n<|im_start|>user\n")
+    assert engine.tokens[second.prompt_tokens:] == reply_tokens + head
+    # (plus the reply's last token when max_tokens ended it: it is evaluated only then)
+    assert second.ahead in (len(head), len(head) + 1)
+    kv_after_second = list(engine.tokens)
+    third = reply(service, chat.id, "Thanks.")[-1].stats
+    assert third.reused == len(kv_after_second), "the head evaluated ahead is reused too"
+    assert engine.tokens[:third.reused] == kv_after_second
 
 
 def test_empty_message_is_refused(service):
