@@ -17,9 +17,11 @@ def chat_summary(chat: Chat) -> dict[str, Any]:
             "updated_at": chat.updated_at}
 
 
-def message_dict(message: Message) -> dict[str, Any]:
+def message_dict(message: Message, window_start: int = 0) -> dict[str, Any]:
     out = {"id": message.id, "role": message.role, "content": message.content,
-           "created_at": message.created_at}
+           "created_at": message.created_at,
+           # whether the model still sees it (long chats drop their oldest messages)
+           "in_window": message.position >= window_start}
     if message.role == "assistant":
         out["stopped"] = message.stopped
         out["stats"] = message.stats_dict or None
@@ -74,7 +76,8 @@ def register_api(service: ChatService, *, concurrency_id: str,
             raise _user_error(exc) from None
         return {**chat_summary(chat), "system_prompt": chat.system_prompt,
                 "temperature": chat.temperature, "top_p": chat.top_p,
-                "max_tokens": chat.max_tokens, "messages": [message_dict(m) for m in messages]}
+                "max_tokens": chat.max_tokens,
+                "messages": [message_dict(m, chat.window_start) for m in messages]}
 
     def rename_chat(chat_id: int, title: str) -> dict:
         """Give a chat a new title."""

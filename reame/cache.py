@@ -28,6 +28,18 @@ class Restored:
     reused: int  # prompt tokens whose KV is live after prepare()
     source: str  # live / disk / prefix / none
     restore_ms: float = 0.0
+    shifted: int = 0  # tokens dropped from the KV by a context shift (nothing recomputed)
+    recomputed: bool = False  # a drop the KV could not follow: the kept window is re-evaluated
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Messages just dropped from the front of a chat's window: the prompt they would have
+    made (old_prompt) loses old_prompt[at:at + n], and the rest is the new prompt."""
+
+    old_prompt: list[int]
+    at: int
+    n: int
 
 
 class KVCache:
@@ -46,8 +58,30 @@ class KVCache:
     def enabled(self) -> bool:
         return self.store is not None
 
-    def prepare(self, chat_id: int, prompt: list[int]) -> Restored:
-        """Make the engine's KV hold the longest available prefix of prompt."""
+    def prepare(self, chat_id: int, prompt: list[int], drop: Drop | None = None) -> Restored:
+        """Make the engine's KV hold the longest available prefix of prompt.
+
+        With a drop, the KV of the old window (live or from disk) is shifted: the dropped span
+        removed, the rest moved down, nothing recomputed. Where the model cannot shift, the
+        kept window is re-evaluated (and the result says so)."""
+        if drop is None:
+            return self._prepare(chat_id, prompt)
+        engine = self.engine
+        restored = self._prepare(chat_id, drop.old_prompt)
+        usable = len(prompt) - 1
+        shifted = restored.reused > drop.at + drop.n and engine.shift(drop.at, drop.n)
+        reuse = min(engine.common_prefix(prompt), usable)
+        if not engine.truncate(reuse):
+            reuse = 0
+        source = restored.source if reuse else "none"
+        if shifted:
+            return Restored(reuse, source, restored.restore_ms, shifted=drop.n)
+        log.info("chat %s: the KV cannot follow the dropped messages (%s): re-evaluating the "
+                 "kept window", chat_id, "model cannot shift" if not engine.can_shift
+                 else "no KV of the old window")
+        return Restored(reuse, source, restored.restore_ms, recomputed=True)
+
+    def _prepare(self, chat_id: int, prompt: list[int]) -> Restored:
         engine = self.engine
         usable = len(prompt) - 1  # the last token is always evaluated, for its logits
         live = min(engine.common_prefix(prompt), usable)

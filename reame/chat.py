@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
-from .cache import KVCache
+from .cache import Drop, KVCache
 from .config import GenerationConfig
 from .engine import Engine, Sampling, common_prefix
 from .prompt import PromptBuilder, Turn
@@ -57,7 +57,9 @@ class TurnStats:
     tokens_per_s: float = 0.0
     total_s: float = 0.0
     ahead: int = 0  # tokens of the next prompt's fixed head, evaluated after the reply
-    dropped_messages: int = 0  # oldest messages left out to fit the context
+    dropped_messages: int = 0  # oldest messages outside the model's window (context)
+    shifted: int = 0  # tokens this turn dropped from the KV by a context shift
+    window_recomputed: bool = False  # messages left the window and the KV could not follow
     stopped: bool = False
 
     def line(self) -> str:
@@ -72,11 +74,26 @@ class TurnStats:
         parts = [head, f"prefilled {self.prefilled:,} in {self.prefill_ms:,.0f} ms",
                  f"first token {self.first_token_s:.2f} s",
                  f"{self.generated} tokens at {self.tokens_per_s:.1f} tok/s"]
-        if self.dropped_messages:
-            parts.append(f"{self.dropped_messages} oldest messages outside the model's memory")
+        if self.shifted:
+            parts.append(f"context shifted: {self.shifted:,} oldest tokens dropped, "
+                         "nothing recomputed")
+        elif self.window_recomputed:
+            parts.append("context full: oldest messages dropped, kept window re-evaluated")
         if self.stopped:
             parts.append("stopped")
         return " · ".join(parts)
+
+
+@dataclass
+class Window:
+    """What the model sees in a turn: the prompt, the turns it holds, and where it starts."""
+
+    prompt: list[int]
+    turns: list[Turn]
+    start: int  # position of the first message in the window
+    outside: int  # messages before it
+    dropped_now: int = 0  # turns that left the window in this turn
+    drop: Drop | None = None  # their tokens, for the KV to follow (None: cannot)
 
 
 @dataclass
@@ -215,25 +232,45 @@ class ChatService:
             turns.append(Turn(m.role, m.content, tuple(exact) if exact is not None else None))
         return turns
 
-    def _fit(self, chat: Chat, turns: list[Turn]) -> tuple[list[int], int]:
-        """Prompt tokens for turns, dropping the oldest messages if they do not fit with a reply."""
+    def _fit(self, chat: Chat, kept: list[Message], new: Turn | None,
+             cut_at: int | None) -> "Window":
+        """The prompt for the next reply: the chat's window (the messages from
+        chat.window_start on) plus the new message. When it would not fit with room for the
+        reply, the oldest messages leave the window: as few as needed to fit with room for a
+        few more turns (so that the next turns do not overflow again at once)."""
         n_ctx = self.engine.n_ctx
+        start = chat.window_start
+        if cut_at is not None and start > cut_at:
+            start = 0  # an edit of a message the model no longer saw: start over
+        visible = [m for m in kept if m.position >= start]
+        turns = self._turns(visible) + ([new] if new is not None else [])
         alone = self.prompts.tokens(chat.system_prompt, turns[-1:])
         if len(alone) >= n_ctx:
             raise MessageTooLong(
                 f"This message is {len(alone):,} tokens with the system prompt; the model's "
                 f"context holds {n_ctx:,} tokens. Shorten it and send again."
             )
+        prompt = self.prompts.tokens(chat.system_prompt, turns)
         reply_room = min(chat.max_tokens, n_ctx // 4)
-        dropped = 0
-        while True:
-            prompt = self.prompts.tokens(chat.system_prompt, turns[dropped:])
-            if len(prompt) + reply_room <= n_ctx or dropped >= len(turns) - 1:
-                return prompt, dropped
-            dropped += 1
-            # Keep the kept part starting at a user message.
-            while dropped < len(turns) - 1 and turns[dropped].role != "user":
-                dropped += 1
+        if len(prompt) + reply_room <= n_ctx:
+            return Window(prompt, turns, start, sum(m.position < start for m in kept))
+        target = n_ctx - reply_room - n_ctx // 4
+        cut, shorter = 0, prompt
+        while cut < len(turns) - 1:
+            cut += 1
+            # The window starts at a user message.
+            while cut < len(turns) - 1 and turns[cut].role != "user":
+                cut += 1
+            shorter = self.prompts.tokens(chat.system_prompt, turns[cut:])
+            if len(shorter) <= target:
+                break
+        start = visible[cut].position if cut < len(visible) else (
+            kept[-1].position + 1 if kept else 0)
+        at, n = common_prefix(prompt, shorter), len(prompt) - len(shorter)
+        # The dropped messages must be one span of tokens for the KV to follow.
+        drop = Drop(prompt, at, n) if n > 0 and prompt[at + n:] == shorter[at:] else None
+        return Window(shorter, turns[cut:], start, sum(m.position < start for m in kept),
+                      dropped_now=cut, drop=drop)
 
     def send(self, chat_id: int, text: str, *, seed: int | None = None) -> Iterator[TurnUpdate]:
         """Add the user's message and stream the reply. The reply is saved even when stopped."""
@@ -272,24 +309,28 @@ class ChatService:
         with self.lock:
             history = self.store.messages(chat.id)
             kept = [m for m in history if cut_at is None or m.position < cut_at]
-            turns = self._turns(kept) + ([Turn("user", text)] if text is not None else [])
-            prompt, dropped = self._fit(chat, turns)
+            window = self._fit(chat, kept, Turn("user", text) if text is not None else None,
+                               cut_at)
             if cut_at is not None:
                 self.store.delete_messages_from(chat.id, cut_at)
+            if window.start != chat.window_start:
+                chat = self.store.update_chat(chat.id, window_start=window.start)
             user_message_id = None
             if text is not None:
                 user_message_id = self.store.add_message(chat.id, "user", text).id
                 if chat.title == DEFAULT_TITLE and not kept:
                     self.store.update_chat(chat.id, title=title_from(text))
-            yield from self._reply(chat, turns[dropped:], prompt, dropped, seed,
-                                   user_message_id)
+            yield from self._reply(chat, window, seed, user_message_id)
 
-    def _prefill(self, chat: Chat, prompt: list[int], stats: TurnStats) -> None:
+    def _prefill(self, chat: Chat, window: "Window", stats: TurnStats) -> None:
         """Restore what the cache has, snapshot a shared prefix if new, evaluate the rest."""
-        engine, cache = self.engine, self.cache
-        restored = cache.prepare(chat.id, prompt)
+        engine, cache, prompt = self.engine, self.cache, window.prompt
+        restored = cache.prepare(chat.id, prompt, window.drop)
         stats.reused, stats.source, stats.restore_ms = (
             restored.reused, restored.source, restored.restore_ms)
+        if window.dropped_now:
+            stats.shifted = restored.shifted
+            stats.window_recomputed = not restored.shifted
         started = time.perf_counter()
         before = engine.evaluated
         if cache.enabled:  # a shared-prefix snapshot only makes sense with files to keep it
@@ -305,12 +346,12 @@ class ChatService:
         stats.prefill_ms = seconds * 1000
         cache.record_prefill(stats.prefilled, seconds)
 
-    def _reply(self, chat: Chat, turns: list[Turn], prompt: list[int], dropped: int,
-               seed: int | None, user_message_id: int | None) -> Iterator[TurnUpdate]:
-        engine = self.engine
-        stats = TurnStats(prompt_tokens=len(prompt), dropped_messages=dropped)
+    def _reply(self, chat: Chat, window: "Window", seed: int | None,
+               user_message_id: int | None) -> Iterator[TurnUpdate]:
+        engine, prompt, turns = self.engine, window.prompt, window.turns
+        stats = TurnStats(prompt_tokens=len(prompt), dropped_messages=window.outside)
         started = time.perf_counter()
-        self._prefill(chat, prompt, stats)
+        self._prefill(chat, window, stats)
         sampling = Sampling(temperature=chat.temperature, top_p=chat.top_p, seed=seed)
         max_tokens = min(chat.max_tokens, engine.n_ctx - len(prompt))
         stream = engine.text_stream()

@@ -148,6 +148,10 @@ class Engine:
         # starts at the window). None: no such limit known.
         n_swa = llama_cpp.llama_model_n_swa(self.llm._model.model)
         self.restore_limit: int | None = n_swa if n_swa > 0 else None
+        # Context shift (drop old tokens, move the rest down) needs RoPE-style positions; a
+        # sliding-window model's masks depend on absolute positions, so it is not shifted.
+        self.can_shift = (self.restore_limit is None and bool(llama_cpp.llama_memory_can_shift(
+            llama_cpp.llama_get_memory(self.llm._ctx.ctx))))
         self.tokens: list[int] = []
         self.evaluated = 0
         log.info("loaded %s (n_ctx %d, %d threads) in %.2f s", model_path.name, self.n_ctx,
@@ -224,6 +228,27 @@ class Engine:
             return n == 0
         self.tokens = self.tokens[:n]
         self.llm.n_tokens = n
+        return True
+
+    def shift(self, at: int, n: int) -> bool:
+        """Drop the KV of tokens[at:at + n] and move the tokens after it n positions down,
+        without recomputing them (llama.cpp re-rotates their keys at the next decode).
+        False, with the KV cleared, if the model cannot or the result is not as expected."""
+        if not self.can_shift or n <= 0 or at + n >= len(self.tokens):
+            return False
+        mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
+        if not llama_cpp.llama_memory_seq_rm(mem, 0, at, at + n):
+            self.clear()
+            return False
+        llama_cpp.llama_memory_seq_add(mem, 0, at + n, -1, -n)
+        tokens = self.tokens[:at] + self.tokens[at + n:]
+        if (llama_cpp.llama_memory_seq_pos_min(mem, 0) != 0
+                or llama_cpp.llama_memory_seq_pos_max(mem, 0) != len(tokens) - 1):
+            self.clear()
+            return False
+        self.tokens = tokens
+        self.llm.n_tokens = len(tokens)
+        self.llm.input_ids[: len(tokens)] = tokens
         return True
 
     def clear(self, *, zero: bool = True) -> None:

@@ -44,12 +44,21 @@ def stats_line(stats: dict | TurnStats | None) -> str:
     return f'\n\n<div class="reame-stats">{html.escape(stats.line())}</div>'
 
 
-def to_chatbot(messages: list[Message]) -> list[dict]:
-    """Messages in the Chatbot's format; each reply carries its stats line."""
+WINDOW_MARKER = ('\n\n<div class="reame-window">⋯ earlier messages are outside the model\'s '
+                 'memory ⋯</div>')
+
+
+def to_chatbot(messages: list[Message], window_start: int = 0) -> list[dict]:
+    """Messages in the Chatbot's format; each reply carries its stats line, and the last reply
+    before the model's window (window_start, a message position) carries a quiet marker."""
+    last_outside = max((n for n, m in enumerate(messages) if m.position < window_start),
+                       default=None)
     shown = []
-    for m in messages:
+    for n, m in enumerate(messages):
         if m.role == "assistant":
             content = reply_markdown(m.content, m.stats_dict)
+            if n == last_outside:
+                content += WINDOW_MARKER
         else:
             content = inert_html(m.content)
         shown.append({"role": m.role, "content": content})

