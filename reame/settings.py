@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ class Settings:
     def __init__(self, config: Config, service: ChatService):
         self.config = config
         self.service = service
+        # The model being checked and loaded by an update in progress (replies wait for it).
+        self.loading_model: Path | None = None
 
     @property
     def models_dir(self) -> Path:
@@ -56,14 +59,22 @@ class Settings:
                 "settings": values,
                 "editable": sorted(f"{s}.{k}" for s, k in EDITABLE),
                 "loaded_model": str(engine.model_path) if engine else None,
-                "load_error": self.service.load_error, "loading": self.service.loading}
+                "load_error": self.service.load_error,
+                "loading": self.service.loading or self.loading_model is not None,
+                "loading_model": str(self.loading_model) if self.loading_model else None}
 
     def models(self) -> list[dict]:
         kv_type = self.config.cache.kv_type
         return [choice.as_dict(kv_type) for choice in list_models(self.models_dir)]
 
-    def update(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """Validate, apply and save changes given as {section: {key: value}}."""
+    def update(self, changes: dict[str, dict[str, Any]], *,
+               on_step: Callable[[str, Path], None] | None = None) -> dict[str, Any]:
+        """Validate, apply and save changes given as {section: {key: value}}.
+
+        on_step(step, path) is told what happens as it happens: "checking" and "loading" (the
+        model file; only when a model is loaded), then "saving" (reame.conf).
+        """
+        step = on_step or (lambda _step, _path: None)
         flat = {(section, key): value for section, keys in changes.items()
                 for key, value in keys.items()}
         if not flat:
@@ -81,9 +92,17 @@ class Settings:
         new_config = _with(self.config, typed)
         reload = any(key in RELOAD for key in typed) and self._differs(new_config)
         if reload or self.service.engine is None:
-            self._check(new_config)
-            self._load(new_config)
+            self.loading_model = new_config.model.model_path
+            try:
+                step("checking", new_config.model.model_path)
+                self._check(new_config)
+                step("loading", new_config.model.model_path)
+                self._load(new_config)
+            finally:
+                self.loading_model = None
         self._apply_light(new_config)
+        if self.config.path is not None:
+            step("saving", self.config.path)
         self.config = self._save(new_config, typed, flat)
         return self.current()
 

@@ -11,7 +11,7 @@ from .api import register_api
 from .chat import ChatError, ChatNotFound, ChatService
 from .render import inert_html, reply_markdown, to_chatbot
 from .settings import Settings
-from .ui_settings import build_settings_tab, cache_markdown
+from .ui_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +65,11 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
 
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Chat", id="chat", elem_id="chat-tab"):
-
-                if service.load_error:
-                    gr.Markdown(f"**The model could not be loaded.** {inert_html(service.load_error)}",
-                                elem_id="model-error")
-                else:
-                    engine = service.engine
-                    gr.Markdown(f"Model: `{engine.name}` · context {engine.n_ctx:,} tokens",
-                                elem_id="model-info")
+                # The model line, or why there is none; Apply in the Settings tab updates both.
+                info, error = banner_texts(service)
+                model_info = gr.Markdown(info, visible=info is not None, elem_id="model-info")
+                model_error = gr.Markdown(error, visible=error is not None, elem_id="model-error")
+                banner = [model_info, model_error]
                 chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", height="65vh", show_label=False,
                                      editable="user",
                                      sanitize_html=True, render_markdown=True, buttons=["copy"],
@@ -92,7 +89,8 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             settings_view = None
             if settings is not None:
                 with gr.Tab("Settings", id="settings", elem_id="settings-tab"):
-                    settings_view = build_settings_tab(settings, concurrency_id=GENERATE)
+                    settings_view = build_settings_tab(settings, concurrency_id=GENERATE,
+                                                       banner=banner)
 
         # handlers
 
@@ -117,11 +115,15 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         def on_new_chat():
             return show(service.new_chat().id)
 
+        def loading_model():
+            """The model being loaded (from the Settings tab or the API), if any."""
+            return settings.loading_model if settings is not None else None
+
         def check_send(text, _chat_id, _in_progress):
             """Runs before begin_send; a refusal shows on the textbox and changes nothing else."""
             if not text or not text.strip():
                 problem = "Type a message first."
-            elif service.engine is None:
+            elif service.engine is None and loading_model() is None:
                 problem = f"The model could not be loaded. {service.load_error}"
             else:
                 problem = ""
@@ -136,6 +138,10 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 chat_id = service.new_chat().id
             history = to_chatbot(service.messages(chat_id))
             history.append({"role": "user", "content": inert_html(text)})
+            loading = loading_model()
+            if loading is not None:
+                # The reply waits for the model: say so where the reply will be.
+                history.append({"role": "assistant", "content": loading_text(loading)})
             return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
                     gr.Radio(choices=_choices(service), value=chat_id))
 

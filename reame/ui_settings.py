@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
+from pathlib import Path
+
 import gradio as gr
 
 from .chat import ChatService
+from .render import inert_html
 from .settings import Settings, SettingsError
+
+log = logging.getLogger(__name__)
+
+# Apply is at the bottom of the tab, its status and progress bar at the top: scroll up to them.
+SCROLL_TO_STATUS = """(...values) => {
+    document.getElementById("settings-status")?.scrollIntoView({block: "nearest"});
+    return values;
+}"""
+# The steps of an Apply that loads a model, as its progress bar counts them.
+STEPS = {"checking": (1, "Checking"), "loading": (2, "Loading"), "saving": (3, "Saving")}
 
 
 def model_label(model: dict) -> str:
@@ -19,6 +35,26 @@ def model_label(model: dict) -> str:
             f"{model['context_length'] or '?':,}, chat template "
             f"{'yes' if model['chat_template'] else 'no'}, KV {kv / 1024:,.1f} KB/token"
             if kv else f"{model['file']} — {model['architecture']}, {model['quantization']}")
+
+
+def loading_text(path: Path | str) -> str:
+    return f"**Loading model** `{Path(path).name}`… replies wait until it is ready."
+
+
+def banner_texts(service: ChatService, loading: Path | str | None = None) -> tuple:
+    """The Chat tab's model line and its error box: the text of each, None where hidden."""
+    if loading:
+        return loading_text(loading), None
+    engine = service.engine
+    if engine is None:
+        return None, f"**The model could not be loaded.** {inert_html(service.load_error or '')}"
+    return f"Model: `{engine.name}` · context {engine.n_ctx:,} tokens", None
+
+
+def model_banner(service: ChatService, loading: Path | str | None = None) -> tuple:
+    """Updates for the Chat tab's model line and its error box, in that order."""
+    return tuple(gr.update(visible=False) if text is None else gr.update(value=text, visible=True)
+                 for text in banner_texts(service, loading))
 
 
 def cache_markdown(service: ChatService) -> str:
@@ -40,8 +76,14 @@ def cache_markdown(service: ChatService) -> str:
             f"{c['write_errors']} · evicted: {c['evicted']}")
 
 
-def build_settings_tab(settings: Settings, *, concurrency_id: str) -> None:
-    """Render the Settings tab's content (call inside a gr.Tab)."""
+def build_settings_tab(settings: Settings, *, concurrency_id: str,
+                       banner: list[gr.Markdown]) -> tuple:
+    """Render the Settings tab's content (call inside a gr.Tab).
+
+    banner: the Chat tab's model line and error box (see model_banner), kept up to date by Apply.
+    Returns the function that fills the tab and the components it fills, for the page's load.
+    """
+    service = settings.service
     status = gr.Markdown(elem_id="settings-status")
     with gr.Row():
         picker = gr.Dropdown(label="Model (from models/)", elem_id="model-picker", scale=3,
@@ -65,21 +107,26 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str) -> None:
     fields = [picker, other_path, n_ctx, n_threads, kv_type, cache_enabled, max_disk,
               system_prompt, temperature, top_p, max_tokens]
 
-    def status_text() -> str:
+    def status_text(error: str | None = None) -> str:
         now = settings.current()
         if now["loading"]:
-            return "**Loading model…** replies wait until it is ready."
+            return loading_text(now["loading_model"] or now["loaded_model"] or "")
         if now["load_error"]:
-            return f"**No model is loaded.** {now['load_error']}"
-        return f"Serving `{now['loaded_model']}` · settings file `{now['config_file']}`"
+            text = f"**No model is loaded.** {inert_html(now['load_error'])}"
+        else:
+            text = f"Serving `{now['loaded_model']}` · settings file `{now['config_file']}`"
+        if error:
+            text = f"**Not applied:** {inert_html(error)}\n\n{text}"
+        return text
 
     def show():
         now = settings.current()["settings"]
         models = settings.models()
         choices = [(model_label(m), m["path"]) for m in models]
-        loaded = settings.service.engine.model_path if settings.service.engine else None
+        loaded = service.engine.model_path if service.engine else None
         chosen = next((m["path"] for m in models if loaded and m["path"] == str(loaded)), None)
-        return (status_text(), gr.Dropdown(choices=choices, value=chosen),
+        return (status_text(), *model_banner(service, settings.loading_model),
+                gr.Dropdown(choices=choices, value=chosen),
                 "" if chosen or loaded is None else str(loaded), now["model"]["n_ctx"],
                 now["model"]["n_threads"], now["cache"]["kv_type"], now["cache"]["enabled"],
                 now["cache"]["max_disk_mb"], now["generation"]["system_prompt"],
@@ -88,6 +135,7 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str) -> None:
 
     def save(picked, path, ctx, threads, kv, enabled, disk, prompt, temp, top, max_tok,
              progress=gr.Progress()):
+        """Apply: validate, load (with the steps shown as they happen), save."""
         now = settings.current()["settings"]
         wanted = {
             "model": {"model_path": (path or "").strip() or picked or now["model"]["model_path"],
@@ -101,17 +149,45 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str) -> None:
         changes = {section: keys for section, keys in changes.items() if keys}
         if not changes:
             gr.Info("Nothing changed.")
-            return show()
-        progress(0.1, desc="Checking and loading…")
-        try:
-            settings.update(changes)
-        except SettingsError as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
-        gr.Info("Saved to reame.conf and applied.")
-        return show()
+            yield show()
+            return
+        # The update runs in a thread so that each of its steps reaches the page as it starts:
+        # the status and the Chat tab say "Loading model", the bar counts the steps.
+        steps: queue.SimpleQueue = queue.SimpleQueue()
 
-    outputs = [status, *fields]
+        def run():
+            try:
+                settings.update(changes, on_step=lambda step, p: steps.put((step, p)))
+                steps.put(("done", None))
+            except SettingsError as exc:
+                steps.put(("error", str(exc)))
+            except Exception as exc:  # noqa: BLE001 - shown to the user, logged in full
+                log.exception("applying settings failed")
+                steps.put(("error", f"unexpected error: {exc}"))
+
+        threading.Thread(target=run, name="apply-settings", daemon=True).start()
+        progress(0, desc="Checking the values…")
+        skip = [gr.skip()] * len(fields)
+        while True:
+            step, value = steps.get()
+            if step in STEPS:
+                n, verb = STEPS[step]
+                progress((n, len(STEPS)), desc=f"{verb} {value.name}…", unit="steps")
+                if step == "checking":
+                    yield (loading_text(value), *model_banner(service, value), *skip)
+            elif step == "done":
+                gr.Info("Saved to reame.conf and applied.")
+                yield show()
+                return
+            else:
+                # A warning, not gr.Error: the status keeps the message, no "Error" badge
+                # covers the form, and the fields keep what the user entered, to be corrected.
+                gr.Warning(value)
+                yield (status_text(value), *model_banner(service), *skip)
+                return
+
+    outputs = [status, *banner, *fields]
     gr.on([refresh.click], show, None, outputs, api_visibility="private")
     apply.click(save, fields, outputs, concurrency_id=concurrency_id, concurrency_limit=1,
-                api_visibility="private")
+                show_progress_on=[picker], api_visibility="private", js=SCROLL_TO_STATUS)
     return show, outputs

@@ -17,7 +17,7 @@ import pytest
 from gradio_client import Client
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from reame.chat import title_from
+from reame.chat import TurnStats, title_from
 
 from .conftest import ROOT, Server, write_config
 
@@ -41,9 +41,19 @@ TOAST = ".toast-body"
 # Gradio's "Error" pill over an output (it stays in the page, hidden, once used).
 ERROR_BADGE = "[data-testid=status-tracker]:not(.hide) .error"
 CHATS = "#chat-list label"
+# The Chatbot's buttons (its own aria-labels): retry under the last reply, edit on each message
+# of the user, and the edit box with its submit button.
+RETRY = "#chatbot button[aria-label=Retry]"
+EDIT = "#chatbot button[aria-label=Edit]"
+EDIT_BOX = "#chatbot textarea.edit-textarea"
+EDIT_SUBMIT = "#chatbot button[aria-label=Submit]"
 
 CAPITAL = "What is the capital city of France? Answer in one word."
+PLANET = "Which planet do we live on? Answer in one word."
 STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")
+# The head of a stats line when the history's KV was reused, from the context or from a file.
+REUSED = re.compile(r"^(?:reused ([\d,]+) tokens in memory|restored ([\d,]+) tokens from disk "
+                    r"in [\d,]+ ms) · prefilled ([\d,]+) in ")
 
 
 # fixtures
@@ -150,6 +160,12 @@ def current_chat(server: Server, title: str) -> dict:
     matches = [c for c in client.predict(api_name="/list_chats") if c["title"] == title]
     assert len(matches) == 1, f"expected one chat titled {title!r}, got {matches}"
     return client.predict(matches[0]["id"], api_name="/get_chat")
+
+
+def stats_text(stats: dict) -> str:
+    """The stats line the page shows for a reply's stored stats."""
+    known = set(TurnStats.__dataclass_fields__)
+    return TurnStats(**{k: v for k, v in stats.items() if k in known}).line()
 
 
 def words(text: str) -> list[str]:
@@ -411,6 +427,102 @@ def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "chat.png", full_page=True)
+
+
+def test_retry_replaces_the_last_reply_and_reuses_the_history(page, server):
+    open_app(page, server)
+    new_chat(page)
+    assert "Paris" in send(page, CAPITAL)
+    assert "Earth" in send(page, PLANET)
+    client = api(server)
+    chat_id = client.predict(api_name="/list_chats")[0]["id"]  # the chat shown: the latest
+    before = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [m["content"] for m in before[::2]] == [CAPITAL, PLANET]
+    old_reply = before[-1]
+    # Only the last reply has a retry button.
+    expect(page.locator(RETRY)).to_have_count(1)
+
+    page.locator(RETRY).click()
+
+    def replaced():
+        last = client.predict(chat_id, api_name="/get_chat")["messages"][-1]
+        # (SQLite may give the new row the deleted one's id: compare creation times.)
+        return (last["role"] == "assistant" and last["created_at"] > old_reply["created_at"]
+                and last["stats"])
+
+    wait_until(replaced, "the retried reply was not stored", timeout=REPLY_TIMEOUT / 1000)
+    after = client.predict(chat_id, api_name="/get_chat")["messages"]
+    new_reply = after[-1]
+    # The last reply was replaced, not added to: the same two questions, two replies.
+    assert [m["id"] for m in after[:-1]] == [m["id"] for m in before[:-1]]
+    assert [m["role"] for m in after] == ["user", "assistant", "user", "assistant"]
+
+    # The page shows the new reply with its own stats line, and nothing else changed.
+    line = stats_text(new_reply["stats"])
+    expect(page.locator(STATS).last).to_have_text(line, timeout=REPLY_TIMEOUT)
+    wait_for_reply_done(page, 2)
+    expect(page.locator(USER)).to_have_text([CAPITAL, PLANET])
+    expect(page.locator(BOT)).to_have_count(2)
+    assert "Earth" in without_stats(page.locator(BOT).last.inner_text())
+    assert words(new_reply["content"]) == words(without_stats(page.locator(BOT).last.inner_text()))
+
+    # It reused the whole history (the same prompt as the replaced reply's) instead of
+    # recomputing it: at most the last token or two of the prompt were evaluated again.
+    stats = new_reply["stats"]
+    assert stats["prompt_tokens"] == old_reply["stats"]["prompt_tokens"], (stats, old_reply)
+    match = REUSED.match(line)
+    assert match, line
+    reused = int((match[1] or match[2]).replace(",", ""))
+    assert reused == stats["reused"] and reused + stats["prefilled"] == stats["prompt_tokens"]
+    assert stats["prefilled"] <= 2, stats
+
+    reload(page)
+    expect(page.locator(USER)).to_have_text([CAPITAL, PLANET])
+    expect(page.locator(STATS)).to_have_text([stats_text(after[1]["stats"]), line])
+
+
+def test_editing_an_earlier_message_replaces_what_followed_it(page, server):
+    open_app(page, server)
+    new_chat(page)
+    first = "What is the capital city of Germany? Answer in one word."
+    assert "Berlin" in send(page, first)
+    hello = send(page, "Say hello.")
+    chat_id = api(server).predict(api_name="/list_chats")[0]["id"]  # the chat shown
+    # Each of the user's messages can be edited, and only those.
+    expect(page.locator(EDIT)).to_have_count(2)
+
+    edited = "Which planet do we live on?"
+    page.locator(EDIT).first.click()
+    box = page.locator(EDIT_BOX)
+    expect(box).to_have_value(first)
+    box.fill(edited)
+    page.locator(EDIT_SUBMIT).click()
+
+    # The edited message stays, everything after it is replaced by the answer to it.
+    expect(page.locator(USER)).to_have_text([edited])
+    wait_for_reply_done(page, 1)
+    expect(page.locator(BOT)).to_have_count(1)
+    reply = page.locator(BOT).inner_text()
+    assert "Earth" in without_stats(reply), reply
+    chat_view = page.locator("#chatbot")
+    for gone in (first, "Berlin", "Say hello.", without_stats(hello)):
+        expect(chat_view).not_to_contain_text(gone)
+    line = page.locator(STATS).inner_text()
+    assert STATS_TAIL.search(line), line
+
+    stored = api(server).predict(chat_id, api_name="/get_chat")["messages"]
+    assert [(m["role"], m["content"]) for m in stored[:1]] == [("user", edited)]
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert words(stored[1]["content"]) == words(without_stats(reply))
+    assert line == stats_text(stored[1]["stats"])
+
+    # After a reload the page shows the chat as stored: the edited text, the old one gone.
+    reload(page)
+    page.locator(CHATS).filter(has_text=title_from(first)).click()
+    expect(page.locator(USER)).to_have_text([edited])
+    expect(page.locator(BOT)).to_have_text([reply])
+    for gone in (first, "Berlin", "Say hello."):
+        expect(chat_view).not_to_contain_text(gone)
 
 
 def test_user_html_is_shown_as_text_and_markdown_renders(page, server):

