@@ -53,6 +53,7 @@ class KVCache:
         self.lookups = 0
         self.hits = 0
         self._warmed: tuple[int, Restored] | None = None  # (chat id, what warm() restored)
+        self._live_chat: int | None = None  # the chat whose turn last used the live KV
 
     @property
     def enabled(self) -> bool:
@@ -85,6 +86,7 @@ class KVCache:
         engine = self.engine
         usable = len(prompt) - 1  # the last token is always evaluated, for its logits
         live = min(engine.common_prefix(prompt), usable)
+        live_chat, self._live_chat = self._live_chat, chat_id
         warmed, self._warmed = self._warmed, None
         if warmed is not None and warmed[0] == chat_id and live >= warmed[1].reused:
             # Restored when the chat was opened: count it as this turn's restore.
@@ -92,7 +94,8 @@ class KVCache:
             self.hits += 1
             self.tokens_saved += live
             return Restored(live, warmed[1].source, warmed[1].restore_ms)
-        if self.store is None or live >= usable:
+        # The live KV is this chat's own (its file holds the same tokens): nothing to look up.
+        if self.store is None or live >= usable or (live and live_chat == chat_id):
             return Restored(live, "live" if live else "none")
         self.lookups += 1
         started = time.perf_counter()
@@ -120,6 +123,7 @@ class KVCache:
         if restored is not None:
             restored.restore_ms = (time.perf_counter() - started) * 1000
             self._warmed = (chat_id, restored)
+            self._live_chat = chat_id
         return restored
 
     def _restore(self, chat_id: int, prompt: list[int], live: int, usable: int) -> Restored | None:

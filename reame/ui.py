@@ -19,6 +19,8 @@ GENERATE = "generate"  # one concurrency group for every event that runs the mod
 
 CSS = """
 .reame-stats { font-size: 0.75em; opacity: 0.65; margin-top: 0.4em; }
+.reame-window { font-size: 0.75em; opacity: 0.65; margin-top: 0.6em; padding-top: 0.3em;
+                border-top: 1px dashed currentColor; text-align: center; }
 #model-error { border: 1px solid var(--error-border-color, #f87171); border-radius: 8px;
                padding: 0.5em 1em; background: var(--error-background-fill, #fef2f2); }
 """
@@ -94,11 +96,17 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
 
         # handlers
 
+        def shown(chat_id, messages=None):
+            """The chat as the Chatbot shows it, marked where the model's window starts."""
+            if messages is None:
+                messages = service.messages(chat_id)
+            return to_chatbot(messages, service.get_chat(chat_id).window_start)
+
         def show(chat_id):
             """Everything that depends on which chat is shown."""
             if chat_id is not None:
                 try:
-                    messages = to_chatbot(service.messages(chat_id))
+                    messages = shown(chat_id)
                 except ChatNotFound:
                     chat_id, messages = None, []
                 else:  # restore its KV while the user reads and types
@@ -136,7 +144,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                                print_exception=False)
             if chat_id is None:
                 chat_id = service.new_chat().id
-            history = to_chatbot(service.messages(chat_id))
+            history = shown(chat_id)
             history.append({"role": "user", "content": inert_html(text)})
             loading = loading_model()
             if loading is not None:
@@ -148,7 +156,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         def stream_reply(text, chat_id):
             if not text:
                 return
-            base = to_chatbot(service.messages(chat_id))
+            base = shown(chat_id)
             base.append({"role": "user", "content": inert_html(text)})
             try:
                 for update in service.send(chat_id, text):
@@ -159,7 +167,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 # A toast rather than gr.Error: on an error the Chatbot keeps an "Error" badge
                 # over the conversation. The text goes back so that the user loses nothing.
                 gr.Warning(str(exc))
-                yield to_chatbot(service.messages(chat_id)), text
+                yield shown(chat_id), text
 
         def end_send(chat_id):
             """After a reply, however it ended: done, failed, stopped, or another chat chosen.
@@ -169,7 +177,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             which can arrive after another chat was chosen, are replaced by that chat.
             """
             try:
-                messages = to_chatbot(service.messages(chat_id)) if chat_id is not None else []
+                messages = shown(chat_id) if chat_id is not None else []
             except ChatNotFound:
                 messages = []
             return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
@@ -190,7 +198,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 return
             messages = service.messages(chat_id)
             kept = messages[:-1] if messages and messages[-1].role == "assistant" else messages
-            yield from stream_turn(to_chatbot(kept), lambda: service.regenerate(chat_id))
+            yield from stream_turn(shown(chat_id, kept), lambda: service.regenerate(chat_id))
 
         def edit(chat_id, data: gr.EditData):
             if chat_id is None:
@@ -200,9 +208,9 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             text = _flatten(data.value)
             if not 0 <= index < len(messages) or messages[index].role != "user":
                 gr.Warning("Only your own messages can be edited.")
-                yield to_chatbot(messages)
+                yield shown(chat_id, messages)
                 return
-            base = to_chatbot(messages[:index]) + [{"role": "user", "content": inert_html(text)}]
+            base = shown(chat_id, messages[:index]) + [{"role": "user", "content": inert_html(text)}]
             yield from stream_turn(base, lambda: service.edit_message(
                 chat_id, messages[index].id, text))
 

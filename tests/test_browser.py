@@ -647,3 +647,38 @@ def check_missing_model_page(page: Page, server: Server, folder: Path, model_nam
     # The server is still up and the page still works.
     new_chat(page)
     assert [c["title"] for c in client.predict(api_name="/list_chats")] == ["New chat"]
+
+
+def test_a_long_chat_marks_where_the_model_s_memory_ends_and_keeps_every_message(
+        page, server_factory, model_path):
+    from .test_long_chat import ANSWERS, FILLER, QUESTIONS
+
+    server = server_factory(model_path=model_path, n_ctx=1024, max_tokens=32)
+    open_app(page, server)
+    new_chat(page)
+    marker = page.locator("#chatbot .reame-window")
+    sent = []
+    while not marker.count():
+        assert len(sent) < 12, "the 1,024-token window should overflow within 12 turns"
+        n = len(sent)
+        sent.append(FILLER + QUESTIONS[n % 2])
+        reply = send(page, sent[-1])
+        assert ANSWERS[n % 2] in reply, reply
+    line = page.locator(STATS).last.inner_text()
+    assert "context shifted" in line and "nothing recomputed" in line, line
+    expect(marker).to_have_count(1)
+    expect(marker).to_have_text("⋯ earlier messages are outside the model's memory ⋯")
+
+    def check_marker_place():
+        messages = current_chat(server, selected_title(page))["messages"]
+        inside = [m["in_window"] for m in messages]
+        assert inside == sorted(inside) and not inside[0] and inside[-1]
+        last_outside_reply = inside.index(True) // 2 - 1  # index among the replies
+        expect(page.locator(BOT).nth(last_outside_reply).locator(".reame-window")).to_have_count(1)
+        expect(page.locator(USER)).to_have_count(len(sent)), "every message is still shown"
+
+    check_marker_place()
+    reload(page)
+    check_marker_place()
+    page.locator("#chatbot .reame-window").scroll_into_view_if_needed()
+    page.screenshot(path=SCREENSHOTS / "long-chat.png")

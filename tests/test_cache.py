@@ -119,6 +119,10 @@ def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, model_path):
         "Which planet do we live on?", "What is the capital city of France? Answer in one word.",
         "Say hello."])[-1]
     assert "restored" in last.stats.line() and "from disk" in last.stats.line()
+    again = second.say(chat.id, "Thank you!")
+    assert again.stats.source == "live"
+    stats = second.service.cache_stats()
+    assert (stats["lookups"], stats["hits"]) == (1, 1), "a continued chat needs no disk lookup"
     third = Node(folder, model_path)
     assert close_to_cold(third, chat.id, "Thank you!", model_path).source == "disk"
 
