@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = ROOT / "bench" / "results"
 SHAPES_DIR = ROOT / "bench" / "cache"
-ALL = ("1", "2", "3", "4", "5", "6", "kv", "restore")
+ALL = ("1", "2", "3", "4", "5", "6", "7", "kv", "restore")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,6 +94,7 @@ def run_main_model(ctx: Context, wanted: set[str], results: dict, done) -> dict:
         ("2", "s2", scenarios.switching),
         ("3", "s3", scenarios.shared_prefix),
         ("5", "s5", scenarios.edit_middle),
+        ("7", "s7", scenarios.long_chat),
     ]
     walls = {}
     for name, key, fn in steps:

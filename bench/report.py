@@ -159,6 +159,23 @@ def table_s6(s6: dict) -> str:
                   "peak RSS MB (+growth)", "median save share"], rows)
 
 
+def table_s7(s7: dict) -> str:
+    rows = [[r["variant"], secs(r["sum_total_s"]), secs(r["mean_total_s"]),
+             secs(r.get("median_total_s")),
+             f"{r['overflows']} ({r['shifted']} shifted, {r['recomputed']} re-evaluated)",
+             secs(r["overflow_ttft_s"]), _count(r["overflow_evaluated"]),
+             secs(r["other_ttft_s"]), _count(r["other_evaluated"]),
+             f"{r['replies']} of {r['turns']}"] for r in s7["rows"]]
+    return table(["variant", f"time of all {s7['chat_turns']} turns (s)", "mean turn (s)",
+                  "median turn (s)", "overflows", "overflow turns: median first token (s)",
+                  "overflow turns: median tokens evaluated", "other turns: median first token (s)",
+                  "other turns: median tokens evaluated", "non-empty replies"], rows)
+
+
+def _count(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:,.0f}"
+
+
 def table_kv(kv: dict) -> str:
     rows = [[r["kv_type"], f"{r['bytes_per_token']:,.0f}", f"{r['bytes_per_token'] / 1024:,.1f}",
              f"{r['mb_per_1000_tokens']:,.1f}", f"{r['fixed_bytes']:,.0f}"] for r in kv["rows"]]
@@ -270,7 +287,44 @@ def findings(sc: dict) -> list[str]:
                 f"{big['size']:,} tokens (its pickled `LlamaState` carries the logits of up to "
                 f"n_batch tokens), and its peak RSS grows by {mb(big['rss_growth'])} MB during "
                 "the turn (the entry is unpickled, then copied into the context).")
+    s7 = sc.get("s7")
+    if s7:
+        shift, full = (_by(s7["rows"], variant=v) for v in ("shift", "re-evaluate"))
+        if shift and full and shift["overflow_ttft_s"] and full["overflow_ttft_s"]:
+            a, b = shift["overflow_ttft_s"], full["overflow_ttft_s"]
+            x = f"{b / a:,.1f}x sooner" if a <= b else f"{a / b:,.1f}x later"
+            out.append(
+                f"Long chat (n_ctx {s7['n_ctx']:,}, {s7['chat_turns']} turns): at an overflow, "
+                f"the shift's first token came {x} than a re-evaluation's "
+                f"(median {secs(shift['overflow_ttft_s'])} s vs "
+                f"{secs(full['overflow_ttft_s'])} s; {_count(shift['overflow_evaluated'])} vs "
+                f"{_count(full['overflow_evaluated'])} tokens evaluated); all turns together "
+                f"{secs(shift['sum_total_s'])} s vs {secs(full['sum_total_s'])} s.")
+        elif shift and full:
+            out.append(f"Long chat: no overflow in {s7['chat_turns']} turns at n_ctx "
+                       f"{s7['n_ctx']:,}, so the shift was not measured.")
     return out
+
+
+def _note_s7(d: dict) -> str:
+    differ = d.get("first_different_reply")
+    low, high = d["message_tokens"]
+    shift = d.get("can_shift", {}).get("shift", True)
+    return (
+        f"One chat of {d['chat_turns']} turns at n_ctx {d['n_ctx']:,} (not the other scenarios' "
+        f"context), user messages of {low}-{high} tokens (filler, fixed seed), replies of at "
+        f"most {d['max_tokens']} tokens. When the next turn would not fit with room for the "
+        "reply, `ChatService` drops the oldest messages from the chat's window (enough for a few "
+        "more turns): an **overflow** turn. reame (cache on) twice, side by side, taking each "
+        "turn in turn: **shift** (the default: the KV of the dropped messages is removed and the "
+        "rest moved down, nothing recomputed) and **re-evaluate** (`engine.can_shift = False`: "
+        "the kept window is evaluated again). Overflow turns are those whose `TurnStats` say "
+        "`shifted` or `window_recomputed`; tokens evaluated include the reply's. "
+        + ("" if shift else "**This model cannot shift its KV: both variants re-evaluate.** ")
+        + f"The two variants gave the same reply in {d['same_replies']} of {d['chat_turns']} "
+        "turns" + (f" (the first difference at turn {differ}; after it the histories differ)."
+                   if differ else ".")
+    )
 
 
 # the whole report
@@ -323,9 +377,9 @@ def markdown(results: dict, plots: list[str]) -> str:
         "- **peak RSS**: of this whole Python process (psutil / Linux VmHWM, reset before each "
         "turn through /proc/self/clear_refs), so it includes the loaded model and its context; "
         "(+growth) is the peak minus the RSS just before the turn. It is per process: in "
-        "scenarios 2, 3, 4 and 6 the three systems are loaded side by side in this process "
-        "(they take each step in turn, so that a change in the machine's load hits them "
-        "alike), so there only the growth is one system's.",
+        "scenarios 2, 3, 4 and 6 the three systems (in 7 the two variants) are loaded side by "
+        "side in this process (they take each step in turn, so that a change in the machine's "
+        "load hits them alike), so there only the growth is one system's.",
         "", "## Targets (reported, not asserted)", "",
         table_targets(results["targets"]) if results["targets"] else "_none measured_",
     ]
@@ -359,6 +413,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                    "counted). reame vs no cache only: LlamaDiskCache keeps about one entry once "
                    "several chats share a system prompt (see the notes), so it would measure "
                    "like no cache plus its saves."),
+        ("s7", "7. Long chat (context shift)", table_s7, _note_s7),
     ]
     for key, title, render, note in sections:
         if key in sc:
@@ -421,6 +476,8 @@ def plots(results: dict, out: Path) -> list[str]:
         names.append(plot_over_time(main["s6"], out / "over_time.png"))
     if "s4" in main:
         names.append(plot_low_overlap(main["s4"], out / "low_overlap.png"))
+    if "s7" in main:
+        names.append(plot_long_chat(main["s7"], out / "long_chat.png"))
     return names
 
 
@@ -512,6 +569,43 @@ def plot_low_overlap(s4: dict, path: Path) -> str:
     ax.set_ylabel("turn time, saving included (s)")
     ax.set_title("Low overlap: the cost of saving when nothing is reused")
     ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path.name
+
+
+LONG_COLORS = {"shift": COLORS[REAME], "re-evaluate": "#762a83"}
+
+
+def plot_long_chat(s7: dict, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    values = []
+    for row in s7["rows"]:
+        variant = row["variant"]
+        color = LONG_COLORS.get(variant, "grey")
+        turns = [t for t in s7["turns"] if t["system"] == variant]
+        xs, ys = [t["turn"] for t in turns], [t["ttft_s"] for t in turns]
+        values += ys
+        ax.plot(xs, ys, color=color, linewidth=1.5, marker=".", markersize=4,
+                label=f"{variant} (all turns {secs(row['sum_total_s'])} s)")
+        over = [t for t in turns if t["overflow"]]
+        if over:
+            ax.scatter([t["turn"] for t in over], [t["ttft_s"] for t in over], s=60,
+                       facecolors="none", edgecolors=color, linewidths=1.8, zorder=3,
+                       label=f"overflow, {variant} ({len(over)})")
+    ax.set_yscale("log")
+    if values:
+        _log_ticks(ax, values)
+    ax.xaxis.set_major_locator(__import__("matplotlib").ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("turn")
+    ax.set_ylabel("time to first token (s, log)")
+    ax.set_title(f"Long chat: {s7['chat_turns']} turns at n_ctx {s7['n_ctx']:,}, "
+                 "KV shifted vs window re-evaluated at each overflow")
+    ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -62,6 +62,11 @@ class Plan:
     restore_tokens: int = 2000
     restore_reps: int = 5
     kv_probe_tokens: tuple[int, int] = (64, 192)
+    # 7. one long chat at a small context: the oldest messages leave the window at overflows
+    long_n_ctx: int = 2048
+    long_turns: int = 100
+    long_words: tuple[int, int] = (48, 75)  # per user message: about 60 to 100 tokens
+    long_max_tokens: int = 32
 
     @classmethod
     def quick_plan(cls) -> "Plan":
@@ -69,7 +74,8 @@ class Plan:
                    switch_rounds=2, prefix_chats=3, prefix_tokens=128, low_overlap_prompts=3,
                    low_overlap_words=30, low_overlap_max_tokens=8, edit_pair_words=(12, 20),
                    day_turns=6, day_chats=3, day_restart_every=3, day_history=(150, 250, 200),
-                   day_max_tokens=8, restore_tokens=1000, restore_reps=3)
+                   day_max_tokens=8, restore_tokens=1000, restore_reps=3,
+                   long_n_ctx=512, long_turns=10, long_max_tokens=16)
 
     @classmethod
     def shapes_plan(cls) -> "Plan":
@@ -419,6 +425,89 @@ def over_time(ctx: Context) -> dict:
             "day_turns": plan.day_turns, "day_chats": plan.day_chats,
             "max_tokens": plan.day_max_tokens,
             "restart_every": plan.day_restart_every}
+
+
+# 7. long chat
+
+
+LONG_SHIFT, LONG_REEVALUATE = "shift", "re-evaluate"
+
+
+def long_chat(ctx: Context) -> dict:
+    """One chat of plan.long_turns turns at n_ctx plan.long_n_ctx: whenever the next turn would
+    not fit, the oldest messages leave the chat's window (ChatService._fit). reame (cache on)
+    twice, side by side: its KV shifted at each overflow (the default), and the kept window
+    re-evaluated (the engine told it cannot shift)."""
+    plan = ctx.plan
+    texts = workload.long_chat_messages(plan.long_turns, plan.long_words)
+    variants = {LONG_SHIFT: True, LONG_REEVALUATE: False}
+    results: dict[str, list[TurnResult]] = {v: [] for v in variants}
+    replies: dict[str, list[str]] = {v: [] for v in variants}
+    systems: dict[str, ServiceSystem] = {}
+    can_shift = {}
+    try:
+        for variant, shift in variants.items():
+            folder = ctx.work / "s7" / variant
+            if folder.exists():
+                shutil.rmtree(folder)
+            systems[variant] = ServiceSystem(
+                folder, ctx.model, cache=True, n_ctx=plan.long_n_ctx,
+                max_tokens=plan.long_max_tokens, threads=plan.threads, shift=shift).start()
+            can_shift[variant] = systems[variant].engine.can_shift
+        chats = {v: s.new_chat() for v, s in systems.items()}
+        for n, text in enumerate(texts):
+            for variant, system in systems.items():
+                result = system.send(chats[variant], text)
+                result.system = variant
+                results[variant].append(result)
+                replies[variant].append(result.text)
+            log.info("scenario 7: turn %d/%d: %s", n + 1, len(texts), ", ".join(
+                f"{v} {r[-1].ttft_s:.2f} s ({r[-1].prompt_tokens} prompt tokens"
+                f"{', overflow' if _overflow(r[-1]) else ''})" for v, r in results.items()))
+    finally:
+        for system in systems.values():
+            system.close()
+    rows, turns = [], []
+    for variant, res in results.items():
+        over = [r for r in res if _overflow(r)]
+        rest = [r for r in res if not _overflow(r)]
+        rows.append({
+            "variant": variant, "turns": len(res),
+            "sum_total_s": sum(r.total_s for r in res),
+            "mean_total_s": statistics.mean(r.total_s for r in res),
+            "median_total_s": statistics.median(r.total_s for r in res),
+            "overflows": len(over),
+            "shifted": sum(1 for r in over if r.extra["shifted"]),
+            "recomputed": sum(1 for r in over if r.extra["window_recomputed"]),
+            "overflow_ttft_s": _median(r.ttft_s for r in over),
+            "overflow_evaluated": _median(r.evaluated for r in over),
+            "other_ttft_s": _median(r.ttft_s for r in rest),
+            "other_evaluated": _median(r.evaluated for r in rest),
+            "max_prompt_tokens": max(r.prompt_tokens for r in res),
+            "replies": sum(1 for t in replies[variant] if t.strip()),
+            "peak_rss": max(r.peak_rss for r in res),
+            "rss_growth": max(r.rss_growth for r in res),
+        })
+        turns += [{"turn": n + 1, "overflow": _overflow(r), **t}
+                  for n, (r, t) in enumerate(zip(res, turn_dicts(res)))]
+    sizes = [ctx.count(t) for t in texts]
+    a, b = replies[LONG_SHIFT], replies[LONG_REEVALUATE]
+    differ = [n + 1 for n, (x, y) in enumerate(zip(a, b)) if x != y]
+    return {"rows": rows, "turns": turns, "n_ctx": plan.long_n_ctx, "chat_turns": len(texts),
+            "max_tokens": plan.long_max_tokens, "can_shift": can_shift,
+            "message_tokens": [min(sizes), max(sizes)],
+            "same_replies": len(a) - len(differ), "first_different_reply": differ[0] if differ
+            else None}
+
+
+def _overflow(r: TurnResult) -> bool:
+    """Messages left the chat's window in this turn (shifted or re-evaluated)."""
+    return bool(r.extra.get("shifted") or r.extra.get("window_recomputed"))
+
+
+def _median(values) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
 
 
 # extras: KV size per token, restore throughput, save share

@@ -211,12 +211,16 @@ class System:
 
 
 class ServiceSystem(System):
-    """Reame's ChatService, with the KV cache on (reame) or off (no cache)."""
+    """Reame's ChatService, with the KV cache on (reame) or off (no cache).
+
+    shift=False: the engine is told it cannot shift its KV (`engine.can_shift = False`, set at
+    every start), so when the oldest messages leave a chat's window the kept window is
+    re-evaluated instead (scenario 7's comparison)."""
 
     def __init__(self, folder: Path, model: Path, *, cache: bool, n_ctx: int, max_tokens: int,
-                 kv_type: str = "f16", threads: int = 0):
+                 kv_type: str = "f16", threads: int = 0, shift: bool = True):
         super().__init__(folder, model, n_ctx=n_ctx, max_tokens=max_tokens, threads=threads)
-        self.cache_on, self.kv_type = cache, kv_type
+        self.cache_on, self.kv_type, self.shift = cache, kv_type, shift
         self.name = REAME if cache else NO_CACHE
         self.engine = self.store = self.kv = self.service = None
 
@@ -234,6 +238,8 @@ class ServiceSystem(System):
 
         self.engine = Engine(self.model, n_ctx=self.n_ctx, kv_type=self.kv_type,
                              n_threads=self.threads)
+        if not self.shift:
+            self.engine.can_shift = False
         self.store = Store(self.folder / "reame.db")
         self.kv = (KVStore(self.kv_dir, fingerprint=self.engine.kv_fingerprint,
                            max_bytes=1 << 40) if self.cache_on else None)
@@ -297,7 +303,11 @@ class ServiceSystem(System):
             evaluated=self.engine.evaluated - before, generated=stats.generated,
             source=stats.source, restore_ms=stats.restore_ms, save_ms=stats.save_ms,
             text=last.text, extra={"service_first_token_s": stats.first_token_s,
-                                   "prefill_ms": stats.prefill_ms, "write_ms": write_ms},
+                                   "prefill_ms": stats.prefill_ms, "write_ms": write_ms,
+                                   # the context shift (messages leaving the chat's window)
+                                   "shifted": stats.shifted,
+                                   "window_recomputed": stats.window_recomputed,
+                                   "dropped_messages": stats.dropped_messages},
         )
 
 

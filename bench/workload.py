@@ -135,3 +135,12 @@ def day_script(n_turns: int, n_chats: int, restart_every: int, *, seed: int = SE
         restart = bool(turn) and turn % restart_every == 0
         steps.append(Step(current, user_message(rng, words), restart))
     return steps
+
+
+def long_chat_messages(n: int, words: tuple[int, int] = (48, 75), *,
+                       seed: int = SEED) -> list[str]:
+    """n user messages for one long chat: a paragraph of words[0] to words[1] words each (about
+    60 to 100 tokens with SmolLM2's tokenizer)."""
+    rng = random.Random(f"{seed}-long-chat")
+    low, high = words
+    return [f"Turn {i + 1}. {paragraph(rng, rng.randint(low, high))}" for i in range(n)]
