@@ -1,14 +1,16 @@
-"""Reame's entry point: read reame.conf, build the parts, launch the web app."""
+"""Reame's entry point: read reame.conf, build the parts, serve the page, the Gradio API and the
+OpenAI-compatible API on one port. `python app.py adduser NAME` and friends manage accounts."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
-import signal
 import sys
 from pathlib import Path
 
+from reame.accounts import AccountError, Accounts
+from reame.accounts_cli import COMMANDS, run_command
 from reame.chat import ChatService
 from reame.config import Config, ConfigError, load_config
 from reame.runtime import build_service
@@ -17,11 +19,35 @@ from reame.ui import CSS, build_ui
 
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
+MAX_REQUEST_BYTES = 2 << 20  # any request body (the page, the Gradio API, /v1)
 
 
-def build_app(config: Config, service: ChatService):
-    """The Gradio Blocks with the UI and the API endpoints."""
-    return build_ui(service, settings=Settings(config, service), title="Reame")
+def build_app(config: Config, service: ChatService, accounts: Accounts | None):
+    """One FastAPI app: /v1 (OpenAI-compatible) and the Gradio page and API at /."""
+    import gradio as gr
+    from fastapi import FastAPI
+
+    from reame.openai_api import build_router, error_response
+
+    demo = build_ui(service, settings=Settings(config, service), title="Reame",
+                    can_configure=(accounts.is_admin if accounts is not None
+                                   else lambda user: True))
+    demo.queue(default_concurrency_limit=8)
+    app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def limit_size(request, call_next):
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_REQUEST_BYTES:
+            return error_response(413, f"the request body is over {MAX_REQUEST_BYTES:,} bytes",
+                                  code="request_too_large")
+        return await call_next(request)
+
+    app.include_router(build_router(service, accounts))
+    return gr.mount_gradio_app(
+        app, demo, path="/", auth=accounts.check_password if accounts is not None else None,
+        auth_message="Reame: log in with your user name and password.", css=CSS,
+        show_error=True, ssr_mode=False, run_history=False)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -33,8 +59,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_exposure(config: Config, accounts: Accounts | None) -> str | None:
+    """Why the app must not start as configured, or None."""
+    server = config.server
+    if accounts is not None and not accounts.names():
+        return (f"[server] users_file is {accounts.path}, which has no users: nobody could log "
+                f"in. Add one with `python app.py adduser NAME`.")
+    if accounts is None and not server.local_only and not server.allow_anonymous:
+        return (f"refusing to listen on {server.host} without accounts: anyone who reaches "
+                f"the port could read and delete every chat. Set [server] users_file and add a "
+                f"user (`python app.py adduser NAME`), or set allow_anonymous = true if "
+                f"something else guards the port.")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if argv and argv[0] in COMMANDS:
+        return run_command(argv, DEFAULT_CONFIG)
     args = parse_args(argv)
     try:
         config = load_config(args.config)
@@ -47,14 +90,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.port:
         config = dataclasses.replace(
             config, server=dataclasses.replace(config.server, port=args.port))
+    try:
+        accounts = Accounts(config.users_path) if config.users_path else None
+    except AccountError as exc:
+        print(f"reame: {exc}", file=sys.stderr)
+        return 2
+    problem = check_exposure(config, accounts)
+    if problem:
+        print(f"reame: {problem}", file=sys.stderr)
+        return 2
     service = build_service(config)
-    demo = build_app(config, service)
-    demo.queue(default_concurrency_limit=8)
-    # Stop on SIGTERM as on Ctrl-C: Gradio closes, and the KV files still being written in
-    # the background are finished (an atexit flush) before the process ends.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    demo.launch(server_name=config.server.host, server_port=config.server.port,
-                show_error=True, inbrowser=False, css=CSS, run_history=False, ssr_mode=False)
+    app = build_app(config, service, accounts)
+
+    import uvicorn
+
+    log.info("Reame on http://%s:%d%s", config.server.host, config.server.port,
+             " (accounts on)" if accounts is not None else "")
+    # uvicorn stops on SIGTERM as on Ctrl-C; the KV files still being written in the
+    # background are then finished by an atexit flush before the process ends.
+    uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning",
+                timeout_graceful_shutdown=5)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gradio as gr
@@ -33,12 +33,15 @@ def _user_error(exc: Exception) -> gr.Error:
 
 
 def register_api(service: ChatService, *, concurrency_id: str,
-                 settings: Settings | None = None) -> None:
-    """Add the named endpoints to the Blocks being built."""
+                 settings: Settings | None = None,
+                 can_configure: Callable[[str | None], bool] = lambda user: True) -> None:
+    """Add the named endpoints to the Blocks being built. Each passes on the logged-in user
+    (gr.Request): another user's chat is answered as if it did not exist."""
 
-    def new_chat(title: str = "", system_prompt: str | None = None) -> int:
+    def new_chat(title: str = "", system_prompt: str | None = None,
+                 request: gr.Request = None) -> int:
         """Create a chat; an empty title becomes the first message; returns the chat id."""
-        return service.new_chat(title or "", system_prompt).id
+        return service.new_chat(title or "", system_prompt, user=user_of(request)).id
 
     def _stream(start) -> Iterator[str]:
         try:
@@ -47,31 +50,37 @@ def register_api(service: ChatService, *, concurrency_id: str,
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
 
-    def send(chat_id: int, message: str) -> Iterator[str]:
+    def send(chat_id: int, message: str, request: gr.Request = None) -> Iterator[str]:
         """Send a message; streams the reply so far, the last value being the whole reply."""
-        yield from _stream(lambda: service.send(int(chat_id), message))
+        user = user_of(request)
+        yield from _stream(lambda: service.send(int(chat_id), message, user=user))
 
-    def regenerate(chat_id: int) -> Iterator[str]:
+    def regenerate(chat_id: int, request: gr.Request = None) -> Iterator[str]:
         """Replace the last reply with a new one; streams it like /send."""
-        yield from _stream(lambda: service.regenerate(int(chat_id)))
+        user = user_of(request)
+        yield from _stream(lambda: service.regenerate(int(chat_id), user=user))
 
-    def edit_message(chat_id: int, message_id: int, message: str) -> Iterator[str]:
+    def edit_message(chat_id: int, message_id: int, message: str,
+                     request: gr.Request = None) -> Iterator[str]:
         """Replace one of the user's messages, drop what followed, and stream the new reply."""
-        yield from _stream(lambda: service.edit_message(int(chat_id), int(message_id), message))
+        user = user_of(request)
+        yield from _stream(lambda: service.edit_message(int(chat_id), int(message_id), message,
+                                                        user=user))
 
     def cache_stats() -> dict:
         """The KV cache: disk used, files, hit rate, tokens restored, time saved."""
         return service.cache_stats()
 
-    def list_chats() -> list[dict]:
-        """All chats, most recently active first."""
-        return [chat_summary(chat) for chat in service.list_chats()]
+    def list_chats(request: gr.Request = None) -> list[dict]:
+        """Your chats, most recently active first."""
+        return [chat_summary(chat) for chat in service.list_chats(user_of(request))]
 
-    def get_chat(chat_id: int) -> dict:
+    def get_chat(chat_id: int, request: gr.Request = None) -> dict:
         """One chat: its settings, and its messages with each reply's stats."""
+        user = user_of(request)
         try:
-            chat = service.get_chat(int(chat_id))
-            messages = service.messages(chat.id)
+            chat = service.get_chat(int(chat_id), user)
+            messages = service.messages(chat.id, user)
         except ChatNotFound as exc:
             raise _user_error(exc) from None
         return {**chat_summary(chat), "system_prompt": chat.system_prompt,
@@ -79,30 +88,31 @@ def register_api(service: ChatService, *, concurrency_id: str,
                 "max_tokens": chat.max_tokens,
                 "messages": [message_dict(m, chat.window_start) for m in messages]}
 
-    def rename_chat(chat_id: int, title: str) -> dict:
+    def rename_chat(chat_id: int, title: str, request: gr.Request = None) -> dict:
         """Give a chat a new title."""
         try:
-            return chat_summary(service.rename_chat(int(chat_id), title))
+            return chat_summary(service.rename_chat(int(chat_id), title, user_of(request)))
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
 
-    def delete_chat(chat_id: int) -> bool:
+    def delete_chat(chat_id: int, request: gr.Request = None) -> bool:
         """Delete a chat and its messages."""
         try:
-            service.delete_chat(int(chat_id))
+            service.delete_chat(int(chat_id), user_of(request))
         except ChatNotFound as exc:
             raise _user_error(exc) from None
         return True
 
     if settings is not None:
-        _register_settings(settings, concurrency_id=concurrency_id)
+        _register_settings(settings, concurrency_id=concurrency_id, can_configure=can_configure)
     for fn in (send, regenerate, edit_message):
         gr.api(fn, api_name=fn.__name__, concurrency_id=concurrency_id, concurrency_limit=1)
     for fn in (new_chat, list_chats, get_chat, rename_chat, delete_chat, cache_stats):
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None)
 
 
-def _register_settings(settings: Settings, *, concurrency_id: str) -> None:
+def _register_settings(settings: Settings, *, concurrency_id: str,
+                       can_configure: Callable[[str | None], bool]) -> None:
     def get_settings() -> dict:
         """reame.conf as the app runs it, the loaded model, and what can be changed here."""
         return settings.current()
@@ -111,11 +121,14 @@ def _register_settings(settings: Settings, *, concurrency_id: str) -> None:
         """Every .gguf in models/, described from its header (nothing is loaded)."""
         return settings.models()
 
-    def update_settings(changes: dict) -> dict:
+    def update_settings(changes: dict, request: gr.Request = None) -> dict:
         """Change settings, e.g. {"model": {"model_path": "models/x.gguf", "n_ctx": 2048}}.
 
         Validated first; a new model is loaded while replies wait; reame.conf is written last.
+        With accounts, only an admin may.
         """
+        if not can_configure(user_of(request)):
+            raise gr.Error("only an admin can change the settings", print_exception=False)
         if not isinstance(changes, dict) or not all(isinstance(v, dict) for v in changes.values()):
             raise gr.Error('expected {"section": {"key": value}}', print_exception=False)
         try:
@@ -128,3 +141,8 @@ def _register_settings(settings: Settings, *, concurrency_id: str) -> None:
     # Loading a model waits for replies in progress, and replies wait for it.
     gr.api(update_settings, api_name="update_settings", concurrency_id=concurrency_id,
            concurrency_limit=1)
+
+
+def user_of(request: gr.Request | None) -> str | None:
+    """The logged-in user of a request (None when the app runs without accounts)."""
+    return getattr(request, "username", None) if request is not None else None

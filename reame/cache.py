@@ -54,17 +54,20 @@ class KVCache:
         self.hits = 0
         self._warmed: tuple[int, Restored] | None = None  # (chat id, what warm() restored)
         self._live_chat: int | None = None  # the chat whose turn last used the live KV
+        self._index: dict[str, Path] | None = None  # see _block_index
 
     @property
     def enabled(self) -> bool:
         return self.store is not None
 
-    def prepare(self, chat_id: int, prompt: list[int], drop: Drop | None = None) -> Restored:
+    def prepare(self, chat_id: int | None, prompt: list[int],
+                drop: Drop | None = None) -> Restored:
         """Make the engine's KV hold the longest available prefix of prompt.
 
         With a drop, the KV of the old window (live or from disk) is shifted: the dropped span
         removed, the rest moved down, nothing recomputed. Where the model cannot shift, the
-        kept window is re-evaluated (and the result says so)."""
+        kept window is re-evaluated (and the result says so). chat_id None: a stateless
+        request, found by its tokens only."""
         if drop is None:
             return self._prepare(chat_id, prompt)
         engine = self.engine
@@ -95,7 +98,8 @@ class KVCache:
             self.tokens_saved += live
             return Restored(live, warmed[1].source, warmed[1].restore_ms)
         # The live KV is this chat's own (its file holds the same tokens): nothing to look up.
-        if self.store is None or live >= usable or (live and live_chat == chat_id):
+        if self.store is None or live >= usable or (
+                live and chat_id is not None and live_chat == chat_id):
             return Restored(live, "live" if live else "none")
         self.lookups += 1
         started = time.perf_counter()
@@ -155,12 +159,35 @@ class KVCache:
             return Restored(reach, source)
         return None
 
-    def _candidates(self, chat_id: int, prompt: list[int]):
-        yield "disk", self.store.chat_path(chat_id)
+    def _candidates(self, chat_id: int | None, prompt: list[int]):
+        """The chat's own file, then any file whose tokens start like prompt, longest first:
+        snapshots by name, other files through the index of their block hashes."""
+        own = self.store.chat_path(chat_id) if chat_id is not None else None
+        if own is not None:
+            yield "disk", own
+        index = self._block_index()
+        seen = {own}
         for block_hash in reversed(block_hashes(prompt)):
-            path = self.store.prefix_path(block_hash)
-            if path.exists():
-                yield "prefix", path
+            for path in (index.get(block_hash), self.store.prefix_path(block_hash)):
+                if path is not None and path not in seen and path.exists():
+                    seen.add(path)
+                    yield "prefix", path
+
+    def _block_index(self) -> dict[str, Path]:
+        """Block hash -> the newest file whose tokens hold that block (built on first use
+        from the files' heads, then kept up to date by every save)."""
+        if self._index is None:
+            self._index = {}
+            for path in sorted(self.store.own_files(), key=_mtime):
+                tokens = self.store.peek(path, report=False)
+                if tokens:
+                    self._add_to_index(path, tokens)
+        return self._index
+
+    def _add_to_index(self, path: Path, tokens: list[int]) -> None:
+        if self._index is not None:
+            for block_hash in block_hashes(tokens):
+                self._index[block_hash] = path
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= MIN_RATE_SAMPLE and seconds > 0:
@@ -188,8 +215,9 @@ class KVCache:
     def save_snapshot(self, prompt: list[int], length: int) -> None:
         """Save the live KV (exactly prompt[:length]) as a shared-prefix snapshot."""
         assert self.engine.tokens == prompt[:length]
-        self.store.write_later(self._snapshot_path(prompt[:length]), prompt[:length],
-                               self.engine.state())
+        path = self._snapshot_path(prompt[:length])
+        self.store.write_later(path, prompt[:length], self.engine.state())
+        self._add_to_index(path, prompt[:length])
 
     def save(self, chat_id: int) -> float:
         """Queue the chat's KV file with the exact tokens the KV holds; return the ms the turn
@@ -200,9 +228,20 @@ class KVCache:
             # Past a sliding window the state would not come back exactly. The chat's older,
             # shorter file (if any) stays: its tokens are still a valid prefix.
             return 0.0
+        return self._save_live(self.store.chat_path(chat_id))
+
+    def save_conversation(self) -> float:
+        """Save the live KV of a stateless conversation, found later by its tokens."""
+        tokens = self.engine.tokens
+        if self.store is None or len(tokens) < BLOCK or not self.restorable(len(tokens)):
+            return 0.0
+        return self._save_live(self._snapshot_path(tokens))
+
+    def _save_live(self, path: Path) -> float:
         started = time.perf_counter()
-        self.store.write_later(self.store.chat_path(chat_id), self.engine.tokens,
-                               self.engine.state())
+        tokens = list(self.engine.tokens)
+        self.store.write_later(path, tokens, self.engine.state())
+        self._add_to_index(path, tokens)
         return (time.perf_counter() - started) * 1000
 
     def flush(self) -> None:
@@ -227,6 +266,13 @@ class KVCache:
                        max_disk_bytes=self.store.max_bytes, dir=str(self.store.folder),
                        counters=self.store.counters.as_dict())
         return out
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _size(path: Path) -> int:

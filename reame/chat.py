@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New chat"
 TITLE_LENGTH = 48
 WARM_WAIT_S = 2.0
+KNOWN_REPLIES = 1024  # replies whose exact tokens are kept for stateless clients
 
 __all__ = ["ChatService", "ChatError", "ChatNotFound", "EmptyMessage", "MessageTooLong",
            "NoModel", "TurnStats", "TurnUpdate"]
@@ -105,7 +106,56 @@ class TurnUpdate:
     stats: TurnStats | None = None
     message_id: int | None = None
     user_message_id: int | None = None
+    finish_reason: str | None = None  # on the last update: "stop" or "length"
+    chat_id: int | None = None
     extra: dict = field(default_factory=dict)
+
+
+class Decoding:
+    """One reply being sampled after the live tokens: its text so far, its exact tokens, and
+    its timings. Iterating yields the text so far; a stop string ends it (cut)."""
+
+    def __init__(self, engine: Engine, sampling: Sampling, max_tokens: int,
+                 stops: tuple[str, ...], started: float):
+        self.engine, self.sampling, self.max_tokens, self.stops = (
+            engine, sampling, max_tokens, stops)
+        self.started = started
+        self.first_at: float | None = None
+        self.generated: list[int] = []
+        self.text = ""
+        self.cut = False  # ended by a stop string: the tokens run past the text
+        self.finished = False  # ran to its end (not stopped by the caller)
+
+    def __iter__(self) -> Iterator[str]:
+        stream = self.engine.text_stream()
+        for token in self.engine.generate(self.sampling, self.max_tokens):
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
+            self.generated.append(token)
+            self.text += stream.push(token)
+            stop_at = _find_stop(self.text, self.stops)
+            if stop_at is not None:
+                self.text, self.cut = self.text[:stop_at], True
+                break
+            yield self.text
+        else:
+            self.text += stream.flush()
+        self.finished = True
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if not self.cut and len(self.generated) >= self.max_tokens else "stop"
+
+    def record(self, stats: "TurnStats") -> None:
+        """Fill the stats' reply part: tokens, first token, speed, total, stopped."""
+        now = time.perf_counter()
+        first = self.first_at or now
+        stats.generated = len(self.generated)
+        stats.first_token_s = first - self.started
+        gen_time = now - first
+        stats.tokens_per_s = (len(self.generated) - 1) / gen_time if gen_time > 0 else 0.0
+        stats.total_s = now - self.started
+        stats.stopped = not self.finished
 
 
 def title_from(text: str) -> str:
@@ -133,6 +183,9 @@ class ChatService:
         self.cache = cache or (KVCache(engine, None) if engine else None)
         self.lock = threading.Lock()
         self._loading = False
+        # (model, reply text) -> the exact tokens generated for it, newest last: a stateless
+        # client resends the text, and the tokens make its KV reusable.
+        self._reply_tokens: dict[tuple[str, str], tuple[int, ...]] = {}
 
     @property
     def loading(self) -> bool:
@@ -158,10 +211,13 @@ class ChatService:
         log.info("now serving %s", engine.name)
 
     # chats
+    #
+    # Every method that takes a chat id takes the user asking (None without accounts): a chat
+    # of another user is answered as if it did not exist (ChatNotFound).
 
     def new_chat(self, title: str = "", system_prompt: str | None = None, *,
                  temperature: float | None = None, top_p: float | None = None,
-                 max_tokens: int | None = None) -> Chat:
+                 max_tokens: int | None = None, user: str | None = None) -> Chat:
         d = self.defaults
         return self.store.create_chat(
             title=title.strip() or DEFAULT_TITLE,
@@ -169,19 +225,24 @@ class ChatService:
             temperature=d.temperature if temperature is None else temperature,
             top_p=d.top_p if top_p is None else top_p,
             max_tokens=d.max_tokens if max_tokens is None else max_tokens,
+            owner=user,
         )
 
-    def list_chats(self) -> list[Chat]:
-        return self.store.list_chats()
+    def list_chats(self, user: str | None = None) -> list[Chat]:
+        return self.store.list_chats(owner=user)
 
-    def get_chat(self, chat_id: int) -> Chat:
-        return self.store.get_chat(chat_id)
+    def get_chat(self, chat_id: int, user: str | None = None) -> Chat:
+        chat = self.store.get_chat(chat_id)
+        if chat.owner != user:
+            raise ChatNotFound(chat_id)
+        return chat
 
-    def messages(self, chat_id: int) -> list[Message]:
-        self.store.get_chat(chat_id)
+    def messages(self, chat_id: int, user: str | None = None) -> list[Message]:
+        self.get_chat(chat_id, user)
         return self.store.messages(chat_id)
 
-    def rename_chat(self, chat_id: int, title: str) -> Chat:
+    def rename_chat(self, chat_id: int, title: str, user: str | None = None) -> Chat:
+        self.get_chat(chat_id, user)
         title = " ".join(title.split())
         if not title:
             raise ChatError("a chat title cannot be empty")
@@ -189,7 +250,8 @@ class ChatService:
 
     def update_settings(self, chat_id: int, *, system_prompt: str | None = None,
                         temperature: float | None = None, top_p: float | None = None,
-                        max_tokens: int | None = None) -> Chat:
+                        max_tokens: int | None = None, user: str | None = None) -> Chat:
+        self.get_chat(chat_id, user)
         fields = {k: v for k, v in dict(system_prompt=system_prompt, temperature=temperature,
                                          top_p=top_p, max_tokens=max_tokens).items()
                   if v is not None}
@@ -201,16 +263,18 @@ class ChatService:
             raise ChatError("max_tokens must be between 1 and 32768")
         return self.store.update_chat(chat_id, **fields)
 
-    def delete_chat(self, chat_id: int) -> None:
+    def delete_chat(self, chat_id: int, user: str | None = None) -> None:
+        self.get_chat(chat_id, user)
         self.store.delete_chat(chat_id)
         if self.cache:
             self.cache.forget(chat_id)
 
-    def warm(self, chat_id: int) -> bool:
+    def warm(self, chat_id: int, user: str | None = None) -> bool:
         """Restore the chat's KV from disk ahead of its next turn (called when a chat is
         opened), unless the engine stays busy. True if something was restored."""
         if self.engine is None or self.cache is None or not self.cache.enabled:
             return False
+        self.get_chat(chat_id, user)
         # A turn about to end (e.g. the reply being stopped by this very switch) is waited
         # for a little; a long one is not.
         if not self.lock.acquire(timeout=WARM_WAIT_S):
@@ -272,15 +336,82 @@ class ChatService:
         return Window(shorter, turns[cut:], start, sum(m.position < start for m in kept),
                       dropped_now=cut, drop=drop)
 
-    def send(self, chat_id: int, text: str, *, seed: int | None = None) -> Iterator[TurnUpdate]:
-        """Add the user's message and stream the reply. The reply is saved even when stopped."""
+    def send(self, chat_id: int, text: str, *, seed: int | None = None,
+             user: str | None = None, max_tokens: int | None = None,
+             stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
+        """Add the user's message and stream the reply. The reply is saved even when stopped.
+        max_tokens and stop, when given, apply to this reply only (the OpenAI route)."""
         _check_text(text)
-        chat = self._chat_for_turn(chat_id)
-        return self._turn(chat, text, seed=seed)
+        chat = self._chat_for_turn(chat_id, user)
+        return self._turn(chat, text, seed=seed, max_tokens=max_tokens, stop=stop)
 
-    def regenerate(self, chat_id: int, *, seed: int | None = None) -> Iterator[TurnUpdate]:
+    # stateless completions (the OpenAI route): nothing stored, the KV cache still used
+
+    def complete(self, system_prompt: str, turns: list[Turn], *, max_tokens: int | None = None,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+                 stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
+        """Answer a whole conversation sent at once. Its KV is found by its tokens (the
+        cache's block-hash index), so a conversation resent with one more message evaluates
+        only that message. Refusals (no model, too long) raise before the first update."""
+        if self.engine is None:
+            raise NoModel(self.load_error or "no model is loaded")
+        turns = [self._known_reply(t) for t in turns]
+        prompt = self.prompts.tokens(system_prompt, turns)
+        if len(prompt) >= self.engine.n_ctx:
+            raise MessageTooLong(
+                f"The conversation is {len(prompt):,} tokens; the model's context holds "
+                f"{self.engine.n_ctx:,} tokens. Shorten it and send again.")
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
+        return self._complete(system_prompt, turns, prompt, sampling, max_tokens, stop)
+
+    def _known_reply(self, turn: Turn) -> Turn:
+        """An assistant turn with the exact tokens this server generated for its text."""
+        if turn.role != "assistant" or turn.tokens is not None:
+            return turn
+        tokens = self._reply_tokens.get((self.engine.fingerprint, turn.content))
+        return Turn(turn.role, turn.content, tokens) if tokens else turn
+
+    def _complete(self, system_prompt: str, turns: list[Turn], prompt: list[int],
+                  sampling: Sampling, max_tokens: int | None,
+                  stop: tuple[str, ...]) -> Iterator[TurnUpdate]:
+        with self.lock:
+            engine = self.engine
+            stats = TurnStats(prompt_tokens=len(prompt))
+            started = time.perf_counter()
+            restored = self.cache.prepare(None, prompt)
+            stats.reused, stats.source, stats.restore_ms = (
+                restored.reused, restored.source, restored.restore_ms)
+            before = engine.evaluated
+            engine.prefill(prompt, last_alone=_reproducible(sampling))
+            stats.prefilled = engine.evaluated - before
+            stats.prefill_ms = (time.perf_counter() - started) * 1000 - stats.restore_ms
+            limit = min(max_tokens or self.defaults.max_tokens, engine.n_ctx - len(prompt))
+            decoding = Decoding(engine, sampling, limit, self.prompts.stops + stop, started)
+            try:
+                for text in decoding:
+                    yield TurnUpdate(text)
+            finally:
+                decoding.record(stats)
+                if decoding.finished and not decoding.cut:
+                    self._remember_reply(decoding.text.strip(), decoding.generated)
+                    stats.ahead = self._prefill_next_header(system_prompt, turns,
+                                                            decoding.generated)
+                stats.save_ms = self.cache.save_conversation()
+            log.info("completion: %s", stats.line())
+            yield TurnUpdate(decoding.text.strip(), done=True, stats=stats,
+                             finish_reason=decoding.finish_reason)
+
+    def _remember_reply(self, text: str, tokens: list[int]) -> None:
+        key = (self.engine.fingerprint, text)
+        self._reply_tokens.pop(key, None)
+        self._reply_tokens[key] = tuple(tokens)
+        while len(self._reply_tokens) > KNOWN_REPLIES:
+            self._reply_tokens.pop(next(iter(self._reply_tokens)))
+
+    def regenerate(self, chat_id: int, *, seed: int | None = None,
+                   user: str | None = None) -> Iterator[TurnUpdate]:
         """Replace the last reply with a new one; the history's KV is reused up to it."""
-        chat = self._chat_for_turn(chat_id)
+        chat = self._chat_for_turn(chat_id, user)
         messages = self.store.messages(chat_id)
         if not messages:
             raise ChatError("there is no reply to regenerate: the chat is empty")
@@ -288,10 +419,10 @@ class ChatService:
                           "assistant" else None, seed=seed)
 
     def edit_message(self, chat_id: int, message_id: int, text: str, *,
-                     seed: int | None = None) -> Iterator[TurnUpdate]:
+                     seed: int | None = None, user: str | None = None) -> Iterator[TurnUpdate]:
         """Replace one of the user's messages (and drop what followed it), then answer it."""
         _check_text(text)
-        chat = self._chat_for_turn(chat_id)
+        chat = self._chat_for_turn(chat_id, user)
         target = next((m for m in self.store.messages(chat_id) if m.id == message_id), None)
         if target is None:
             raise ChatError(f"message {message_id} is not in chat {chat_id}")
@@ -299,13 +430,15 @@ class ChatService:
             raise ChatError("only the user's messages can be edited")
         return self._turn(chat, text, cut_at=target.position, seed=seed)
 
-    def _chat_for_turn(self, chat_id: int) -> Chat:
+    def _chat_for_turn(self, chat_id: int, user: str | None) -> Chat:
+        chat = self.get_chat(chat_id, user)
         if self.engine is None:
             raise NoModel(self.load_error or "no model is loaded")
-        return self.store.get_chat(chat_id)
+        return chat
 
     def _turn(self, chat: Chat, text: str | None, *, cut_at: int | None = None,
-              seed: int | None) -> Iterator[TurnUpdate]:
+              seed: int | None, max_tokens: int | None = None,
+              stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
         with self.lock:
             history = self.store.messages(chat.id)
             kept = [m for m in history if cut_at is None or m.position < cut_at]
@@ -320,9 +453,11 @@ class ChatService:
                 user_message_id = self.store.add_message(chat.id, "user", text).id
                 if chat.title == DEFAULT_TITLE and not kept:
                     self.store.update_chat(chat.id, title=title_from(text))
-            yield from self._reply(chat, window, seed, user_message_id)
+            yield from self._reply(chat, window, seed, user_message_id,
+                                   max_tokens=max_tokens, stop=stop)
 
-    def _prefill(self, chat: Chat, window: "Window", stats: TurnStats) -> None:
+    def _prefill(self, chat: Chat, window: "Window", stats: TurnStats, *,
+                 last_alone: bool = False) -> None:
         """Restore what the cache has, snapshot a shared prefix if new, evaluate the rest."""
         engine, cache, prompt = self.engine, self.cache, window.prompt
         restored = cache.prepare(chat.id, prompt, window.drop)
@@ -340,82 +475,70 @@ class ChatService:
                 engine.prefill(prompt[:snapshot])
                 if engine.tokens == prompt[:snapshot]:
                     cache.save_snapshot(prompt, snapshot)
-        engine.prefill(prompt)
+        engine.prefill(prompt, last_alone=last_alone)
         seconds = time.perf_counter() - started
         stats.prefilled = engine.evaluated - before
         stats.prefill_ms = seconds * 1000
         cache.record_prefill(stats.prefilled, seconds)
 
     def _reply(self, chat: Chat, window: "Window", seed: int | None,
-               user_message_id: int | None) -> Iterator[TurnUpdate]:
+               user_message_id: int | None, *, max_tokens: int | None = None,
+               stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
         engine, prompt, turns = self.engine, window.prompt, window.turns
         stats = TurnStats(prompt_tokens=len(prompt), dropped_messages=window.outside)
         started = time.perf_counter()
-        self._prefill(chat, window, stats)
         sampling = Sampling(temperature=chat.temperature, top_p=chat.top_p, seed=seed)
-        max_tokens = min(chat.max_tokens, engine.n_ctx - len(prompt))
-        stream = engine.text_stream()
-        generated: list[int] = []
-        reply = ""
-        cut = False
-        first_at = None
-        finished = False
+        self._prefill(chat, window, stats, last_alone=_reproducible(sampling))
+        max_tokens = min(max_tokens or chat.max_tokens, engine.n_ctx - len(prompt))
+        decoding = Decoding(engine, sampling, max_tokens, self.prompts.stops + stop, started)
         try:
-            for token in engine.generate(sampling, max_tokens):
-                if first_at is None:
-                    first_at = time.perf_counter()
-                generated.append(token)
-                reply += stream.push(token)
-                stop_at = _find_stop(reply, self.prompts.stops)
-                if stop_at is not None:
-                    reply, cut = reply[:stop_at], True
-                    break
-                yield TurnUpdate(reply, user_message_id=user_message_id)
-            else:
-                reply += stream.flush()
-            finished = True
+            for text in decoding:
+                yield TurnUpdate(text, user_message_id=user_message_id, chat_id=chat.id)
         finally:
-            now = time.perf_counter()
-            stats.generated = len(generated)
-            stats.first_token_s = ((first_at or now) - started)
-            gen_time = now - (first_at or now)
-            stats.tokens_per_s = (len(generated) - 1) / gen_time if gen_time > 0 else 0.0
-            stats.total_s = now - started
-            stats.stopped = not finished
+            decoding.record(stats)
             message = None
             # The chat may have been deleted while it was answering: then save nothing.
             if self.store.has_chat(chat.id):
-                if finished and not cut:
-                    stats.ahead = self._prefill_next_header(chat, turns, generated)
+                if decoding.finished and not decoding.cut:
+                    stats.ahead = self._prefill_next_header(chat.system_prompt, turns,
+                                                            decoding.generated)
                     stats.total_s = time.perf_counter() - started
                 stats.save_ms = self.cache.save(chat.id)
+                reply = decoding.text
                 message = self.store.add_message(
-                    chat.id, "assistant", reply.strip() if finished else reply,
+                    chat.id, "assistant", reply.strip() if decoding.finished else reply,
                     # A reply cut at a stop string holds tokens past its text: re-tokenize it.
-                    tokens=None if cut else generated, tokens_model=engine.fingerprint,
-                    stats=asdict(stats), stopped=stats.stopped,
+                    tokens=None if decoding.cut else decoding.generated,
+                    tokens_model=engine.fingerprint, stats=asdict(stats), stopped=stats.stopped,
                 )
                 log.info("chat %s: %s", chat.id, stats.line())
         if message is None:
             raise ChatNotFound(chat.id)
-        yield TurnUpdate(reply.strip(), done=True, stats=stats, message_id=message.id,
-                         user_message_id=user_message_id)
+        yield TurnUpdate(decoding.text.strip(), done=True, stats=stats, message_id=message.id,
+                         user_message_id=user_message_id, chat_id=chat.id,
+                         finish_reason=decoding.finish_reason)
 
-
-    def _prefill_next_header(self, chat: Chat, turns: list[Turn], generated: list[int]) -> int:
+    def _prefill_next_header(self, system_prompt: str, turns: list[Turn],
+                             generated: list[int]) -> int:
         """Evaluate now what the next prompt will hold whatever the user writes (e.g.
         "<|im_end|>\n<|im_start|>user\n"), so the next turn's first token waits only for the
         message itself. The next turn checks these tokens like any others (common prefix)."""
         engine = self.engine
         done = turns + [Turn("assistant", "", tuple(generated))]
-        a = self.prompts.tokens(chat.system_prompt, done + [Turn("user", "a")])
-        b = self.prompts.tokens(chat.system_prompt, done + [Turn("user", "b")])
+        a = self.prompts.tokens(system_prompt, done + [Turn("user", "a")])
+        b = self.prompts.tokens(system_prompt, done + [Turn("user", "b")])
         head = common_prefix(a, b)
         live = len(engine.tokens)
         if not live < head <= engine.n_ctx or engine.common_prefix(a) != live:
             return 0
         engine.evaluate(a[live:head])
         return head - live
+
+def _reproducible(sampling: Sampling) -> bool:
+    """A seeded, random sampling: the same request should give the same reply, whatever part
+    of its prompt came from the cache (see Engine.prefill's last_alone)."""
+    return sampling.seed is not None and sampling.temperature > 0
+
 
 def _check_text(text: str) -> None:
     if not text or not text.strip():

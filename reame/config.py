@@ -42,6 +42,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("generation", "max_tokens", int, 512, "longest reply in tokens", 1, 32768),
     Setting("server", "host", str, "127.0.0.1", "address to listen on"),
     Setting("server", "port", int, 7860, "port to listen on", 1, 65535),
+    Setting("server", "users_file", str, "",
+            "accounts (users, password hashes, API keys); empty = no accounts"),
+    Setting("server", "allow_anonymous", bool, False,
+            "listen on another address than this machine without accounts"),
     Setting("storage", "sessions_dir", Path, "sessions",
             "folder for reame.db (SQLite) and the KV files"),
     Setting("cache", "enabled", bool, True, "keep each chat's KV cache on disk and restore it"),
@@ -68,10 +72,19 @@ class GenerationConfig:
     max_tokens: int
 
 
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str
     port: int
+    users_file: str
+    allow_anonymous: bool
+
+    @property
+    def local_only(self) -> bool:
+        return self.host in LOCAL_HOSTS
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,15 @@ class Config:
     @property
     def base_dir(self) -> Path:
         return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def users_path(self) -> Path | None:
+        """The accounts file, resolved against the config's folder; None: no accounts."""
+        raw = self.server.users_file.strip()
+        if not raw:
+            return None
+        path = Path(os.path.expanduser(raw))
+        return path if path.is_absolute() else self.base_dir / path
 
 
 _SECTIONS = {

@@ -272,15 +272,22 @@ class Engine:
         self.tokens.extend(tokens)
         self.evaluated += len(tokens)
 
-    def prefill(self, prompt: list[int]) -> int:
+    def prefill(self, prompt: list[int], *, last_alone: bool = False) -> int:
         """Make the KV hold prompt, reusing the live prefix; return how many tokens were reused.
 
         At least the last prompt token is evaluated, so that its logits are there to sample from.
+        last_alone: evaluate it in a decode of its own, so that its logits are the same whether
+        the rest was just computed or reused (a batched decode rounds differently): what a
+        seeded request needs to sample the same reply again.
         """
         reuse = min(self.common_prefix(prompt), len(prompt) - 1)
         if not self.truncate(reuse):
             reuse = 0
-        self.evaluate(prompt[reuse:])
+        if last_alone:
+            self.evaluate(prompt[reuse:-1])
+            self.evaluate(prompt[-1:])
+        else:
+            self.evaluate(prompt[reuse:])
         return reuse
 
     def sampler(self, sampling: Sampling) -> LlamaSampler:

@@ -188,49 +188,50 @@ class KVStore:
 
     # reading
 
-    def peek(self, path: Path) -> list[int] | None:
-        """The tokens a file holds, from its head only; None if absent or not for this model."""
+    def peek(self, path: Path, *, report: bool = True) -> list[int] | None:
+        """The tokens a file holds, from its head only; None if absent or not for this model.
+        report=False: an unusable file is not counted nor logged (a scan, not a lookup)."""
         _writer.wait(path)
         try:
             with path.open("rb") as f:
-                header_len = self._preamble(path, f.read(_PREAMBLE.size))
+                header_len = self._preamble(path, f.read(_PREAMBLE.size), report)
                 if header_len is None:
                     return None
-                header = self._header(path, f.read(header_len))
+                header = self._header(path, f.read(header_len), report)
                 if header is None:
                     return None
                 raw = f.read(4 * header["n_tokens"])
         except FileNotFoundError:
             return None
         except OSError as exc:
-            return self.reject(path, f"cannot read: {exc.strerror}")
+            return self.reject(path, f"cannot read: {exc.strerror}", report)
         if len(raw) != 4 * header["n_tokens"]:
-            return self.reject(path, "truncated")
+            return self.reject(path, "truncated", report)
         tokens = array("i")
         tokens.frombytes(raw)
         return tokens.tolist()
 
-    def _preamble(self, path: Path, raw: bytes | memoryview) -> int | None:
+    def _preamble(self, path: Path, raw: bytes | memoryview, report: bool = True) -> int | None:
         """The header's length, if raw starts a file of this format."""
         if len(raw) < _PREAMBLE.size:
-            return self.reject(path, "truncated")
+            return self.reject(path, "truncated", report)
         magic, version, header_len = _PREAMBLE.unpack_from(raw)
         if magic != MAGIC:
-            return self.reject(path, "not a Reame KV file")
+            return self.reject(path, "not a Reame KV file", report)
         if version != FORMAT_VERSION:
-            return self.reject(path, f"format version {version}, expected {FORMAT_VERSION}")
+            return self.reject(path, f"format version {version}, expected {FORMAT_VERSION}", report)
         return header_len
 
-    def _header(self, path: Path, raw: bytes) -> dict | None:
+    def _header(self, path: Path, raw: bytes, report: bool = True) -> dict | None:
         try:
             header = json.loads(raw)
             for key in ("n_tokens", "state_bytes"):
                 header[key] = int(header[key])
             fingerprint = header["fingerprint"]
         except (ValueError, KeyError, TypeError):
-            return self.reject(path, "unreadable header")
+            return self.reject(path, "unreadable header", report)
         if fingerprint != self.fingerprint:
-            return self.reject(path, "made with another model or KV settings")
+            return self.reject(path, "made with another model or KV settings", report)
         return header
 
     def read(self, path: Path) -> KVEntry | None:
@@ -277,8 +278,10 @@ class KVStore:
         body = memoryview(data)[:end]
         return KVEntry(data, tokens.tolist(), body, body[start + 4 * n_tokens:], crc)
 
-    def reject(self, path: Path, why: str) -> None:
+    def reject(self, path: Path, why: str, report: bool = True) -> None:
         """Count and log an unusable file; it is a miss, and the next save replaces it."""
+        if not report:
+            return None
         self.counters.rejected += 1
         log.warning("KV file %s not used: %s", path.name, why)
         return None
@@ -332,6 +335,10 @@ class KVStore:
 
     def files(self) -> list[Path]:
         return [p for p in self.folder.glob("*.kv") if p.is_file()]
+
+    def own_files(self) -> list[Path]:
+        """The files made with this store's fingerprint (by name; the header tells for sure)."""
+        return [p for p in self.folder.glob(f"*-{self.tag}.kv") if p.is_file()]
 
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.files())

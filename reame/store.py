@@ -30,6 +30,8 @@ class Chat(SQLModel, table=True):
     # Position of the first message the model still sees: the ones before it no longer fit
     # in its context (they stay here and in the page).
     window_start: int = 0
+    # The user the chat belongs to (None: made without accounts). Only they can see it.
+    owner: str | None = Field(default=None, index=True)
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time, index=True)
 
@@ -67,10 +69,18 @@ def _add_window_start(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE chat ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0"))
 
 
+def _add_owner(conn: Connection) -> None:
+    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(chat)"))}
+    if "owner" not in columns:
+        conn.execute(text("ALTER TABLE chat ADD COLUMN owner VARCHAR"))
+        conn.execute(text("CREATE INDEX IF NOT EXISTS ix_chat_owner ON chat (owner)"))
+
+
 # Named, ordered, idempotent; each runs once and is recorded in the migrations table.
 MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("001_create_chat_and_message", _create_tables),
     ("002_chat_window_start", _add_window_start),
+    ("003_chat_owner", _add_owner),
 )
 
 
@@ -117,9 +127,9 @@ class Store:
     # chats
 
     def create_chat(self, *, title: str, system_prompt: str, temperature: float,
-                    top_p: float, max_tokens: int) -> Chat:
+                    top_p: float, max_tokens: int, owner: str | None = None) -> Chat:
         chat = Chat(title=title, system_prompt=system_prompt, temperature=temperature,
-                    top_p=top_p, max_tokens=max_tokens)
+                    top_p=top_p, max_tokens=max_tokens, owner=owner)
         with self._session() as session:
             session.add(chat)
             session.commit()
@@ -136,11 +146,12 @@ class Store:
         with self._session() as session:
             return session.get(Chat, chat_id) is not None
 
-    def list_chats(self) -> list[Chat]:
-        """Most recently active first."""
+    def list_chats(self, owner: str | None = None) -> list[Chat]:
+        """The owner's chats (None: the chats made without accounts), most recently active first."""
         with self._session() as session:
-            query = select(Chat).order_by(Chat.updated_at.desc(), Chat.id.desc())
-            return list(session.exec(query))
+            query = (select(Chat).where(Chat.owner == owner) if owner is not None
+                     else select(Chat).where(Chat.owner.is_(None)))
+            return list(session.exec(query.order_by(Chat.updated_at.desc(), Chat.id.desc())))
 
     def update_chat(self, chat_id: int, **fields) -> Chat:
         with self._session() as session:

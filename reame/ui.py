@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import gradio as gr
 
-from .api import register_api
+from .api import register_api, user_of
 from .chat import ChatError, ChatNotFound, ChatService
 from .render import inert_html, reply_markdown, to_chatbot
 from .settings import Settings
@@ -28,23 +29,26 @@ CSS = """
 HIDDEN = dict(api_visibility="private")
 
 
-def _choices(service: ChatService) -> list[tuple[str, int]]:
-    return [(chat.title, chat.id) for chat in service.list_chats()]
+def _choices(service: ChatService, user: str | None) -> list[tuple[str, int]]:
+    return [(chat.title, chat.id) for chat in service.list_chats(user)]
 
 
-def _settings_values(service: ChatService, chat_id: int | None) -> tuple:
+def _settings_values(service: ChatService, chat_id: int | None, user: str | None) -> tuple:
     if chat_id is None:
         d = service.defaults
         return d.system_prompt, d.temperature, d.top_p, d.max_tokens
-    chat = service.get_chat(chat_id)
+    chat = service.get_chat(chat_id, user)
     return chat.system_prompt, chat.temperature, chat.top_p, chat.max_tokens
 
 
 def build_ui(service: ChatService, *, settings: Settings | None = None,
-             title: str = "Reame") -> gr.Blocks:
+             title: str = "Reame",
+             can_configure: Callable[[str | None], bool] = lambda user: True) -> gr.Blocks:
+    """The page. can_configure(user) says who may change the settings (with accounts: admins)."""
     with gr.Blocks(title=title, analytics_enabled=False, fill_height=True) as demo:
         # First, so that the API names stay exactly as documented.
-        register_api(service, concurrency_id=GENERATE, settings=settings)
+        register_api(service, concurrency_id=GENERATE, settings=settings,
+                     can_configure=can_configure)
         current = gr.State(None)  # the chat shown, by id
         pending = gr.State("")  # the message being sent (the textbox clears at once)
 
@@ -92,36 +96,42 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             if settings is not None:
                 with gr.Tab("Settings", id="settings", elem_id="settings-tab"):
                     settings_view = build_settings_tab(settings, concurrency_id=GENERATE,
-                                                       banner=banner)
+                                                       banner=banner,
+                                                       can_configure=can_configure)
 
         # handlers
 
-        def shown(chat_id, messages=None):
+        # Every handler that touches a chat passes on the logged-in user (gr.Request): the
+        # service answers for another user's chat as if it did not exist.
+
+        def shown(chat_id, user, messages=None):
             """The chat as the Chatbot shows it, marked where the model's window starts."""
             if messages is None:
-                messages = service.messages(chat_id)
-            return to_chatbot(messages, service.get_chat(chat_id).window_start)
+                messages = service.messages(chat_id, user)
+            return to_chatbot(messages, service.get_chat(chat_id, user).window_start)
 
-        def show(chat_id):
+        def show(chat_id, request: gr.Request):
             """Everything that depends on which chat is shown."""
+            user = user_of(request)
             if chat_id is not None:
                 try:
-                    messages = shown(chat_id)
+                    messages = shown(chat_id, user)
                 except ChatNotFound:
                     chat_id, messages = None, []
                 else:  # restore its KV while the user reads and types
-                    threading.Thread(target=service.warm, args=(chat_id,), daemon=True).start()
+                    threading.Thread(target=service.warm, args=(chat_id, user),
+                                     daemon=True).start()
             else:
                 messages = []
-            return (chat_id, gr.Radio(choices=_choices(service), value=chat_id), messages,
-                    *_settings_values(service, chat_id))
+            return (chat_id, gr.Radio(choices=_choices(service, user), value=chat_id), messages,
+                    *_settings_values(service, chat_id, user))
 
-        def on_load():
-            chats = service.list_chats()
-            return show(chats[0].id if chats else None)
+        def on_load(request: gr.Request):
+            chats = service.list_chats(user_of(request))
+            return show(chats[0].id if chats else None, request)
 
-        def on_new_chat():
-            return show(service.new_chat().id)
+        def on_new_chat(request: gr.Request):
+            return show(service.new_chat(user=user_of(request)).id, request)
 
         def loading_model():
             """The model being loaded (from the Settings tab or the API), if any."""
@@ -137,29 +147,31 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 problem = ""
             return gr.validate(not problem, problem), gr.validate(True, ""), gr.validate(True, "")
 
-        def begin_send(text, chat_id, in_progress):
+        def begin_send(text, chat_id, in_progress, request: gr.Request):
             if in_progress:
                 # A toast: the streaming reply's updates would wipe a validation message.
                 raise gr.Error("A reply is still being written: wait for it, or press stop.",
                                print_exception=False)
+            user = user_of(request)
             if chat_id is None:
-                chat_id = service.new_chat().id
-            history = shown(chat_id)
+                chat_id = service.new_chat(user=user).id
+            history = shown(chat_id, user)
             history.append({"role": "user", "content": inert_html(text)})
             loading = loading_model()
             if loading is not None:
                 # The reply waits for the model: say so where the reply will be.
                 history.append({"role": "assistant", "content": loading_text(loading)})
             return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
-                    gr.Radio(choices=_choices(service), value=chat_id))
+                    gr.Radio(choices=_choices(service, user), value=chat_id))
 
-        def stream_reply(text, chat_id):
+        def stream_reply(text, chat_id, request: gr.Request):
             if not text:
                 return
-            base = shown(chat_id)
+            user = user_of(request)
+            base = shown(chat_id, user)
             base.append({"role": "user", "content": inert_html(text)})
             try:
-                for update in service.send(chat_id, text):
+                for update in service.send(chat_id, text, user=user):
                     reply = reply_markdown(update.text, update.stats if update.done else None)
                     # Leave the textbox alone: the user may be typing the next message.
                     yield base + [{"role": "assistant", "content": reply}], gr.skip()
@@ -167,21 +179,22 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 # A toast rather than gr.Error: on an error the Chatbot keeps an "Error" badge
                 # over the conversation. The text goes back so that the user loses nothing.
                 gr.Warning(str(exc))
-                yield shown(chat_id), text
+                yield shown(chat_id, user), text
 
-        def end_send(chat_id):
+        def end_send(chat_id, request: gr.Request):
             """After a reply, however it ended: done, failed, stopped, or another chat chosen.
 
             Shows the chat as stored. A stopped reply is saved when Gradio closes the cancelled
             generator, which it does before it runs this `.then`; and the stream's last chunks,
             which can arrive after another chat was chosen, are replaced by that chat.
             """
+            user = user_of(request)
             try:
-                messages = shown(chat_id) if chat_id is not None else []
+                messages = shown(chat_id, user) if chat_id is not None else []
             except ChatNotFound:
                 messages = []
             return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
-                    gr.Radio(choices=_choices(service), value=chat_id), "",
+                    gr.Radio(choices=_choices(service, user), value=chat_id), "",
                     cache_markdown(service))
 
         def stream_turn(base, start):
@@ -193,56 +206,63 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             except ChatError as exc:
                 gr.Warning(str(exc))
 
-        def regenerate(chat_id):
+        def regenerate(chat_id, request: gr.Request):
             if chat_id is None:
                 return
-            messages = service.messages(chat_id)
+            user = user_of(request)
+            messages = service.messages(chat_id, user)
             kept = messages[:-1] if messages and messages[-1].role == "assistant" else messages
-            yield from stream_turn(shown(chat_id, kept), lambda: service.regenerate(chat_id))
+            yield from stream_turn(shown(chat_id, user, kept),
+                                   lambda: service.regenerate(chat_id, user=user))
 
-        def edit(chat_id, data: gr.EditData):
+        def edit(chat_id, data: gr.EditData, request: gr.Request):
             if chat_id is None:
                 return
-            messages = service.messages(chat_id)
+            user = user_of(request)
+            messages = service.messages(chat_id, user)
             index = data.index if isinstance(data.index, int) else data.index[0]
             text = _flatten(data.value)
             if not 0 <= index < len(messages) or messages[index].role != "user":
                 gr.Warning("Only your own messages can be edited.")
-                yield shown(chat_id, messages)
+                yield shown(chat_id, user, messages)
                 return
-            base = shown(chat_id, messages[:index]) + [{"role": "user", "content": inert_html(text)}]
+            base = shown(chat_id, user, messages[:index]) + [
+                {"role": "user", "content": inert_html(text)}]
             yield from stream_turn(base, lambda: service.edit_message(
-                chat_id, messages[index].id, text))
+                chat_id, messages[index].id, text, user=user))
 
-        def rename(chat_id, new_title):
+        def rename(chat_id, new_title, request: gr.Request):
             if chat_id is None:
                 raise gr.Error("No chat is selected.")
+            user = user_of(request)
             try:
-                service.rename_chat(chat_id, new_title)
+                service.rename_chat(chat_id, new_title, user)
             except ChatError as exc:
                 raise gr.Error(str(exc)) from None
-            return gr.Radio(choices=_choices(service), value=chat_id), ""
+            return gr.Radio(choices=_choices(service, user), value=chat_id), ""
 
         def ask_delete(chat_id):
             if chat_id is None:
                 raise gr.Error("No chat is selected.")
             return gr.Row(visible=True)
 
-        def delete(chat_id):
+        def delete(chat_id, request: gr.Request):
+            user = user_of(request)
             if chat_id is not None:
                 try:
-                    service.delete_chat(chat_id)
+                    service.delete_chat(chat_id, user)
                 except ChatNotFound:
                     pass
-            chats = service.list_chats()
-            return (*show(chats[0].id if chats else None), gr.Row(visible=False))
+            chats = service.list_chats(user)
+            return (*show(chats[0].id if chats else None, request), gr.Row(visible=False))
 
-        def save_settings(chat_id, prompt, temp, top, max_tok):
+        def save_settings(chat_id, prompt, temp, top, max_tok, request: gr.Request):
             if chat_id is None:
                 return
             try:
                 service.update_settings(chat_id, system_prompt=prompt, temperature=temp,
-                                        top_p=top, max_tokens=int(max_tok) if max_tok else None)
+                                        top_p=top, max_tokens=int(max_tok) if max_tok else None,
+                                        user=user_of(request))
             except ChatError as exc:
                 raise gr.Error(str(exc)) from None
 
@@ -253,8 +273,8 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         # (tests/test_browser.py waits for its one /run/predict answer as "page ready").
         show_settings, settings_outputs = settings_view or (lambda: (), [])
 
-        def on_load_page():
-            return (*on_load(), cache_markdown(service), *show_settings())
+        def on_load_page(request: gr.Request):
+            return (*on_load(request), cache_markdown(service), *show_settings())
 
         demo.load(on_load_page, None, [*view, cache_md, *settings_outputs], queue=False,
                   **HIDDEN)

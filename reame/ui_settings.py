@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
 
+from .api import user_of
 from .chat import ChatService
 from .render import inert_html
 from .settings import Settings, SettingsError
@@ -77,7 +79,8 @@ def cache_markdown(service: ChatService) -> str:
 
 
 def build_settings_tab(settings: Settings, *, concurrency_id: str,
-                       banner: list[gr.Markdown]) -> tuple:
+                       banner: list[gr.Markdown],
+                       can_configure: Callable[[str | None], bool] = lambda user: True) -> tuple:
     """Render the Settings tab's content (call inside a gr.Tab).
 
     banner: the Chat tab's model line and error box (see model_banner), kept up to date by Apply.
@@ -134,8 +137,13 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str,
                 now["generation"]["max_tokens"])
 
     def save(picked, path, ctx, threads, kv, enabled, disk, prompt, temp, top, max_tok,
-             progress=gr.Progress()):
+             request: gr.Request, progress=gr.Progress()):
         """Apply: validate, load (with the steps shown as they happen), save."""
+        if not can_configure(user_of(request)):
+            gr.Warning("Only an admin can change the settings.")
+            yield (status_text("only an admin can change the settings"),
+                   *model_banner(service), *[gr.skip()] * len(fields))
+            return
         now = settings.current()["settings"]
         wanted = {
             "model": {"model_path": (path or "").strip() or picked or now["model"]["model_path"],

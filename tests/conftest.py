@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def free_port() -> int:
 
 def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2048,
                  max_tokens: int = 24, temperature: float = 0.0, port: int | None = None,
-                 extra: str = "") -> Path:
+                 host: str = "127.0.0.1", users_file: str = "", extra: str = "") -> Path:
     """A reame.conf in folder with its sessions beside it."""
     path = folder / "reame.conf"
     path.write_text(
@@ -70,7 +71,7 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
         f"[model]\nmodel_path = {model_path}\nn_ctx = {n_ctx}\nn_threads = 0\n\n"
         f"[generation]\nsystem_prompt = You are a helpful assistant.\n"
         f"temperature = {temperature}\ntop_p = 1.0\nmax_tokens = {max_tokens}\n\n"
-        f"[server]\nhost = 127.0.0.1\nport = {port or free_port()}\n\n"
+        f"[server]\nhost = {host}\nport = {port or free_port()}\nusers_file = {users_file}\n\n"
         f"[storage]\nsessions_dir = sessions\n{extra}",
         encoding="utf-8",
     )
@@ -102,6 +103,8 @@ class Server:
             try:
                 with urllib.request.urlopen(self.url + "config", timeout=2):
                     return self
+            except urllib.error.HTTPError:  # e.g. 401 with accounts on: it is up
+                return self
             except OSError:
                 time.sleep(0.3)
         self.stop()

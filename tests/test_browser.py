@@ -682,3 +682,42 @@ def test_a_long_chat_marks_where_the_model_s_memory_ends_and_keeps_every_message
     check_marker_place()
     page.locator("#chatbot .reame-window").scroll_into_view_if_needed()
     page.screenshot(path=SCREENSHOTS / "long-chat.png")
+
+
+def test_with_accounts_the_page_asks_for_a_login_and_shows_only_your_chats(
+        browser, tmp_path, model_path):
+    from .test_accounts import PASSWORDS, cli
+
+    config = write_config(tmp_path, model_path=model_path, max_tokens=16)
+    for name in ("alice", "bob"):
+        assert cli(config, "adduser", name, password=PASSWORDS[name]).returncode == 0
+    server = Server(config, tmp_path / "server.log").start()
+    try:
+        pages = {}
+        for name in ("alice", "bob"):
+            context = browser.new_context(viewport=VIEWPORT)
+            context.set_default_timeout(UI_TIMEOUT)
+            page = pages[name] = context.new_page()
+            page.goto(server.url)
+            expect(page.get_by_text("log in with your user name and password")).to_be_visible()
+            if name == "alice":  # a wrong password first
+                page.get_by_label("username").fill(name)
+                page.get_by_label("password").fill("not the password")
+                page.get_by_role("button", name="Login").click()
+                expect(page.get_by_text("Incorrect Credentials")).to_be_visible()
+            page.get_by_label("username").fill(name)
+            page.get_by_label("password").fill(PASSWORDS[name])
+            page.get_by_role("button", name="Login").click()
+            expect(page.locator(BOX)).to_be_editable()
+        alice = pages["alice"]
+        assert "Paris" in send(alice, CAPITAL)
+        expect(alice.locator(CHATS)).to_have_count(1)
+        bob = pages["bob"]
+        bob.reload()
+        expect(bob.locator(BOX)).to_be_editable()
+        expect(bob.locator(CHATS)).to_have_count(0)
+        expect(bob.locator(USER)).to_have_count(0)
+        for page in pages.values():
+            page.context.close()
+    finally:
+        server.stop()

@@ -232,9 +232,22 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     shared = common_prefix(prompts.tokens(LONG_SYSTEM, [Turn("user", "")]),
                            prompts.tokens(LONG_SYSTEM, [Turn("user", "Say hello.")]))
     assert shared % BLOCK, "the test needs a shared opening that ends inside a block"
-    assert last.stats.reused == shared, "all of the shared opening, not whole blocks only"
+    # All of the shared opening, not whole blocks only; here even more: chat one's own file
+    # is found by its tokens (the block-hash index), as it starts with this very prompt.
+    assert last.stats.reused == last.stats.prompt_tokens - 1 > shared
+    fresh = Node(folder, model_path)  # nothing live: only the snapshot shares this much
+    other = fresh.service.new_chat(system_prompt=LONG_SYSTEM)
+    planet = fresh.say(other.id, "Which planet do we live on?")
+    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [Turn("user", "")]),
+                           prompts.tokens(LONG_SYSTEM, [Turn("user", "Which planet")]))
+    assert planet.stats.source == "prefix" and planet.stats.reused == shared
     assert_only_new_tokens_evaluated(last)
-    assert last.text == reference
+    assert_only_new_tokens_evaluated(planet)
+    # The reply is chat one's, word for word at first: its last prompt token was evaluated on
+    # its own here and in a batch there, which rounds differently (see sitting); the logits
+    # after a restore are checked against a cold prefill just below.
+    assert last.text.split()[:8] == reference.split()[:8]
+    assert planet.text.strip()
     three = later.service.new_chat(system_prompt=LONG_SYSTEM)
     assert close_to_cold(Node(folder, model_path), three.id, "Which planet do we live on?",
                          model_path).source == "prefix"

@@ -1,0 +1,199 @@
+"""Users, their passwords and their API keys: one JSON file, written atomically, mode 0600.
+
+Passwords are stored as scrypt hashes (hashlib.scrypt, a random salt each); API keys as
+SHA-256 hashes (a key is 32 random bytes, so a fast hash is enough: there is nothing to guess).
+The file:
+
+    {"users": {"alice": {"password": "scrypt$16384$8$1$<salt>$<hash>", "admin": true,
+                         "keys": [{"id": "3f2a9c1e", "sha256": "<hex>", "created": 1764480000.0}]}}}
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+KEY_PREFIX = "rk-"
+_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+_SCRYPT = {"n": 2**14, "r": 8, "p": 1}  # about 50 ms per check on one core here
+MIN_PASSWORD = 8
+
+
+class AccountError(ValueError):
+    """A bad user name, password or key operation; the message says which."""
+
+
+def hash_password(password: str) -> str:
+    salt = os.urandom(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, dklen=32, **_SCRYPT)
+    return "scrypt${n}${r}${p}${salt}${digest}".format(
+        **_SCRYPT, salt=base64.b64encode(salt).decode(), digest=base64.b64encode(digest).decode())
+
+
+def verify_password(password: str, stored: str) -> bool:
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        actual = hashlib.scrypt(password.encode(), salt=base64.b64decode(salt), dklen=32,
+                                n=int(n), r=int(r), p=int(p))
+    except (ValueError, TypeError):
+        return False
+    return hmac.compare_digest(actual, base64.b64decode(digest))
+
+
+def _key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Accounts:
+    """The users file. Reads are from memory; every change is saved at once."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._users: dict[str, dict] = {}
+        self._mtime = None
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the file again (the CLI may have changed it while the server runs)."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            self._mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            data = {}
+        except (OSError, ValueError) as exc:
+            raise AccountError(f"cannot read the users file {self.path}: {exc}") from None
+        users = data.get("users", {})
+        if not isinstance(users, dict):
+            raise AccountError(f"the users file {self.path} has no 'users' object")
+        self._users = users
+
+    def _fresh(self) -> None:
+        try:
+            if self.path.stat().st_mtime != self._mtime:
+                self.reload()
+        except FileNotFoundError:
+            self._users = {}
+
+    # queries
+
+    def names(self) -> list[str]:
+        self._fresh()
+        return sorted(self._users)
+
+    def __bool__(self) -> bool:
+        return bool(self.names())
+
+    def is_admin(self, name: str | None) -> bool:
+        self._fresh()
+        return bool(name and self._users.get(name, {}).get("admin"))
+
+    def check_password(self, name: str, password: str) -> bool:
+        self._fresh()
+        user = self._users.get(name)
+        if user is None:
+            verify_password(password, hash_password("x"))  # the same time for unknown names
+            return False
+        return verify_password(password, user.get("password", ""))
+
+    def user_for_key(self, key: str) -> str | None:
+        """The user an API key belongs to, or None."""
+        if not key.startswith(KEY_PREFIX):
+            return None
+        self._fresh()
+        wanted = _key_hash(key)
+        found = None
+        for name, user in self._users.items():
+            for entry in user.get("keys", []):
+                if hmac.compare_digest(entry.get("sha256", ""), wanted):
+                    found = name
+        return found
+
+    def keys(self, name: str) -> list[dict]:
+        self._fresh()
+        return [{"id": k["id"], "created": k.get("created")}
+                for k in self._user(name).get("keys", [])]
+
+    # changes
+
+    def add_user(self, name: str, password: str, *, admin: bool = False) -> None:
+        if not _NAME.match(name):
+            raise AccountError("a user name is 1-64 letters, digits or _ . @ -")
+        _check_password(password)
+        with self._lock:
+            self.reload()
+            if name in self._users:
+                raise AccountError(f"user {name!r} exists already")
+            self._users[name] = {"password": hash_password(password), "admin": admin, "keys": []}
+            self._save()
+
+    def set_password(self, name: str, password: str) -> None:
+        _check_password(password)
+        with self._lock:
+            self.reload()
+            self._user(name)["password"] = hash_password(password)
+            self._save()
+
+    def remove_user(self, name: str) -> None:
+        with self._lock:
+            self.reload()
+            self._user(name)
+            del self._users[name]
+            self._save()
+
+    def add_key(self, name: str) -> str:
+        """A new API key for the user; shown once, only its hash is kept."""
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        with self._lock:
+            self.reload()
+            self._user(name).setdefault("keys", []).append(
+                {"id": secrets.token_hex(4), "sha256": _key_hash(key), "created": time.time()})
+            self._save()
+        return key
+
+    def revoke_key(self, name: str, key_id: str) -> None:
+        with self._lock:
+            self.reload()
+            user = self._user(name)
+            kept = [k for k in user.get("keys", []) if k["id"] != key_id]
+            if len(kept) == len(user.get("keys", [])):
+                raise AccountError(f"user {name!r} has no key {key_id!r}")
+            user["keys"] = kept
+            self._save()
+
+    def _user(self, name: str) -> dict:
+        try:
+            return self._users[name]
+        except KeyError:
+            raise AccountError(f"no user {name!r}") from None
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"users": self._users}, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._mtime = self.path.stat().st_mtime
+
+
+def _check_password(password: str) -> None:
+    if len(password) < MIN_PASSWORD:
+        raise AccountError(f"a password has at least {MIN_PASSWORD} characters")

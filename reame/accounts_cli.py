@@ -1,0 +1,103 @@
+"""`python app.py adduser|passwd|deluser|addkey|revokekey|users ...`: manage accounts.
+
+The users file is the one reame.conf names in [server] users_file; adduser sets it to
+users.json (beside reame.conf) when it is empty. Passwords are read from the terminal without
+echo, or from standard input with --password-stdin (one line), for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from pathlib import Path
+
+from .accounts import AccountError, Accounts
+from .config import ConfigError, load_config, update_config
+
+COMMANDS = ("adduser", "passwd", "deluser", "addkey", "revokekey", "users")
+DEFAULT_USERS_FILE = "users.json"
+
+
+def run_command(argv: list[str], default_config: Path) -> int:
+    parser = argparse.ArgumentParser(prog="python app.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=default_config)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add = sub.add_parser("adduser", help="create a user (and print an API key with --key)")
+    add.add_argument("name")
+    add.add_argument("--admin", action="store_true", help="may change the settings")
+    add.add_argument("--key", action="store_true", help="also make an API key and print it")
+    add.add_argument("--password-stdin", action="store_true")
+    passwd = sub.add_parser("passwd", help="set a user's password")
+    passwd.add_argument("name")
+    passwd.add_argument("--password-stdin", action="store_true")
+    sub.add_parser("deluser", help="remove a user (their chats stay, unreachable)").add_argument("name")
+    sub.add_parser("addkey", help="make an API key for a user and print it").add_argument("name")
+    revoke = sub.add_parser("revokekey", help="revoke one of a user's API keys")
+    revoke.add_argument("name")
+    revoke.add_argument("key_id")
+    sub.add_parser("users", help="list users and their key ids")
+    # Accept `app.py adduser NAME --config X` as well as `app.py --config X adduser NAME`.
+    args = parser.parse_args(_config_first(argv))
+    try:
+        accounts = _accounts(args.config, create=args.command == "adduser")
+        return _run(args, accounts)
+    except (AccountError, ConfigError) as exc:
+        print(f"reame: {exc}", file=sys.stderr)
+        return 2
+
+
+def _config_first(argv: list[str]) -> list[str]:
+    if "--config" in argv[1:]:
+        i = argv.index("--config")
+        return argv[i:i + 2] + argv[:i] + argv[i + 2:]
+    return argv
+
+
+def _accounts(config_path: Path, *, create: bool) -> Accounts:
+    config = load_config(config_path)
+    if config.users_path is None:
+        if not create:
+            raise AccountError(f"{config_path} has no [server] users_file: no accounts yet "
+                               f"(adduser makes the first)")
+        config = update_config(config_path, {("server", "users_file"): DEFAULT_USERS_FILE})
+        print(f"[server] users_file = {DEFAULT_USERS_FILE} written to {config_path}")
+    return Accounts(config.users_path)
+
+
+def _password(from_stdin: bool) -> str:
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    first = getpass.getpass("Password: ")
+    if getpass.getpass("Again: ") != first:
+        raise AccountError("the passwords differ")
+    return first
+
+
+def _run(args: argparse.Namespace, accounts: Accounts) -> int:
+    if args.command == "adduser":
+        first = not accounts.names()
+        accounts.add_user(args.name, _password(args.password_stdin), admin=args.admin or first)
+        print(f"user {args.name} added to {accounts.path}"
+              + (" (admin: the first user)" if first and not args.admin else
+                 " (admin)" if args.admin else ""))
+        if args.key:
+            print(f"API key (shown once): {accounts.add_key(args.name)}")
+    elif args.command == "passwd":
+        accounts.set_password(args.name, _password(args.password_stdin))
+        print(f"password of {args.name} changed")
+    elif args.command == "deluser":
+        accounts.remove_user(args.name)
+        print(f"user {args.name} removed")
+    elif args.command == "addkey":
+        print(f"API key for {args.name} (shown once): {accounts.add_key(args.name)}")
+    elif args.command == "revokekey":
+        accounts.revoke_key(args.name, args.key_id)
+        print(f"key {args.key_id} of {args.name} revoked")
+    elif args.command == "users":
+        for name in accounts.names():
+            keys = ", ".join(k["id"] for k in accounts.keys(name)) or "no keys"
+            admin = " (admin)" if accounts.is_admin(name) else ""
+            print(f"{name}{admin}: {keys}")
+    return 0

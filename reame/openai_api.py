@@ -1,0 +1,341 @@
+"""OpenAI-compatible endpoints on the app's own server: GET /v1/models, POST /v1/chat/completions.
+
+Stateless clients resend the whole conversation each time; the KV cache finds it anyway (the
+request's tokens are looked up by chained block hashes among the KV files, tokens checked), so
+the second request of a conversation evaluates only its new tokens. A request with the header
+`X-Reame-Chat: <chat id>` is instead a turn of that stored chat: its last user message is added
+to the chat (which keeps its own history and settings) and the exchange shows in the page.
+
+Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the status a
+client expects: 400 bad request, 401 no or wrong key, 404 unknown model or chat, 413 too long,
+503 while a model loads or when none is loaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from .accounts import Accounts
+from .chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, MessageTooLong,
+                   NoModel, TurnUpdate)
+from .prompt import Turn
+
+log = logging.getLogger(__name__)
+
+CHAT_HEADER = "X-Reame-Chat"
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds
+ROLES = {"system", "developer", "user", "assistant"}
+MAX_STOPS = 4
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status, message, type_, param, code)
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, type_=self.type, param=self.param,
+                              code=self.code)
+
+
+def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
+                   param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param,
+                                   "code": code}}, status_code=status)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    system_prompt: str
+    turns: list[Turn]
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+    seed: int | None
+    stream: bool
+    include_usage: bool
+
+
+def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
+    """Validate a /v1/chat/completions body; ApiError (400/404) says what is wrong."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required (a string); see GET /v1/models", param="model")
+    if model not in model_ids:
+        raise ApiError(404, f"The model '{model}' does not exist; this server has: "
+                       f"{', '.join(model_ids) or 'none loaded'}", param="model",
+                       code="model_not_found")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array", param="messages")
+    system, turns = [], []
+    for n, message in enumerate(messages):
+        where = f"messages[{n}]"
+        if not isinstance(message, dict):
+            raise ApiError(400, f"{where} must be an object", param=where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise ApiError(400, f"{where}.role must be one of {', '.join(sorted(ROLES))}, "
+                           f"not {role!r}", param=f"{where}.role")
+        text = _content_text(message.get("content"), f"{where}.content")
+        if role in ("system", "developer"):
+            if turns:
+                raise ApiError(400, f"{where}: system messages go before the conversation",
+                               param=where)
+            system.append(text)
+        else:
+            turns.append(Turn(role, text))
+    if not turns or turns[-1].role != "user":
+        raise ApiError(400, "the last message must be the user's", param="messages")
+    if not turns[-1].content.strip():
+        raise ApiError(400, "the last user message is empty", param="messages")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+        raise ApiError(400, "'max_tokens' must be a positive integer", param="max_tokens")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise ApiError(400, "'top_p' must be above 0", param="top_p")
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif (isinstance(stop, list) and len(stop) <= MAX_STOPS
+          and all(isinstance(s, str) and s for s in stop)):
+        stop = tuple(stop)
+    else:
+        raise ApiError(400, f"'stop' must be a string or up to {MAX_STOPS} non-empty strings",
+                       param="stop")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise ApiError(400, "'seed' must be an integer", param="seed")
+    n = body.get("n", 1)
+    if n != 1:
+        raise ApiError(400, "only n = 1 is supported", param="n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be true or false", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+    return CompletionRequest(model, "\n\n".join(system), turns, max_tokens, temperature, top_p,
+                             stop, seed, stream, bool(options.get("include_usage")))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(body: dict, key: str, default: float, low: float, high: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ApiError(400, f"'{key}' must be a number from {low:g} to {high:g}", param=key)
+    return float(value)
+
+
+def _content_text(content: Any, where: str) -> str:
+    """A message's text: a string, or an array of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                    part.get("text"), str):
+                raise ApiError(400, f"{where}: only text parts are supported", param=where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ApiError(400, f"{where} must be a string or an array of text parts", param=where)
+
+
+def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
+    """The /v1 routes. With accounts, every request needs `Authorization: Bearer <key>`."""
+    router = APIRouter(prefix="/v1")
+
+    def caller(request: Request) -> str | None:
+        if accounts is None:
+            return None
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>' (make one "
+                           "with `python app.py addkey NAME`)", type_="authentication_error",
+                           code="missing_api_key")
+        user = accounts.user_for_key(key.strip())
+        if user is None:
+            raise ApiError(401, "Incorrect API key provided", type_="authentication_error",
+                           code="invalid_api_key")
+        return user
+
+    def model_ids() -> list[str]:
+        return [service.engine.name] if service.engine is not None else []
+
+    def ready() -> None:
+        if service.loading:
+            raise ApiError(503, "A model is loading; try again in a moment",
+                           type_="server_error", code="model_loading")
+        if service.engine is None:
+            raise ApiError(503, f"No model is loaded: {service.load_error}",
+                           type_="server_error", code="no_model")
+
+    @router.get("/models")
+    def list_models(request: Request):
+        try:
+            caller(request)
+        except ApiError as exc:
+            return exc.response()
+        created = int(service.engine.model_path.stat().st_mtime) if service.engine else 0
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "reame"}
+            for name in model_ids()]}
+
+    @router.post("/chat/completions")
+    async def chat_completions(request: Request):
+        try:
+            user = caller(request)
+            body = await _read_json(request)
+            ready()
+            parsed = parse_request(body, model_ids())
+            chat_id = _chat_header(request)
+            if chat_id is not None:
+                service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
+            updates = _starter(service, parsed, chat_id, user)()
+            # The first update, in a worker thread (it waits for the model): refusals (too
+            # long, empty, no model) raise here, before any byte of the answer is sent.
+            first = await run_in_threadpool(next, updates)
+        except ApiError as exc:
+            return exc.response()
+        except ChatNotFound as exc:
+            return error_response(404, str(exc), param=CHAT_HEADER, code="chat_not_found")
+        except MessageTooLong as exc:
+            return error_response(413, str(exc), param="messages", code="context_length_exceeded")
+        except (EmptyMessage, ChatError) as exc:
+            return error_response(400, str(exc))
+        except NoModel as exc:
+            return error_response(503, str(exc), type_="server_error", code="no_model")
+        updates = itertools.chain([first], updates)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        if parsed.stream:
+            return StreamingResponse(_sse(updates, completion_id, parsed),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await run_in_threadpool(_whole, updates, completion_id, parsed)
+
+    return router
+
+
+async def _read_json(request: Request) -> Any:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES:,} bytes",
+                       code="request_too_large")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES:,} bytes",
+                           code="request_too_large")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON") from None
+
+
+def _chat_header(request: Request) -> int | None:
+    value = request.headers.get(CHAT_HEADER)
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise ApiError(400, f"{CHAT_HEADER} must be a chat id (a number)", param=CHAT_HEADER)
+    return int(value)
+
+
+def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | None,
+             user: str | None) -> Callable[[], Iterator[TurnUpdate]]:
+    if chat_id is not None:
+        return lambda: service.send(
+            chat_id, parsed.turns[-1].content, user=user, seed=parsed.seed,
+            max_tokens=parsed.max_tokens, stop=parsed.stop)
+    return lambda: service.complete(
+        parsed.system_prompt, parsed.turns, max_tokens=parsed.max_tokens,
+        temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop)
+
+
+def _usage(done: TurnUpdate) -> dict:
+    s = done.stats
+    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated,
+            "total_tokens": s.prompt_tokens + s.generated,
+            # how much of the prompt was not recomputed, and from where (not in OpenAI's API)
+            "prompt_tokens_details": {"cached_tokens": s.reused}}
+
+
+def _extra(done: TurnUpdate) -> dict:
+    s = done.stats
+    return {"reused": s.reused, "source": s.source, "prefilled": s.prefilled,
+            "first_token_s": round(s.first_token_s, 4), "chat_id": done.chat_id}
+
+
+def _whole(updates: Iterator[TurnUpdate], completion_id: str,
+           parsed: CompletionRequest) -> JSONResponse:
+    done = None
+    for update in updates:
+        done = update
+    return JSONResponse({
+        "id": completion_id, "object": "chat.completion", "created": int(time.time()),
+        "model": parsed.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
+                     "finish_reason": done.finish_reason, "logprobs": None}],
+        "usage": _usage(done), "reame": _extra(done),
+    })
+
+
+def _sse(updates: Iterator[TurnUpdate], completion_id: str,
+         parsed: CompletionRequest) -> Iterator[str]:
+    created = int(time.time())
+
+    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
+        body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                "model": parsed.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                             "logprobs": None}], **extra}
+        return f"data: {json.dumps(body)}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    sent = ""
+    try:
+        for update in updates:
+            text = update.text
+            if text.startswith(sent) and len(text) > len(sent):
+                yield chunk({"content": text[len(sent):]})
+                sent = text
+            if update.done:
+                yield chunk({}, update.finish_reason, reame=_extra(update))
+                if parsed.include_usage:
+                    yield ("data: " + json.dumps({
+                        "id": completion_id, "object": "chat.completion.chunk",
+                        "created": created, "model": parsed.model, "choices": [],
+                        "usage": _usage(update)}) + "\n\n")
+    except ChatError as exc:  # e.g. the chat was deleted while it answered
+        yield "data: " + json.dumps({"error": {"message": str(exc), "type": "server_error",
+                                               "param": None, "code": None}}) + "\n\n"
+    yield "data: [DONE]\n\n"

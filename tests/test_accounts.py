@@ -1,0 +1,158 @@
+"""Accounts: the users file, the CLI, login for the page and gradio_client, API keys for /v1,
+and each user seeing only their own chats by every route — against real server processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+from gradio_client import Client
+
+from reame.accounts import AccountError, Accounts
+
+from .conftest import ROOT, Server, write_config
+
+CAPITAL = "What is the capital city of France? Answer in one word."
+PASSWORDS = {"alice": "alice-secret-1", "bob": "bob-secret-22"}
+
+
+def cli(config, *args, password: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "app.py"), *args, "--config", str(config)]
+                          + (["--password-stdin"] if password is not None else []),
+                          input=(password + "\n") if password is not None else None,
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def test_passwords_are_scrypt_hashes_and_keys_are_stored_hashed(tmp_path):
+    accounts = Accounts(tmp_path / "users.json")
+    accounts.add_user("alice", "correct horse", admin=True)
+    key = accounts.add_key("alice")
+    raw = (tmp_path / "users.json").read_text()
+    assert "correct horse" not in raw and key not in raw
+    assert json.loads(raw)["users"]["alice"]["password"].startswith("scrypt$")
+    assert stat.S_IMODE(os.stat(tmp_path / "users.json").st_mode) == 0o600
+    again = Accounts(tmp_path / "users.json")
+    assert again.check_password("alice", "correct horse")
+    assert not again.check_password("alice", "wrong horse")
+    assert not again.check_password("nobody", "correct horse")
+    assert again.user_for_key(key) == "alice"
+    assert again.user_for_key(key + "x") is None and again.user_for_key("sk-whatever") is None
+    assert again.is_admin("alice")
+    with pytest.raises(AccountError, match="at least 8"):
+        again.add_user("bob", "short")
+    with pytest.raises(AccountError, match="exists"):
+        again.add_user("alice", "another password")
+    again.revoke_key("alice", again.keys("alice")[0]["id"])
+    assert accounts.user_for_key(key) is None, "a running server sees the change (reloads)"
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory, model_path):
+    """A server with accounts: alice (admin, first user) and bob, each with an API key."""
+    folder = tmp_path_factory.mktemp("accounts")
+    config = write_config(folder, model_path=model_path, max_tokens=16)
+    keys = {}
+    for name in ("alice", "bob"):
+        made = cli(config, "adduser", name, "--key", password=PASSWORDS[name])
+        assert made.returncode == 0, made.stderr
+        keys[name] = made.stdout.split("API key (shown once): ")[1].split()[0]
+    assert "users_file = users.json" in config.read_text(), "adduser turned accounts on"
+    server = Server(config, folder / "server.log").start()
+    yield server, keys
+    server.stop()
+
+
+def as_user(server: Server, name: str) -> Client:
+    return Client(server.url, auth=(name, PASSWORDS[name]), verbose=False)
+
+
+def v1(server: Server, path: str, *, key: str | None = None, body=None, headers=None):
+    request = urllib.request.Request(
+        server.url + "v1/" + path, data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json", **(headers or {}),
+                 **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_page_and_gradio_client_need_a_login(guarded):
+    server, _ = guarded
+    with pytest.raises(Exception):
+        Client(server.url, verbose=False)
+    with pytest.raises(Exception):
+        Client(server.url, auth=("alice", "wrong password"), verbose=False)
+    alice = as_user(server, "alice")
+    chat = alice.predict(api_name="/new_chat")
+    assert "Paris" in alice.predict(chat, CAPITAL, api_name="/send")
+
+
+def test_api_keys_are_required_for_v1(guarded):
+    server, keys = guarded
+    body = {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "temperature": 0,
+            "messages": [{"role": "user", "content": CAPITAL}]}
+    status, answer = v1(server, "chat/completions", body=body)
+    assert status == 401 and answer["error"]["code"] == "missing_api_key"
+    status, answer = v1(server, "chat/completions", body=body, key="rk-not-a-key")
+    assert status == 401 and answer["error"]["code"] == "invalid_api_key"
+    status, answer = v1(server, "models")
+    assert status == 401
+    status, answer = v1(server, "chat/completions", body=body, key=keys["bob"])
+    assert status == 200 and "Paris" in answer["choices"][0]["message"]["content"]
+
+
+def test_a_users_chats_are_invisible_to_another_user_by_every_route(guarded):
+    server, keys = guarded
+    alice, bob = as_user(server, "alice"), as_user(server, "bob")
+    chat = alice.predict(api_name="/new_chat")
+    alice.predict(chat, CAPITAL, api_name="/send")
+    message_id = alice.predict(chat, api_name="/get_chat")["messages"][0]["id"]
+    assert chat in [c["id"] for c in alice.predict(api_name="/list_chats")]
+    assert chat not in [c["id"] for c in bob.predict(api_name="/list_chats")]
+    calls = [((chat,), "/get_chat"), ((chat, "hi"), "/send"), ((chat,), "/regenerate"),
+             ((chat, message_id, "hi"), "/edit_message"), ((chat, "mine"), "/rename_chat"),
+             ((chat,), "/delete_chat")]
+    for args, endpoint in calls:
+        with pytest.raises(Exception, match=f"chat {chat} does not exist"):
+            bob.predict(*args, api_name=endpoint)
+    status, answer = v1(server, "chat/completions", key=keys["bob"],
+                        headers={"X-Reame-Chat": str(chat)},
+                        body={"model": "SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 404 and "does not exist" in answer["error"]["message"]
+    # Nothing of alice's changed.
+    kept = alice.predict(chat, api_name="/get_chat")
+    assert [m["content"] for m in kept["messages"]][0] == CAPITAL and len(kept["messages"]) == 2
+    assert kept["title"] != "mine"
+
+
+def test_only_an_admin_changes_the_settings(guarded):
+    server, _ = guarded
+    with pytest.raises(Exception, match="only an admin"):
+        as_user(server, "bob").predict({"generation": {"temperature": 0.5}},
+                                       api_name="/update_settings")
+    changed = as_user(server, "alice").predict({"generation": {"max_tokens": 20}},
+                                               api_name="/update_settings")
+    assert changed["settings"]["generation"]["max_tokens"] == 20
+
+
+def test_exposing_the_app_without_accounts_is_refused(tmp_path, model_path):
+    config = write_config(tmp_path, model_path=model_path, host="0.0.0.0")
+    refused = subprocess.run([sys.executable, str(ROOT / "app.py"), "--config", str(config)],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert refused.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without accounts" in refused.stderr
+    assert "allow_anonymous" in refused.stderr
+    empty = write_config(tmp_path / "e", model_path=model_path, users_file="users.json") \
+        if (tmp_path / "e").mkdir() is None else None
+    refused = subprocess.run([sys.executable, str(ROOT / "app.py"), "--config", str(empty)],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert refused.returncode == 2 and "no users" in refused.stderr

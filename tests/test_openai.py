@@ -1,0 +1,202 @@
+"""The OpenAI-compatible API on a real server process, with the official `openai` SDK and raw
+HTTP: completions, streaming, the KV cache for resent conversations, stored chats, errors."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from gradio_client import Client
+from openai import APIStatusError, OpenAI
+
+from .conftest import Server, write_config
+
+CAPITAL = "What is the capital city of France? Answer in one word."
+PLANET = "Which planet do we live on? Answer in one word."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_path) -> Server:
+    folder = tmp_path_factory.mktemp("openai")
+    server = Server(write_config(folder, model_path=model_path, max_tokens=32),
+                    folder / "server.log").start()
+    yield server
+    server.stop()
+
+
+def sdk(server: Server, key: str = "unused") -> OpenAI:
+    return OpenAI(base_url=server.url + "v1", api_key=key, max_retries=0, timeout=120)
+
+
+def model_id(server: Server) -> str:
+    return sdk(server).models.list().data[0].id
+
+
+def post(server: Server, body, *, headers: dict | None = None, raw: bytes | None = None):
+    """POST /v1/chat/completions; (status, parsed JSON or the raw text for streams)."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(server.url + "v1/chat/completions", data=data,
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        text, status = exc.read().decode(), exc.code
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def test_models_and_a_completion_with_the_openai_sdk(server):
+    client = sdk(server)
+    models = client.models.list().data
+    assert [m.id for m in models] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    reply = client.chat.completions.create(
+        model=models[0].id, messages=[{"role": "user", "content": CAPITAL}], temperature=0)
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.prompt_tokens > 10 and reply.usage.completion_tokens > 1
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streaming_with_the_sdk_and_as_raw_server_sent_events(server):
+    client = sdk(server)
+    chunks = list(client.chat.completions.create(
+        model=model_id(server), messages=[{"role": "user", "content": PLANET}], temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Earth" in text
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 2, "streamed"
+    usage = chunks[-1].usage
+    assert usage.completion_tokens > 1
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    assert finish == ("length" if usage.completion_tokens == 32 else "stop")  # max_tokens 32
+
+    status, raw = post(server, {"model": model_id(server), "stream": True, "temperature": 0,
+                                "messages": [{"role": "user", "content": PLANET}]})
+    assert status == 200
+    events = [line for line in raw.split("\n") if line]
+    assert all(line.startswith("data: ") for line in events)
+    assert events[-1] == "data: [DONE]"
+    deltas = [json.loads(e[6:])["choices"][0]["delta"].get("content", "") for e in events[:-1]]
+    assert "".join(deltas).strip() == text.strip()
+
+
+def test_a_resent_conversation_evaluates_only_its_new_tokens(server):
+    client = sdk(server)
+    model = model_id(server)
+    system = {"role": "system", "content": "You are a concise geography tutor. " * 8}
+    first = client.chat.completions.create(
+        model=model, messages=[system, {"role": "user", "content": CAPITAL}], temperature=0)
+    # Other traffic in between, so that the live context holds something else.
+    client.chat.completions.create(model=model, temperature=0,
+                                   messages=[{"role": "user", "content": "Say hello."}])
+    messages = [system, {"role": "user", "content": CAPITAL},
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": PLANET}]
+    second = client.chat.completions.create(model=model, messages=messages, temperature=0)
+    extra = second.model_extra["reame"]
+    assert extra["source"] == "prefix", "found on disk by its tokens"
+    assert extra["reused"] == second.usage.prompt_tokens - extra["prefilled"]
+    assert extra["prefilled"] < 20, "only the new message and the reply header"
+    assert second.usage.prompt_tokens_details.cached_tokens == extra["reused"]
+    assert "Earth" in second.choices[0].message.content
+
+    server.restart()  # and after a restart, from the files alone
+    third = sdk(server).chat.completions.create(
+        model=model, temperature=0, messages=messages + [
+            {"role": "assistant", "content": second.choices[0].message.content},
+            {"role": "user", "content": "Say hello."}])
+    assert third.model_extra["reame"]["prefilled"] < 20
+    assert third.model_extra["reame"]["reused"] > first.usage.prompt_tokens
+
+
+def test_max_tokens_stop_and_seed_are_honoured(server):
+    client, model = sdk(server), model_id(server)
+    story = [{"role": "user", "content": "Write a long story about a dragon."}]
+    cut = client.chat.completions.create(model=model, messages=story, max_tokens=5)
+    assert cut.usage.completion_tokens == 5 and cut.choices[0].finish_reason == "length"
+    stopped = client.chat.completions.create(
+        model=model, temperature=0, messages=[{"role": "user", "content": CAPITAL}],
+        stop=["Paris"])
+    assert "Paris" not in stopped.choices[0].message.content
+    assert stopped.choices[0].finish_reason == "stop"
+    a, b = (client.chat.completions.create(model=model, messages=story, temperature=1.0,
+                                           max_tokens=16, seed=42).choices[0].message.content
+            for _ in range(2))
+    c = client.chat.completions.create(model=model, messages=story, temperature=1.0,
+                                       max_tokens=16, seed=7).choices[0].message.content
+    assert a == b, "the same seed samples the same reply"
+    assert c != a
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    ({"messages": [{"role": "user", "content": "hi"}]}, 400, "'model' is required"),
+    ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "gpt-4o"),
+    ({"model": None, "messages": []}, 400, "model"),
+    ({"model": "M", "messages": []}, 400, "non-empty array"),
+    ({"model": "M", "messages": "hi"}, 400, "non-empty array"),
+    ({"model": "M", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+    ({"model": "M", "messages": [{"role": "user", "content": 42}]}, 400, "content"),
+    ({"model": "M", "messages": [{"role": "user", "content": "  "}]}, 400, "empty"),
+    ({"model": "M", "messages": [{"role": "assistant", "content": "hi"}]}, 400, "user's"),
+    ({"model": "M", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+     400, "temperature"),
+    ({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
+     400, "max_tokens"),
+    ({"model": "M", "messages": [{"role": "user", "content": "hi"}], "stop": [1]}, 400, "stop"),
+    ({"model": "M", "messages": [{"role": "user", "content": "word " * 4000}]}, 413,
+     "context holds 2,048 tokens"),
+    ([1, 2, 3], 400, "JSON object"),
+], ids=["no-model", "unknown-model", "null-model", "empty-messages", "messages-not-array",
+        "unknown-role", "content-not-text", "empty-message", "last-not-user", "bad-temperature",
+        "bad-max-tokens", "bad-stop", "too-long", "not-an-object"])
+def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
+        server, body, status, needle):
+    model = model_id(server)
+    if isinstance(body, dict) and body.get("model") == "M":
+        body = {**body, "model": model}
+    got, answer = post(server, body)
+    assert got == status, answer
+    assert set(answer["error"]) == {"message", "type", "param", "code"}
+    assert needle in answer["error"]["message"]
+    assert "Traceback" not in json.dumps(answer)
+    ok, fine = post(server, {"model": model, "temperature": 0,
+                             "messages": [{"role": "user", "content": CAPITAL}]})
+    assert ok == 200 and "Paris" in fine["choices"][0]["message"]["content"]
+
+
+def test_malformed_and_oversized_bodies_are_refused(server):
+    status, answer = post(server, None, raw=b'{"model": "x", "messages": [')
+    assert status == 400 and "not valid JSON" in answer["error"]["message"]
+    status, answer = post(server, None, raw=b'{"a": "' + b"x" * (3 << 20) + b'"}')
+    assert status == 413 and "over" in answer["error"]["message"]
+    with pytest.raises(APIStatusError) as refused:
+        sdk(server).chat.completions.create(model="no-such-model",
+                                            messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 404
+
+
+def test_a_request_can_be_a_turn_of_a_stored_chat(server):
+    gradio = Client(server.url, verbose=False)
+    chat_id = gradio.predict(api_name="/new_chat")
+    reply = sdk(server).chat.completions.with_raw_response.create(
+        model=model_id(server), messages=[{"role": "user", "content": CAPITAL}],
+        extra_headers={"X-Reame-Chat": str(chat_id)}).parse()
+    assert "Paris" in reply.choices[0].message.content
+    stored = gradio.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [(m["role"], m["content"]) for m in stored] == [
+        ("user", CAPITAL), ("assistant", reply.choices[0].message.content)]
+    second = sdk(server).chat.completions.create(
+        model=model_id(server), messages=[{"role": "user", "content": PLANET}],
+        extra_headers={"X-Reame-Chat": str(chat_id)})
+    assert second.model_extra["reame"]["reused"] > 0, "the chat's own history, reused"
+    status, answer = post(server, {"model": model_id(server),
+                                   "messages": [{"role": "user", "content": "hi"}]},
+                          headers={"X-Reame-Chat": "999999"})
+    assert status == 404 and "does not exist" in answer["error"]["message"]
