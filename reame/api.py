@@ -95,6 +95,21 @@ def register_api(service: ChatService, *, concurrency_id: str,
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
 
+    def update_chat(chat_id: int, system_prompt: str | None = None,
+                    temperature: float | None = None, top_p: float | None = None,
+                    max_tokens: int | None = None, request: gr.Request = None) -> dict:
+        """Change a chat's own settings (what the page's "Chat settings" edits); None keeps."""
+        try:
+            chat = service.update_settings(
+                int(chat_id), system_prompt=system_prompt, temperature=temperature,
+                top_p=top_p, max_tokens=int(max_tokens) if max_tokens is not None else None,
+                user=user_of(request))
+        except (ChatNotFound, ChatError) as exc:
+            raise _user_error(exc) from None
+        return {**chat_summary(chat), "system_prompt": chat.system_prompt,
+                "temperature": chat.temperature, "top_p": chat.top_p,
+                "max_tokens": chat.max_tokens}
+
     def delete_chat(chat_id: int, request: gr.Request = None) -> bool:
         """Delete a chat and its messages."""
         try:
@@ -107,7 +122,8 @@ def register_api(service: ChatService, *, concurrency_id: str,
         _register_settings(settings, concurrency_id=concurrency_id, can_configure=can_configure)
     for fn in (send, regenerate, edit_message):
         gr.api(fn, api_name=fn.__name__, concurrency_id=concurrency_id, concurrency_limit=1)
-    for fn in (new_chat, list_chats, get_chat, rename_chat, delete_chat, cache_stats):
+    for fn in (new_chat, list_chats, get_chat, rename_chat, update_chat, delete_chat,
+               cache_stats):
         gr.api(fn, api_name=fn.__name__, concurrency_limit=None)
 
 

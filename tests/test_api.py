@@ -39,6 +39,11 @@ def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
 
     renamed = client.predict(chat_id, "Capitals", api_name="/rename_chat")
     assert renamed["title"] == "Capitals"
+    tuned = client.predict(chat_id, None, 0.0, None, 48, api_name="/update_chat")
+    assert (tuned["system_prompt"], tuned["temperature"], tuned["max_tokens"]) == (
+        "You are a terse assistant.", 0.0, 48)
+    with pytest.raises(Exception, match="temperature must be between 0 and 2"):
+        client.predict(chat_id, None, 5.0, None, None, api_name="/update_chat")
     assert client.predict(other, api_name="/delete_chat") is True
 
     server.restart()
