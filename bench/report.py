@@ -505,6 +505,13 @@ def plot_ttft(models: list[dict], path: Path) -> str:
         ax.grid(True, which="major", alpha=0.3)
         ax.legend()
     fig.suptitle("Restart and continue: time to first token (log-log)")
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> str:
+    """Lay out, write and close a figure; its file name, for results.md."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -537,10 +544,7 @@ def plot_over_time(s6: dict, path: Path) -> str:
                  f"restart every {s6['restart_every']}")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path.name
+    return _save(fig, path)
 
 
 def plot_low_overlap(s4: dict, path: Path) -> str:
@@ -570,10 +574,7 @@ def plot_low_overlap(s4: dict, path: Path) -> str:
     ax.set_title("Low overlap: the cost of saving when nothing is reused")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path.name
+    return _save(fig, path)
 
 
 LONG_COLORS = {"shift": COLORS[REAME], "re-evaluate": "#762a83"}
@@ -607,7 +608,4 @@ def plot_long_chat(s7: dict, path: Path) -> str:
                  "KV shifted vs window re-evaluated at each overflow")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path.name
+    return _save(fig, path)
