@@ -245,10 +245,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
 
 
 async def _read_json(request: Request) -> Any:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES:,} bytes",
-                       code="request_too_large")
+    # One check for bodies with and without a Content-Length: count what arrives.
     raw = b""
     async for chunk in request.stream():
         raw += chunk
