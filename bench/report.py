@@ -107,6 +107,46 @@ def table_s1(s1: dict) -> str:
                   "peak RSS MB (+growth)"], rows)
 
 
+def table_s1_parts(s1: dict) -> str:
+    """Where the first token's time goes: restore, prefill of the new tokens, the rest."""
+    rows = []
+    for row in s1["rows"]:
+        if row["system"] == NO_CACHE or not row.get("prefill_ms"):
+            continue
+        ttft_ms = row["ttft_s"] * 1000
+        rest = ttft_ms - row["restore_ms"] - row["prefill_ms"]
+        rows.append([f"{row['size']:,}", row["system"], f"{ttft_ms:,.0f}",
+                     f"{row['restore_ms']:,.0f}",
+                     f"{row['prefill_ms']:,.0f} ({row['prefilled']:,.0f})", f"{rest:,.0f}"])
+    return table(["history (tokens)", "system", "first token ms (median)", "restore ms",
+                  "prefill ms (new tokens)", "the rest ms"], rows)
+
+
+def s1_floor(s1: dict) -> list[str]:
+    """What no cache can remove: the new tokens' prefill over the history, and its growth."""
+    lo, hi = min(s1["sizes"]), max(s1["sizes"])
+    a, b = _by(s1["rows"], size=lo, system=REAME), _by(s1["rows"], size=hi, system=REAME)
+    out = []
+    if a and b and lo != hi and a.get("prefill_ms"):
+        out.append(
+            f"The prefill of the new message alone ({a['prefilled']:,.0f} tokens, the same for "
+            f"every size) grows {b['prefill_ms'] / a['prefill_ms']:.2f}x from {lo:,} to {hi:,} "
+            f"history tokens ({a['prefill_ms']:,.0f} -> {b['prefill_ms']:,.0f} ms): each new "
+            "token attends over the whole history, and on a model this small that attention "
+            "costs about as much as the weights at a few thousand tokens. A restore of zero ms "
+            "would leave this growth, so it is the floor of any cache here.")
+    size = 2000 if 2000 in s1["sizes"] else hi
+    reame, ldc = _by(s1["rows"], size=size, system=REAME), _by(s1["rows"], size=size,
+                                                               system=DISK_CACHE)
+    if reame and ldc and reame.get("prefill_ms"):
+        out.append(
+            f"At {size:,} tokens, LlamaDiskCache's first token ({secs(ldc['ttft_s'])} s) over "
+            f"reame's prefill alone ({reame['prefill_ms']:,.0f} ms) is "
+            f"{ldc['ttft_s'] * 1000 / reame['prefill_ms']:.1f}x: the most any restore, however "
+            "fast, could make of the ratio between the two.")
+    return out
+
+
 def table_s2(s2: dict) -> str:
     rows = [[r["system"], secs(r["ttft_s"]), f"{secs(r['ttft_min_s'])}-{secs(r['ttft_max_s'])}",
              secs(r["sum_total_s"]), f"{r['sum_evaluated']:,}", mb(r["sum_bytes_written"]),
@@ -418,6 +458,10 @@ def markdown(results: dict, plots: list[str]) -> str:
     for key, title, render, note in sections:
         if key in sc:
             parts += ["", f"## {title}", "", note(sc[key]), "", render(sc[key])]
+        if key == "s1" and key in sc:
+            parts += ["", "Where the first token's time goes (medians; the rest is tokenizing, "
+                      "the database, the cache lookup and the first sample):", "",
+                      table_s1_parts(sc[key]), ""] + [f"- {line}" for line in s1_floor(sc[key])]
     if "kv" in sc:
         parts += ["", "## KV bytes per token", "",
                   f"`llama_state_seq_get_data` size, slope between {sc['kv']['probe_tokens'][0]} "

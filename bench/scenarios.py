@@ -162,6 +162,7 @@ def summary(results: list[TurnResult]) -> dict:
         "rss_growth": max(r.rss_growth for r in results),
         "restore_ms": statistics.median(r.restore_ms for r in results),
         "save_ms": statistics.median(r.save_ms for r in results),
+        "prefill_ms": statistics.median(r.extra.get("prefill_ms", 0.0) for r in results),
         "sources": sorted({r.source for r in results}),
     }
 

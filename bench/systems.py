@@ -433,7 +433,10 @@ class DiskCacheSystem(System):
             save_ms=(ended - (last or ended)) * 1000,
             extra={"cache_entries_before": entries_before,
                    "cache_entries_after": len(self.cache.cache),
-                   "load_state_ms": sum(b - a for a, b in loaded) * 1000},
+                   "load_state_ms": sum(b - a for a, b in loaded) * 1000,
+                   # from the first decode to the first token: the prompt's new tokens
+                   # (and the first sample), as reame's TurnStats.prefill_ms
+                   "prefill_ms": ((first - prefill_at) * 1000 if calls and first else 0.0)},
         )
 
 

@@ -4,8 +4,8 @@ Sources, best first: the live context (the last turn's KV), the chat's KV file, 
 shared-prefix snapshot (same system prompt as an earlier chat), else nothing. Whatever is
 chosen, the engine then holds the KV of the longest common prefix with the prompt, verified.
 
-A chat's file can also be restored ahead of its turn (`warm`, when the chat is opened): the
-turn then starts with its history live.
+A chat's file can also be restored ahead of its turn (`warm`: when the chat is opened, and
+while a turn builds its prompt): the turn then starts with its history live.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class KVCache:
         self.hits = 0
         self._warmed: tuple[int, Restored] | None = None  # (chat id, what warm() restored)
         self._live_chat: int | None = None  # the chat whose turn last used the live KV
+        self._missed: int | None = None  # a chat whose own file warm() found unusable
         self._index: dict[str, Path] | None = None  # see _block_index
 
     @property
@@ -91,8 +92,10 @@ class KVCache:
         live = min(engine.common_prefix(prompt), usable)
         live_chat, self._live_chat = self._live_chat, chat_id
         warmed, self._warmed = self._warmed, None
-        if warmed is not None and warmed[0] == chat_id and live >= warmed[1].reused:
-            # Restored when the chat was opened: count it as this turn's restore.
+        missed, self._missed = self._missed, None
+        if warmed is not None and warmed[0] == chat_id and live:
+            # Restored when the chat was opened or while the turn built its prompt: count it
+            # as this turn's restore (up to where the prompt differs, after an edit).
             self.lookups += 1
             self.hits += 1
             self.tokens_saved += live
@@ -103,7 +106,8 @@ class KVCache:
             return Restored(live, "live" if live else "none")
         self.lookups += 1
         started = time.perf_counter()
-        restored = self._restore(chat_id, prompt, live, usable)
+        # The chat's own file, if warm() just found it unusable, is not read (nor logged) twice.
+        restored = self._restore(chat_id, prompt, live, usable, own=missed != chat_id)
         ms = (time.perf_counter() - started) * 1000
         if restored is not None:
             self.hits += 1
@@ -114,26 +118,37 @@ class KVCache:
         live = min(engine.common_prefix(prompt), usable)
         return Restored(live, "live" if live else "none", ms)
 
+    def holds(self, chat_id: int) -> bool:
+        """Whether the live KV is this chat's (its last turn, or its restore on opening)."""
+        return self._live_chat == chat_id and bool(self.engine.tokens)
+
     def warm(self, chat_id: int) -> Restored | None:
         """Restore the chat's KV file now, ahead of its next turn; None if there is nothing
         to restore or the live context already holds it."""
         if self.store is None:
             return None
         tokens = self.store.peek(self.store.chat_path(chat_id))
-        if not tokens or self.engine.common_prefix(tokens) == len(tokens):
+        if not tokens:
+            self._missed = chat_id
+            return None
+        if self.engine.common_prefix(tokens) == len(tokens):
             return None
         started = time.perf_counter()
         restored = self._restore(chat_id, tokens + [-1], 0, len(tokens))
+        if restored is None or restored.source != "disk":
+            self._missed = chat_id
         if restored is not None:
             restored.restore_ms = (time.perf_counter() - started) * 1000
             self._warmed = (chat_id, restored)
             self._live_chat = chat_id
         return restored
 
-    def _restore(self, chat_id: int, prompt: list[int], live: int, usable: int) -> Restored | None:
-        """Load the file that covers most of prompt (beyond live tokens), cut to what matches."""
+    def _restore(self, chat_id: int, prompt: list[int], live: int, usable: int, *,
+                 own: bool = True) -> Restored | None:
+        """Load the file that covers most of prompt (beyond live tokens), cut to what matches;
+        own=False: not the chat's own file."""
         engine = self.engine
-        for source, path in self._candidates(chat_id, prompt):
+        for source, path in self._candidates(chat_id, prompt, own=own):
             head = self.store.peek(path)
             if head is None:
                 continue
@@ -159,14 +174,14 @@ class KVCache:
             return Restored(reach, source)
         return None
 
-    def _candidates(self, chat_id: int | None, prompt: list[int]):
+    def _candidates(self, chat_id: int | None, prompt: list[int], *, own: bool = True):
         """The chat's own file, then any file whose tokens start like prompt, longest first:
         snapshots by name, other files through the index of their block hashes."""
-        own = self.store.chat_path(chat_id) if chat_id is not None else None
-        if own is not None:
-            yield "disk", own
+        own_path = self.store.chat_path(chat_id) if chat_id is not None else None
+        if own_path is not None and own:
+            yield "disk", own_path
         index = self._block_index()
-        seen = {own}
+        seen = {own_path}
         for block_hash in reversed(block_hashes(prompt)):
             for path in (index.get(block_hash), self.store.prefix_path(block_hash)):
                 if path is not None and path not in seen and path.exists():
@@ -224,6 +239,7 @@ class KVCache:
         spent on it (copying the state out of llama.cpp; the write is in the background)."""
         if self.store is None or not self.engine.tokens:
             return 0.0
+        self._missed = None
         if not self.restorable(len(self.engine.tokens)):
             # Past a sliding window the state would not come back exactly. The chat's older,
             # shorter file (if any) stays: its tokens are still a valid prefix.

@@ -440,21 +440,43 @@ class ChatService:
               seed: int | None, max_tokens: int | None = None,
               stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
         with self.lock:
-            history = self.store.messages(chat.id)
-            kept = [m for m in history if cut_at is None or m.position < cut_at]
-            window = self._fit(chat, kept, Turn("user", text) if text is not None else None,
-                               cut_at)
-            if cut_at is not None:
-                self.store.delete_messages_from(chat.id, cut_at)
-            if window.start != chat.window_start:
-                chat = self.store.update_chat(chat.id, window_start=window.start)
-            user_message_id = None
-            if text is not None:
-                user_message_id = self.store.add_message(chat.id, "user", text).id
-                if chat.title == DEFAULT_TITLE and not kept:
-                    self.store.update_chat(chat.id, title=title_from(text))
+            restoring = self._restore_meanwhile(chat.id)
+            try:
+                history = self.store.messages(chat.id)
+                kept = [m for m in history if cut_at is None or m.position < cut_at]
+                window = self._fit(chat, kept,
+                                   Turn("user", text) if text is not None else None, cut_at)
+                if cut_at is not None:
+                    self.store.delete_messages_from(chat.id, cut_at)
+                if window.start != chat.window_start:
+                    chat = self.store.update_chat(chat.id, window_start=window.start)
+                user_message_id = None
+                if text is not None:
+                    user_message_id = self.store.add_message(chat.id, "user", text).id
+                    if chat.title == DEFAULT_TITLE and not kept:
+                        self.store.update_chat(chat.id, title=title_from(text))
+            finally:
+                if restoring is not None:
+                    restoring.join()
             yield from self._reply(chat, window, seed, user_message_id,
                                    max_tokens=max_tokens, stop=stop)
+
+    def _restore_meanwhile(self, chat_id: int) -> threading.Thread | None:
+        """Start restoring the chat's KV file (as when a chat is opened) while the turn reads
+        the database and tokenizes the prompt: llama.cpp's copy and the tokenizer both
+        release the GIL. The caller joins the thread before the engine is used again."""
+        if self.cache is None or not self.cache.enabled or self.cache.holds(chat_id):
+            return None
+
+        def restore() -> None:
+            try:
+                self.cache.warm(chat_id)
+            except Exception:  # a failed restore is a miss: the turn looks up again
+                log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
+
+        thread = threading.Thread(target=restore, name="kv-restore", daemon=True)
+        thread.start()
+        return thread
 
     def _prefill(self, chat: Chat, window: "Window", stats: TurnStats, *,
                  last_alone: bool = False) -> None:

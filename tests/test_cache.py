@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
+import time
 
 import pytest
 
@@ -167,6 +169,44 @@ def test_opening_a_chat_restores_its_kv_before_the_next_message(folder, model_pa
     off = Node(folder / "off", model_path, enabled=False)
     assert not off.service.warm(chat.id)
 
+
+
+def test_a_turn_restores_its_file_while_it_tokenizes_the_prompt(folder, model_path,
+                                                                monkeypatch):
+    first = Node(folder, model_path)
+    chat = first.service.new_chat()
+    first.say(chat.id, "Which planet do we live on?")
+    saved = kv_tokens(first.kv, chat.id)
+
+    later = Node(folder, model_path)  # a restart; the chat was not opened (an API client)
+    events = []
+    restore, tokenize = later.engine.restore, later.engine.tokenize
+
+    def restoring(*args, **kwargs):
+        events.append(("restore starts", threading.current_thread().name))
+        time.sleep(0.3)  # long enough for the turn's tokenizing to happen meanwhile
+        ok = restore(*args, **kwargs)
+        events.append(("restore ends", threading.current_thread().name))
+        return ok
+
+    def tokenizing(*args, **kwargs):
+        restoring_now = any(t.name == "kv-restore" for t in threading.enumerate())
+        events.append(("tokenize during the restore" if restoring_now else "tokenize",
+                       threading.current_thread().name))
+        return tokenize(*args, **kwargs)
+
+    monkeypatch.setattr(later.engine, "restore", restoring)
+    monkeypatch.setattr(later.engine, "tokenize", tokenizing)
+    last = later.say(chat.id, "Say hello.")
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("restore starts") == 1, "the file is read once"
+    assert dict(events)["restore starts"] == "kv-restore", "on its own thread"
+    assert "tokenize during the restore" in kinds, "the prompt was tokenized meanwhile"
+    assert last.stats.source == "disk" and last.stats.reused == len(saved)
+    assert last.stats.restore_ms >= 300, "the turn reports the restore it waited for"
+    assert_only_new_tokens_evaluated(last)
+    assert last.text == sitting(folder / "ref", model_path,
+                                ["Which planet do we live on?", "Say hello."])[-1]
 
 def test_queued_writes_of_a_file_land_in_order_and_readers_wait_for_them(folder):
     kv = KVStore(folder / "kv", fingerprint="test", max_bytes=1 << 30)
