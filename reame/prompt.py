@@ -25,6 +25,7 @@ PLAIN_TEMPLATE = (
 PLAIN_STOPS = ("\nUser:", "\nAssistant:")
 
 _SENTINEL = "\x1eREAME-{}\x1e"
+PIECE_CACHE = 4096  # tokenized pieces kept per model (a piece: a user message with its template)
 _SENTINEL_RE = re.compile("\x1eREAME-(\\d+)\x1e")
 
 
@@ -49,6 +50,7 @@ class PromptBuilder:
             bos_token=engine.token_text(engine.bos_token) if engine.bos_token >= 0 else "",
         )
         self._bos_text = self._formatter.bos_token
+        self._pieces: dict[tuple[str, bool], tuple[int, ...]] = {}
 
     def render_text(self, system_prompt: str, turns: list[Turn]) -> str:
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -70,5 +72,17 @@ class PromptBuilder:
             if n % 2:
                 out.extend(turns[int(piece)].tokens)
             else:
-                out.extend(self.engine.tokenize(piece, add_bos=add_bos and n == 0))
+                out.extend(self._piece_tokens(piece, add_bos and n == 0))
         return out
+
+    def _piece_tokens(self, piece: str, add_bos: bool) -> tuple[int, ...]:
+        """A piece of the rendered chat between exact-token replies. The same pieces come back
+        every turn (each earlier user message with its template): each is tokenized once, and
+        the oldest are forgotten past PIECE_CACHE."""
+        key = (piece, add_bos)
+        tokens = self._pieces.get(key)
+        if tokens is None:
+            if len(self._pieces) >= PIECE_CACHE:
+                self._pieces.pop(next(iter(self._pieces)), None)
+            tokens = self._pieces[key] = tuple(self.engine.tokenize(piece, add_bos=add_bos))
+        return tokens

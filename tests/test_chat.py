@@ -124,3 +124,29 @@ def test_settings_are_validated(service):
         service.update_settings(chat.id, temperature=5)
     updated = service.update_settings(chat.id, temperature=0.3, system_prompt="Be brief.")
     assert (updated.temperature, updated.system_prompt) == (0.3, "Be brief.")
+
+
+def test_each_earlier_message_is_tokenized_once_and_the_prompt_is_unchanged(service,
+                                                                             monkeypatch):
+    chat = service.new_chat()
+    for text in ("Which planet do we live on?", "What is the capital of Italy?"):
+        reply(service, chat.id, text)
+    turns = service._turns(service.messages(chat.id))
+    builder = service.prompts
+    calls = []
+    tokenize = service.engine.tokenize
+
+    def counting(text, **kwargs):
+        calls.append(text)
+        return tokenize(text, **kwargs)
+
+    monkeypatch.setattr(service.engine, "tokenize", counting)
+    first = builder.tokens(chat.system_prompt, turns)
+    assert calls == ["<|im_end|>\n<|im_start|>assistant\n"], (
+        "only the piece after the last reply is new: the others were tokenized by the turns")
+    calls.clear()
+    fresh = type(builder)(service.engine)
+    assert fresh.tokens(chat.system_prompt, turns) == first, "the same tokens as from scratch"
+    assert len(calls) == 3, "a new builder tokenizes each piece between the two replies once"
+    calls.clear()
+    assert fresh.tokens(chat.system_prompt, turns) == first and calls == []
