@@ -27,7 +27,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     import gradio as gr
     from fastapi import FastAPI
 
-    from reame.openai_api import build_router, error_response
+    from reame.openai_api import build_router, error_response, internal_error
 
     demo = build_ui(service, settings=Settings(config, service), title="Reame",
                     can_configure=(accounts.is_admin if accounts is not None
@@ -44,10 +44,13 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         return await call_next(request)
 
     app.include_router(build_router(service, accounts))
+    # Unexpected errors: OpenAI's error shape, no traceback (uvicorn logs it).
+    app.add_exception_handler(Exception, internal_error)
     return gr.mount_gradio_app(
         app, demo, path="/", auth=accounts.check_password if accounts is not None else None,
         auth_message="Reame: log in with your user name and password.", css=CSS,
-        show_error=True, ssr_mode=False, run_history=False)
+        # Only gr.Error messages reach clients; anything else is logged, not shown.
+        show_error=False, ssr_mode=False, run_history=False)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,8 +31,45 @@ def message_dict(message: Message, window_start: int = 0) -> dict[str, Any]:
     return out
 
 
+log = logging.getLogger(__name__)
+
+INTERNAL_ERROR = ("Internal error: the server could not do this. The details are in its log; "
+                  "your chats are unchanged.")
+
+
 def _user_error(exc: Exception) -> gr.Error:
     return gr.Error(str(exc), print_exception=False)
+
+
+def _guarded(fn: Callable) -> Callable:
+    """fn for gr.api: an unexpected exception is logged with its traceback, and the client
+    gets INTERNAL_ERROR instead of the exception's text (SQL, paths, ...). gr.Error (what a
+    caller can act on: an unknown chat, a refusal) passes through."""
+
+    def internal(exc: Exception) -> gr.Error:
+        log.error("/%s failed", fn.__name__, exc_info=exc)
+        return gr.Error(INTERNAL_ERROR, print_exception=False)
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as exc:
+                raise internal(exc) from None
+        return stream
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception as exc:
+            raise internal(exc) from None
+    return call
 
 
 def register_api(service: ChatService, *, concurrency_id: str,
@@ -121,10 +161,11 @@ def register_api(service: ChatService, *, concurrency_id: str,
     if settings is not None:
         _register_settings(settings, concurrency_id=concurrency_id, can_configure=can_configure)
     for fn in (send, regenerate, edit_message):
-        gr.api(fn, api_name=fn.__name__, concurrency_id=concurrency_id, concurrency_limit=1)
+        gr.api(_guarded(fn), api_name=fn.__name__, concurrency_id=concurrency_id,
+               concurrency_limit=1)
     for fn in (new_chat, list_chats, get_chat, rename_chat, update_chat, delete_chat,
                cache_stats):
-        gr.api(fn, api_name=fn.__name__, concurrency_limit=None)
+        gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
 
 
 def _register_settings(settings: Settings, *, concurrency_id: str,
@@ -153,10 +194,10 @@ def _register_settings(settings: Settings, *, concurrency_id: str,
             raise _user_error(exc) from None
 
     for fn in (get_settings, list_models):
-        gr.api(fn, api_name=fn.__name__, concurrency_limit=None)
+        gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
     # Loading a model waits for replies in progress, and replies wait for it.
-    gr.api(update_settings, api_name="update_settings", concurrency_id=concurrency_id,
-           concurrency_limit=1)
+    gr.api(_guarded(update_settings), api_name="update_settings",
+           concurrency_id=concurrency_id, concurrency_limit=1)
 
 
 def user_of(request: gr.Request | None) -> str | None:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .cache import Drop, KVCache
 from .config import GenerationConfig
@@ -183,13 +184,17 @@ class ChatService:
         self.cache = cache or (KVCache(engine, None) if engine else None)
         self.lock = threading.Lock()
         self._loading = False
+        # The model a settings change is checking and loading (set by reame.settings); turns
+        # wait for it, API clients are told to come back.
+        self.loading_model: Path | None = None
         # (model, reply text) -> the exact tokens generated for it, newest last: a stateless
         # client resends the text, and the tokens make its KV reusable.
         self._reply_tokens: dict[tuple[str, str], tuple[int, ...]] = {}
 
     @property
     def loading(self) -> bool:
-        return self._loading
+        """A model is being checked or loaded (a settings change), or the engine replaced."""
+        return self._loading or self.loading_model is not None
 
     def replace_engine(self, load: Callable[[], tuple[Engine, KVCache]]) -> None:
         """Switch to the engine load() builds. Turns wait meanwhile; if it fails, the current

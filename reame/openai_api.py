@@ -37,6 +37,7 @@ CHAT_HEADER = "X-Reame-Chat"
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds
 ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOPS = 4
+LOADING_RETRY_S = 2
 
 
 class ApiError(Exception):
@@ -47,14 +48,26 @@ class ApiError(Exception):
             status, message, type_, param, code)
 
     def response(self) -> JSONResponse:
+        # A model load takes seconds: OpenAI's SDKs wait Retry-After and try again.
+        retry = {"Retry-After": str(LOADING_RETRY_S)} if self.code == "model_loading" else None
         return error_response(self.status, self.message, type_=self.type, param=self.param,
-                              code=self.code)
+                              code=self.code, headers=retry)
 
 
 def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
-                   param: str | None = None, code: str | None = None) -> JSONResponse:
+                   param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": type_, "param": param,
-                                   "code": code}}, status_code=status)
+                                   "code": code}}, status_code=status, headers=headers)
+
+
+INTERNAL_ERROR = "Internal error: the server could not answer this request (see its log)."
+
+
+def internal_error(_request: Request, _exc: Exception) -> JSONResponse:
+    """The app's handler for any unexpected exception: a 500 that says nothing of it (the
+    server logs the traceback)."""
+    return error_response(500, INTERNAL_ERROR, type_="server_error", code="internal_error")
 
 
 @dataclass(frozen=True)
@@ -333,6 +346,13 @@ def _sse(updates: Iterator[TurnUpdate], completion_id: str,
                         "created": created, "model": parsed.model, "choices": [],
                         "usage": _usage(update)}) + "\n\n")
     except ChatError as exc:  # e.g. the chat was deleted while it answered
-        yield "data: " + json.dumps({"error": {"message": str(exc), "type": "server_error",
-                                               "param": None, "code": None}}) + "\n\n"
+        yield _sse_error(str(exc), None)
+    except Exception:  # the answer has started: say so in the stream, log the rest
+        log.exception("a streamed completion failed")
+        yield _sse_error(INTERNAL_ERROR, "internal_error")
     yield "data: [DONE]\n\n"
+
+
+def _sse_error(message: str, code: str | None) -> str:
+    return "data: " + json.dumps({"error": {"message": message, "type": "server_error",
+                                            "param": None, "code": code}}) + "\n\n"

@@ -41,8 +41,11 @@ class Settings:
     def __init__(self, config: Config, service: ChatService):
         self.config = config
         self.service = service
-        # The model being checked and loaded by an update in progress (replies wait for it).
-        self.loading_model: Path | None = None
+
+    @property
+    def loading_model(self) -> Path | None:
+        """The model being checked and loaded by an update in progress (replies wait)."""
+        return self.service.loading_model
 
     @property
     def models_dir(self) -> Path:
@@ -60,7 +63,7 @@ class Settings:
                 "editable": sorted(f"{s}.{k}" for s, k in EDITABLE),
                 "loaded_model": str(engine.model_path) if engine else None,
                 "load_error": self.service.load_error,
-                "loading": self.service.loading or self.loading_model is not None,
+                "loading": self.service.loading,
                 "loading_model": str(self.loading_model) if self.loading_model else None}
 
     def models(self) -> list[dict]:
@@ -92,14 +95,14 @@ class Settings:
         new_config = _with(self.config, typed)
         reload = any(key in RELOAD for key in typed) and self._differs(new_config)
         if reload or self.service.engine is None:
-            self.loading_model = new_config.model.model_path
+            self.service.loading_model = new_config.model.model_path
             try:
                 step("checking", new_config.model.model_path)
                 self._check(new_config)
                 step("loading", new_config.model.model_path)
                 self._load(new_config)
             finally:
-                self.loading_model = None
+                self.service.loading_model = None
         self._apply_light(new_config)
         if self.config.path is not None:
             step("saving", self.config.path)

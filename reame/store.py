@@ -12,6 +12,11 @@ from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Field, Session, SQLModel, create_engine, delete, func, select
 
 
+def _storable_id(chat_id: int) -> bool:
+    """Whether chat_id fits SQLite's integer (a larger one would raise OverflowError)."""
+    return -(1 << 63) <= chat_id < (1 << 63)
+
+
 class ChatNotFound(LookupError):
     """No chat has this id."""
 
@@ -140,6 +145,8 @@ class Store:
         return chat
 
     def get_chat(self, chat_id: int) -> Chat:
+        if not _storable_id(chat_id):
+            raise ChatNotFound(chat_id)
         with self._session() as session:
             chat = session.get(Chat, chat_id)
         if chat is None:
@@ -147,6 +154,8 @@ class Store:
         return chat
 
     def has_chat(self, chat_id: int) -> bool:
+        if not _storable_id(chat_id):
+            return False
         with self._session() as session:
             return session.get(Chat, chat_id) is not None
 

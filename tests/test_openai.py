@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -16,6 +19,7 @@ from .conftest import Server, write_config
 
 CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
+STORY = "Write a long story about a dragon who learns to cook, chapter by chapter."
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +225,87 @@ def test_a_request_can_be_a_turn_of_a_stored_chat(server):
                                    "messages": [{"role": "user", "content": "hi"}]},
                           headers={"X-Reame-Chat": "999999"})
     assert status == 404 and "does not exist" in answer["error"]["message"]
+    status, answer = post(server, {"model": model_id(server),
+                                   "messages": [{"role": "user", "content": "hi"}]},
+                          headers={"X-Reame-Chat": str(10 ** 30)})
+    assert status == 404 and "does not exist" in answer["error"]["message"], "not an overflow"
+
+
+INTERNALS = ("Traceback", "File \"", ".py", "sqlite", "sqlalchemy", "INSERT", "locked")
+
+
+def test_an_unexpected_error_says_so_without_internals_and_the_server_keeps_serving(server):
+    """A real fault from outside: another process holds SQLite's write lock (a backup tool,
+    say), so the server's writes fail after its 5 s busy timeout."""
+    gradio = Client(server.url, verbose=False)
+    chat_id = gradio.predict(api_name="/new_chat")
+    database = sqlite3.connect(server.config.parent / "sessions" / "reame.db")
+    database.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(Exception) as raised:
+            gradio.predict(api_name="/new_chat")
+        status, answer = post(server, {"model": model_id(server), "temperature": 0,
+                                       "messages": [{"role": "user", "content": CAPITAL}]},
+                              headers={"X-Reame-Chat": str(chat_id)})
+    finally:
+        database.rollback()
+        database.close()
+    shown = str(raised.value)
+    assert "Internal error" in shown and "log" in shown
+    assert not [word for word in INTERNALS if word in shown], shown
+    assert status == 500, answer
+    assert answer["error"]["type"] == "server_error" and answer["error"]["code"] == "internal_error"
+    assert not [word for word in INTERNALS if word in json.dumps(answer)], answer
+    log = server.log_path.read_text()
+    assert "Traceback" in log and "database is locked" in log, "the details are in the log"
+    # Nothing was half-stored, and everything works again.
+    assert gradio.predict(chat_id, api_name="/get_chat")["messages"] == []
+    assert "Paris" in gradio.predict(chat_id, CAPITAL, api_name="/send")
+    assert isinstance(gradio.predict(api_name="/new_chat"), int)
+
+
+def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_path, gemma_path):
+    server = Server(write_config(tmp_path, model_path=model_path), tmp_path / "server.log").start()
+    try:
+        # A long streamed reply holds the model; the switch waits for it, loading all the while.
+        chunks = []
+
+        def tell_a_story():
+            for chunk in sdk(server).chat.completions.create(
+                    model="SmolLM2-135M-Instruct.Q4_1.gguf", temperature=0, max_tokens=400,
+                    stream=True, messages=[{"role": "user", "content": STORY}]):
+                chunks.append(chunk)
+
+        teller = threading.Thread(target=tell_a_story)
+        teller.start()
+        deadline = time.monotonic() + 60
+        while len(chunks) < 3:
+            assert time.monotonic() < deadline and teller.is_alive(), "no story"
+            time.sleep(0.02)
+        gradio = Client(server.url, verbose=False)
+        switch = gradio.submit({"model": {"model_path": str(gemma_path)}},
+                               api_name="/update_settings")
+        while not gradio.predict(api_name="/get_settings")["loading"]:
+            assert time.monotonic() < deadline and not switch.done(), "the switch never started"
+            time.sleep(0.02)
+        request = urllib.request.Request(
+            server.url + "v1/chat/completions", headers={"Content-Type": "application/json"},
+            data=json.dumps({"model": "SmolLM2-135M-Instruct.Q4_1.gguf",
+                             "messages": [{"role": "user", "content": CAPITAL}]}).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert teller.is_alive(), "the story was still being written: the load was waiting"
+        assert refused.value.code == 503
+        assert refused.value.headers["Retry-After"] == "2"
+        answer = json.loads(refused.value.read())
+        assert answer["error"]["code"] == "model_loading"
+        assert "loading" in answer["error"]["message"]
+        teller.join(timeout=120)
+        assert chunks[-1].choices[0].finish_reason, "the reply in progress was finished"
+        assert "gemma" in switch.result(timeout=120)["loaded_model"].lower()
+        assert [m.id for m in sdk(server).models.list().data] == [gemma_path.name]
+        reply = sdk(server).chat.completions.create(
+            model=gemma_path.name, temperature=0, messages=[{"role": "user", "content": CAPITAL}])
+        assert "Paris" in reply.choices[0].message.content
+    finally:
+        server.stop()
