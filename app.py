@@ -76,6 +76,15 @@ def check_exposure(config: Config, accounts: Accounts | None) -> str | None:
     return None
 
 
+def warn_of_ownerless_chats(store) -> None:
+    """Chats made before accounts were turned on belong to nobody: nobody can see them."""
+    ownerless = store.count_chats(None)
+    if ownerless:
+        log.warning("%d chat%s made before accounts were turned on belong%s to nobody and are "
+                    "not shown to anyone; give them to a user with `python app.py adopt NAME`",
+                    ownerless, "" if ownerless == 1 else "s", "s" if ownerless == 1 else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -103,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reame: {problem}", file=sys.stderr)
         return 2
     service = build_service(config)
+    if accounts is not None:
+        warn_of_ownerless_chats(service.store)
     app = build_app(config, service, accounts)
 
     import uvicorn

@@ -1,4 +1,4 @@
-"""`python app.py adduser|passwd|deluser|addkey|revokekey|users ...`: manage accounts.
+"""`python app.py adduser|passwd|deluser|addkey|revokekey|users|adopt ...`: manage accounts.
 
 The users file is the one reame.conf names in [server] users_file; adduser sets it to
 users.json (beside reame.conf) when it is empty. Passwords are read from the terminal without
@@ -15,7 +15,7 @@ from pathlib import Path
 from .accounts import AccountError, Accounts
 from .config import ConfigError, load_config, update_config
 
-COMMANDS = ("adduser", "passwd", "deluser", "addkey", "revokekey", "users")
+COMMANDS = ("adduser", "passwd", "deluser", "addkey", "revokekey", "users", "adopt")
 DEFAULT_USERS_FILE = "users.json"
 
 
@@ -32,16 +32,24 @@ def run_command(argv: list[str], default_config: Path) -> int:
     passwd = sub.add_parser("passwd", help="set a user's password")
     passwd.add_argument("name")
     passwd.add_argument("--password-stdin", action="store_true")
-    sub.add_parser("deluser", help="remove a user (their chats stay, unreachable)").add_argument("name")
+    sub.add_parser("deluser", help="remove a user (their chats stay, unreachable until "
+                                   "`adopt NAME --from USER`)").add_argument("name")
     sub.add_parser("addkey", help="make an API key for a user and print it").add_argument("name")
     revoke = sub.add_parser("revokekey", help="revoke one of a user's API keys")
     revoke.add_argument("name")
     revoke.add_argument("key_id")
     sub.add_parser("users", help="list users and their key ids")
+    adopt = sub.add_parser("adopt", help="give a user the chats made before accounts were on "
+                                         "(they belong to nobody and nobody sees them)")
+    adopt.add_argument("name")
+    adopt.add_argument("--from", dest="from_user", metavar="USER",
+                       help="instead, the chats of USER (e.g. a removed user)")
     # Accept `app.py adduser NAME --config X` as well as `app.py --config X adduser NAME`.
     args = parser.parse_args(_config_first(argv))
     try:
         accounts = _accounts(args.config, create=args.command == "adduser")
+        if args.command == "adopt":
+            return _adopt(args, accounts)
         return _run(args, accounts)
     except (AccountError, ConfigError) as exc:
         print(f"reame: {exc}", file=sys.stderr)
@@ -64,6 +72,19 @@ def _accounts(config_path: Path, *, create: bool) -> Accounts:
         config = update_config(config_path, {("server", "users_file"): DEFAULT_USERS_FILE})
         print(f"[server] users_file = {DEFAULT_USERS_FILE} written to {config_path}")
     return Accounts(config.users_path)
+
+
+def _adopt(args: argparse.Namespace, accounts: Accounts) -> int:
+    from .store import Store
+
+    if args.name not in accounts.names():
+        raise AccountError(f"no user {args.name!r} (add one with `python app.py adduser NAME`)")
+    store = Store(load_config(args.config).storage.database_path)
+    moved = store.give_chats(args.from_user, args.name)
+    whose = f"of {args.from_user}" if args.from_user else "made without accounts"
+    print(f"{moved} chat{'' if moved == 1 else 's'} {whose} now belong{'s' if moved == 1 else ''}"
+          f" to {args.name}")
+    return 0
 
 
 def _password(from_stdin: bool) -> str:

@@ -166,6 +166,23 @@ class Store:
                      else select(Chat).where(Chat.owner.is_(None)))
             return list(session.exec(query.order_by(Chat.updated_at.desc(), Chat.id.desc())))
 
+    def count_chats(self, owner: str | None = None) -> int:
+        """How many chats the owner has (None: chats made without accounts)."""
+        return len(self.list_chats(owner))
+
+    def give_chats(self, owner: str | None, to: str) -> int:
+        """Move every chat of owner (None: the chats made without accounts) to `to`; the
+        number moved."""
+        with self._session() as session:
+            query = select(Chat).where(Chat.owner == owner if owner is not None
+                                       else Chat.owner.is_(None))
+            chats = list(session.exec(query))
+            for chat in chats:
+                chat.owner = to
+                session.add(chat)
+            session.commit()
+            return len(chats)
+
     def update_chat(self, chat_id: int, **fields) -> Chat:
         with self._session() as session:
             chat = session.get(Chat, chat_id)

@@ -15,11 +15,13 @@ import pytest
 from gradio_client import Client
 
 from reame.accounts import AccountError, Accounts
+from reame.store import Store
 
 from .conftest import ROOT, Server, write_config
 
 CAPITAL = "What is the capital city of France? Answer in one word."
 PASSWORDS = {"alice": "alice-secret-1", "bob": "bob-secret-22"}
+OLD_TITLE = "From before accounts"
 
 
 def cli(config, *args, password: str | None = None) -> subprocess.CompletedProcess:
@@ -63,6 +65,9 @@ def guarded(tmp_path_factory, model_path):
         assert made.returncode == 0, made.stderr
         keys[name] = made.stdout.split("API key (shown once): ")[1].split()[0]
     assert "users_file = users.json" in config.read_text(), "adduser turned accounts on"
+    # A chat from before accounts were turned on: it has no owner.
+    Store(folder / "sessions" / "reame.db").create_chat(
+        title=OLD_TITLE, system_prompt="", temperature=0.0, top_p=1.0, max_tokens=16)
     server = Server(config, folder / "server.log").start()
     yield server, keys
     server.stop()
@@ -156,3 +161,25 @@ def test_exposing_the_app_without_accounts_is_refused(tmp_path, model_path):
     refused = subprocess.run([sys.executable, str(ROOT / "app.py"), "--config", str(empty)],
                              capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert refused.returncode == 2 and "no users" in refused.stderr
+
+
+def test_chats_from_before_accounts_are_shown_to_nobody_until_a_user_adopts_them(guarded):
+    server, _ = guarded
+    alice, bob = as_user(server, "alice"), as_user(server, "bob")
+    titles = lambda client: [c["title"] for c in client.predict(api_name="/list_chats")]
+    assert OLD_TITLE not in titles(alice) and OLD_TITLE not in titles(bob)
+    log = server.log_path.read_text()
+    assert "1 chat made before accounts were turned on belongs to nobody" in log
+    assert "python app.py adopt NAME" in log
+
+    nobody = cli(server.config, "adopt", "carol")
+    assert nobody.returncode == 2 and "no user 'carol'" in nobody.stderr
+    adopted = cli(server.config, "adopt", "bob")
+    assert adopted.returncode == 0, adopted.stderr
+    assert "1 chat made without accounts now belongs to bob" in adopted.stdout
+    assert OLD_TITLE in titles(bob) and OLD_TITLE not in titles(alice)
+    again = cli(server.config, "adopt", "alice")
+    assert "0 chats made without accounts" in again.stdout, "nothing left without an owner"
+    handed = cli(server.config, "adopt", "alice", "--from", "bob")
+    assert handed.returncode == 0 and "of bob now belong" in handed.stdout
+    assert OLD_TITLE in titles(alice) and OLD_TITLE not in titles(bob)
