@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
                         help="reame.conf to read (default: %(default)s)")
-    parser.add_argument("--model", type=Path, help="model file for this run, instead of the config's")
+    parser.add_argument("--model", type=Path,
+                        help="model file for this run, instead of the config's")
     parser.add_argument("--port", type=int, help="port for this run, instead of the config's")
     return parser.parse_args(argv)
 
@@ -87,7 +88,8 @@ def warn_of_ownerless_chats(store) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if argv and argv[0] in COMMANDS:
         return run_command(argv, DEFAULT_CONFIG)
     args = parse_args(argv)

@@ -119,8 +119,7 @@ def register_api(service: ChatService, *, concurrency_id: str,
         """One chat: its settings, and its messages with each reply's stats."""
         user = user_of(request)
         try:
-            chat = service.get_chat(int(chat_id), user)
-            messages = service.messages(chat.id, user)
+            chat, messages = service.chat_and_messages(int(chat_id), user)
         except ChatNotFound as exc:
             raise _user_error(exc) from None
         return {**chat_summary(chat), "system_prompt": chat.system_prompt,

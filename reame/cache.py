@@ -207,7 +207,8 @@ class KVCache:
     def record_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= MIN_RATE_SAMPLE and seconds > 0:
             rate = tokens / seconds
-            self.prefill_rate = rate if not self.prefill_rate else 0.8 * self.prefill_rate + 0.2 * rate
+            self.prefill_rate = (rate if not self.prefill_rate
+                                 else 0.8 * self.prefill_rate + 0.2 * rate)
 
     def prefix_length(self, prefix: list[int], prompt: list[int]) -> int:
         """Where a shared-prefix snapshot of prompt ends: all of prefix that prompt shares."""

@@ -243,8 +243,13 @@ class ChatService:
         return chat
 
     def messages(self, chat_id: int, user: str | None = None) -> list[Message]:
-        self.get_chat(chat_id, user)
-        return self.store.messages(chat_id)
+        return self.chat_and_messages(chat_id, user)[1]
+
+    def chat_and_messages(self, chat_id: int,
+                          user: str | None = None) -> tuple[Chat, list[Message]]:
+        """A chat and its messages: what a page or /get_chat shows."""
+        chat = self.get_chat(chat_id, user)
+        return chat, self.store.messages(chat_id)
 
     def rename_chat(self, chat_id: int, title: str, user: str | None = None) -> Chat:
         self.get_chat(chat_id, user)

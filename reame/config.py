@@ -197,7 +197,8 @@ def load_config(path: Path | str | None) -> Config:
             ) from None
         except configparser.ParsingError as exc:
             # errors holds (line number, repr of the line)
-            lines = "; ".join(f"line {n}: {ast.literal_eval(text).strip()}" for n, text in exc.errors)
+            lines = "; ".join(f"line {n}: {ast.literal_eval(text).strip()}"
+                              for n, text in exc.errors)
             raise ConfigError(f"{path}: cannot parse {lines} (expected key = value)") from None
         except configparser.Error as exc:
             raise ConfigError(f"{path}: {exc.message}") from None

@@ -62,7 +62,8 @@ def _listing(models_dir: Path) -> str:
 
 
 def check_model_file(path: Path, models_dir: Path) -> None:
-    """Raise ModelLoadError, naming the path tried and what models_dir holds, unless path is a GGUF."""
+    """Raise ModelLoadError, naming the path tried and what models_dir holds, unless path is
+    a GGUF."""
     if not path.exists():
         raise ModelLoadError(
             f"Model file not found: {path} (No such file or directory). {_listing(models_dir)} "
@@ -215,7 +216,8 @@ class Engine:
         return common_prefix(self.tokens, tokens)
 
     def truncate(self, n: int) -> bool:
-        """Keep the KV of the first n tokens; False when the model cannot (then the KV is cleared)."""
+        """Keep the KV of the first n tokens; False when the model cannot (then the KV is
+        cleared)."""
         if n >= len(self.tokens):
             return True
         mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
@@ -304,7 +306,8 @@ class Engine:
         return sampler
 
     def generate(self, sampling: Sampling, max_tokens: int) -> Iterator[int]:
-        """Sample after the live tokens; yield each new token (its KV is live once the next is asked for).
+        """Sample after the live tokens; yield each new token (its KV is live once the next is
+        asked for).
 
         Stops at an end-of-generation token (not yielded), after max_tokens, or when the context
         is full.

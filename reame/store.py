@@ -113,7 +113,8 @@ def migrate(engine: Engine) -> list[str]:
             if name in done:
                 continue
             step(conn)
-            conn.execute(text("INSERT INTO migrations VALUES (:n, :t)"), {"n": name, "t": time.time()})
+            conn.execute(text("INSERT INTO migrations VALUES (:n, :t)"),
+                         {"n": name, "t": time.time()})
             applied.append(name)
     return applied
 

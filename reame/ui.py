@@ -76,15 +76,19 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 model_info = gr.Markdown(info, visible=info is not None, elem_id="model-info")
                 model_error = gr.Markdown(error, visible=error is not None, elem_id="model-error")
                 banner = [model_info, model_error]
-                chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", height="65vh", show_label=False,
+                chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", height="65vh",
+                                     show_label=False,
                                      editable="user",
                                      sanitize_html=True, render_markdown=True, buttons=["copy"],
                                      feedback_options=None, placeholder="Start a conversation.")
-                message = gr.Textbox(placeholder="Message (Enter to send, Shift+Enter for a new line)",
+                message = gr.Textbox(placeholder="Message (Enter to send, Shift+Enter for a "
+                                                 "new line)",
                                      label="Message", show_label=False, lines=1, max_lines=8,
-                                     submit_btn=True, stop_btn=False, elem_id="message", autofocus=True)
+                                     submit_btn=True, stop_btn=False, elem_id="message",
+                                     autofocus=True)
                 with gr.Accordion("Chat settings", open=False, elem_id="chat-settings"):
-                    system_prompt = gr.Textbox(label="System prompt", lines=2, elem_id="system-prompt")
+                    system_prompt = gr.Textbox(label="System prompt", lines=2,
+                                               elem_id="system-prompt")
                     with gr.Row():
                         temperature = gr.Slider(0, 2, step=0.05, label="Temperature",
                                                 elem_id="temperature")
@@ -107,8 +111,10 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         def shown(chat_id, user, messages=None):
             """The chat as the Chatbot shows it, marked where the model's window starts."""
             if messages is None:
-                messages = service.messages(chat_id, user)
-            return to_chatbot(messages, service.get_chat(chat_id, user).window_start)
+                chat, messages = service.chat_and_messages(chat_id, user)
+            else:
+                chat = service.get_chat(chat_id, user)
+            return to_chatbot(messages, chat.window_start)
 
         def show(chat_id, request: gr.Request):
             """Everything that depends on which chat is shown."""

@@ -62,7 +62,8 @@ def model_banner(service: ChatService, loading: Path | str | None = None) -> tup
 def cache_markdown(service: ChatService) -> str:
     s = service.cache_stats()
     if not s.get("enabled"):
-        return "The disk cache is **off** (`[cache] enabled = false`): only the live context is reused."
+        return ("The disk cache is **off** (`[cache] enabled = false`): only the live context "
+                "is reused.")
     hit_rate = f"{s['hit_rate']:.0%}" if s["hit_rate"] is not None else "—"
     if s["prefill_tokens_per_s"]:
         saved = (f"**{s['time_saved_s']:,.1f} s** "
@@ -152,7 +153,8 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str,
             "generation": {"system_prompt": prompt, "temperature": temp, "top_p": top,
                            "max_tokens": max_tok},
         }
-        changes = {section: {k: v for k, v in keys.items() if v is not None and v != now[section][k]}
+        changes = {section: {k: v for k, v in keys.items()
+                             if v is not None and v != now[section][k]}
                    for section, keys in wanted.items()}
         changes = {section: keys for section, keys in changes.items() if keys}
         if not changes:

