@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import workload
-from .systems import (DISK_CACHE, MB, NO_CACHE, REAME, REAME_OPENED, SYSTEMS, ServiceSystem,
+from .systems import (DISK_CACHE, MB, NO_CACHE, PAGE_VARIANTS, REAME, REAME_TYPED, SYSTEMS,
+                      ServiceSystem,
                       System, TurnResult, make_system)
 
 log = logging.getLogger(__name__)
@@ -196,20 +197,23 @@ def restart_and_continue(ctx: Context) -> dict:
                 chat_ids[kind] = build_chat(system, hist.pairs)
             bases[kind] = system.folder
         bases_by_size[size] = (bases[REAME], chat_ids[REAME])
-        variants = list(ctx.systems) + ([REAME_OPENED] if REAME in ctx.systems else [])
+        variants = list(ctx.systems) + (list(PAGE_VARIANTS) if REAME in ctx.systems else [])
         per_system: dict[str, list[TurnResult]] = {k: [] for k in variants}
         for run in range(plan.runs):
             for variant in variants:
-                kind = REAME if variant == REAME_OPENED else variant
+                kind = REAME if variant in PAGE_VARIANTS else variant
                 src, with_kv = source_folder(kind, bases)
                 dst = clone(src, ctx.work / "s1" / str(size) / f"run{run}" / kind, with_kv=with_kv)
                 with ctx.system(kind, dst) as system:  # the restart: a new process, same files
                     chat_id = of_kind(chat_ids, kind)
-                    opened_s = system.open_chat(chat_id) if variant == REAME_OPENED else 0.0
+                    opened_s = system.open_chat(chat_id) if variant in PAGE_VARIANTS else 0.0
+                    typed_s = (system.type_ahead(chat_id, NEXT_MESSAGE)
+                               if variant == REAME_TYPED else 0.0)
                     result = system.send(chat_id, NEXT_MESSAGE)
                 shutil.rmtree(dst)
                 result.system = variant
                 result.extra["open_chat_s"] = opened_s
+                result.extra["type_ahead_s"] = typed_s
                 log.info("scenario 1: %d tokens, run %d, %s: first token %.3f s, %d evaluated, "
                          "source %s", size, run + 1, variant, result.ttft_s, result.evaluated,
                          result.source)

@@ -32,6 +32,10 @@ SYSTEM_PROMPT = "You are a helpful assistant."
 REAME, NO_CACHE, DISK_CACHE = "reame", "no cache", "LlamaDiskCache"
 # reame when the chat is opened (its KV restored) before the message is sent, as the page does
 REAME_OPENED = "reame, chat opened first"
+# The page's path: the chat is opened (its KV restored), then the message typed (what it fixes
+# of the prompt evaluated as it is typed), then sent.
+REAME_TYPED = "reame, opened and typed ahead"
+PAGE_VARIANTS = (REAME_OPENED, REAME_TYPED)
 SYSTEMS = (REAME, NO_CACHE, DISK_CACHE)
 MB = 1024 * 1024
 
@@ -252,6 +256,13 @@ class ServiceSystem(System):
         """What the page does when a chat is opened (restore its KV ahead); the seconds taken."""
         started = time.perf_counter()
         self.service.warm(chat_id)
+        return time.perf_counter() - started
+
+    def type_ahead(self, chat_id: int, text: str) -> float:
+        """What the page does while the message is typed; the seconds taken. The whole message
+        at once: a typist's keystrokes arrive slower than each call takes."""
+        started = time.perf_counter()
+        self.service.type_ahead(chat_id, text)
         return time.perf_counter() - started
 
     def _close(self) -> None:

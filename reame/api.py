@@ -107,6 +107,15 @@ def register_api(service: ChatService, *, concurrency_id: str,
         yield from _stream(lambda: service.edit_message(int(chat_id), int(message_id), message,
                                                         user=user))
 
+    def type_ahead(chat_id: int, draft: str, request: gr.Request = None) -> int:
+        """Evaluate what a message being typed already fixes of the next prompt (the page
+        does it as you type); /send then evaluates only the rest. Never waits for the
+        model: 0 when it is busy. Returns the tokens evaluated."""
+        try:
+            return service.type_ahead(int(chat_id), draft or "", user_of(request))
+        except ChatNotFound as exc:
+            raise _user_error(exc) from None
+
     def cache_stats() -> dict:
         """The KV cache: disk used, files, hit rate, tokens restored, time saved."""
         return service.cache_stats()
@@ -163,7 +172,7 @@ def register_api(service: ChatService, *, concurrency_id: str,
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_id=concurrency_id,
                concurrency_limit=1)
     for fn in (new_chat, list_chats, get_chat, rename_chat, update_chat, delete_chat,
-               cache_stats):
+               type_ahead, cache_stats):
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
 
 

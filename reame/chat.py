@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .cache import Drop, KVCache
+from .cache import Drop, KVCache, Restored
 from .config import GenerationConfig
 from .engine import Engine, Sampling, common_prefix
 from .prompt import PromptBuilder, Turn
@@ -59,6 +59,7 @@ class TurnStats:
     tokens_per_s: float = 0.0
     total_s: float = 0.0
     ahead: int = 0  # tokens of the next prompt's fixed head, evaluated after the reply
+    typed_ahead: int = 0  # tokens of this message evaluated while it was being typed
     dropped_messages: int = 0  # oldest messages outside the model's window (context)
     shifted: int = 0  # tokens this turn dropped from the KV by a context shift
     window_recomputed: bool = False  # messages left the window and the KV could not follow
@@ -66,14 +67,17 @@ class TurnStats:
 
     def line(self) -> str:
         """The small line shown under a reply."""
+        history = self.reused - self.typed_ahead  # reused before the message was typed
         if self.source in ("disk", "prefix"):
             where = "from disk" if self.source == "disk" else "from a shared prefix"
-            head = f"restored {self.reused:,} tokens {where} in {self.restore_ms:,.0f} ms"
-        elif self.reused:
-            head = f"reused {self.reused:,} tokens in memory"
+            head = f"restored {history:,} tokens {where} in {self.restore_ms:,.0f} ms"
+        elif history:
+            head = f"reused {history:,} tokens in memory"
         else:
             head = "no cached history"
-        parts = [head, f"prefilled {self.prefilled:,} in {self.prefill_ms:,.0f} ms",
+        parts = [head] + ([f"{self.typed_ahead:,} evaluated while typing"]
+                          if self.typed_ahead else []) + [
+                 f"prefilled {self.prefilled:,} in {self.prefill_ms:,.0f} ms",
                  f"first token {self.first_token_s:.2f} s",
                  f"{self.generated} tokens at {self.tokens_per_s:.1f} tok/s"]
         if self.shifted:
@@ -96,6 +100,31 @@ class Window:
     outside: int  # messages before it
     dropped_now: int = 0  # turns that left the window in this turn
     drop: Drop | None = None  # their tokens, for the KV to follow (None: cannot)
+
+
+@dataclass
+class Typed:
+    """What type_ahead() evaluated of a chat's next message: the prompt's tokens from start to
+    end, and where the history came from the first time (a restore, say)."""
+
+    chat_id: int
+    start: int
+    end: int
+    restored: "Restored"
+
+    @classmethod
+    def after(cls, earlier: "Typed | None", chat_id: int, restored: "Restored",
+              end: int) -> "Typed":
+        if earlier is None:
+            return cls(chat_id, restored.reused, end, restored)
+        return cls(chat_id, min(earlier.start, restored.reused), end, earlier.restored)
+
+    def report(self, stats: "TurnStats") -> None:
+        """Fill the turn's stats: the tokens it reused thanks to the typing, and the history's
+        real source (the turn itself found it all live)."""
+        stats.typed_ahead = max(0, min(stats.reused, self.end) - self.start)
+        if self.restored.source in ("disk", "prefix"):
+            stats.source, stats.restore_ms = self.restored.source, self.restored.restore_ms
 
 
 @dataclass
@@ -187,6 +216,7 @@ class ChatService:
         # The model a settings change is checking and loading (set by reame.settings); turns
         # wait for it, API clients are told to come back.
         self.loading_model: Path | None = None
+        self._typed: Typed | None = None  # what type_ahead() evaluated of the next message
         # (model, reply text) -> the exact tokens generated for it, newest last: a stateless
         # client resends the text, and the tokens make its KV reusable.
         self._reply_tokens: dict[tuple[str, str], tuple[int, ...]] = {}
@@ -291,6 +321,40 @@ class ChatService:
             return False
         try:
             return self.cache.warm(chat_id) is not None
+        finally:
+            self.lock.release()
+
+    def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
+        """Evaluate the part of the next prompt that a message being typed already fixes, so
+        that sending it evaluates only its last tokens and the reply header. Never waits: when
+        a turn (or another draft) holds the model, nothing is done. The tokens evaluated."""
+        if self.engine is None or not draft.strip() or self.cache is None:
+            return 0
+        chat = self.get_chat(chat_id, user)
+        if not self.lock.acquire(blocking=False):
+            return 0
+        try:
+            history = self.store.messages(chat.id)
+            try:
+                window = self._fit(chat, history, Turn("user", draft + "a"), None)
+            except MessageTooLong:
+                return 0
+            if window.dropped_now:  # the turn will move the window: leave it to the turn
+                return 0
+            # What follows the draft cannot change these tokens (the tokenizer may merge the
+            # draft's last characters with the next ones).
+            other = self.prompts.tokens(chat.system_prompt,
+                                        window.turns[:-1] + [Turn("user", draft + "b")])
+            fixed = window.prompt[:common_prefix(window.prompt, other)]
+            engine = self.engine
+            if engine.common_prefix(fixed) == len(fixed):
+                return 0
+            restored = self.cache.prepare(chat.id, fixed)
+            before = engine.evaluated
+            engine.prefill(fixed)
+            typed = self._typed if self._typed and self._typed.chat_id == chat.id else None
+            self._typed = Typed.after(typed, chat.id, restored, len(fixed))
+            return engine.evaluated - before
         finally:
             self.lock.release()
 
@@ -450,6 +514,7 @@ class ChatService:
               seed: int | None, max_tokens: int | None = None,
               stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
         with self.lock:
+            typed, self._typed = self._typed, None
             restoring = self._restore_meanwhile(chat.id)
             try:
                 history = self.store.messages(chat.id)
@@ -469,6 +534,7 @@ class ChatService:
                 if restoring is not None:
                     restoring.join()
             yield from self._reply(chat, window, seed, user_message_id,
+                                   typed=typed if typed and typed.chat_id == chat.id else None,
                                    max_tokens=max_tokens, stop=stop)
 
     def _restore_meanwhile(self, chat_id: int) -> threading.Thread | None:
@@ -515,12 +581,14 @@ class ChatService:
 
     def _reply(self, chat: Chat, window: "Window", seed: int | None,
                user_message_id: int | None, *, max_tokens: int | None = None,
-               stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
+               stop: tuple[str, ...] = (), typed: "Typed | None" = None) -> Iterator[TurnUpdate]:
         engine, prompt, turns = self.engine, window.prompt, window.turns
         stats = TurnStats(prompt_tokens=len(prompt), dropped_messages=window.outside)
         started = time.perf_counter()
         sampling = Sampling(temperature=chat.temperature, top_p=chat.top_p, seed=seed)
         self._prefill(chat, window, stats, last_alone=_reproducible(sampling))
+        if typed is not None and stats.source == "live":
+            typed.report(stats)
         max_tokens = min(max_tokens or chat.max_tokens, engine.n_ctx - len(prompt))
         decoding = Decoding(engine, sampling, max_tokens, self.prompts.stops + stop, started)
         try:

@@ -187,6 +187,13 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 gr.Warning(str(exc))
                 yield shown(chat_id, user), text
 
+        def type_ahead(text, chat_id, request: gr.Request):
+            if chat_id is not None and text:
+                try:
+                    service.type_ahead(chat_id, text, user_of(request))
+                except (ChatError, ChatNotFound):  # deleted meanwhile: nothing to prepare
+                    pass
+
         def end_send(chat_id, request: gr.Request):
             """After a reply, however it ended: done, failed, stopped, or another chat chosen.
 
@@ -307,6 +314,10 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                     concurrency_id=GENERATE, concurrency_limit=1, **HIDDEN).then(
                 end_send, [current], after, queue=False, **HIDDEN)
         message.stop(None, None, None, cancels=[streaming], **HIDDEN)
+        # While the user types, the part of the prompt the message already fixes is evaluated
+        # (never waiting for the model): sending then evaluates only the rest.
+        message.input(type_ahead, [message, current], None, trigger_mode="always_last",
+                      queue=False, show_progress="hidden", **HIDDEN)
 
         # Switching chats stops a reply in progress (its partial text is saved).
         new_btn.click(on_new_chat, None, view, cancels=[streaming], **HIDDEN)

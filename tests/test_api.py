@@ -88,6 +88,24 @@ def test_regenerate_and_edit_through_the_api(server):
         client.predict(chat_id, after[1]["id"], "x", api_name="/edit_message")
 
 
+def test_type_ahead_evaluates_a_draft_that_send_then_reuses(server):
+    client = client_for(server)
+    chat_id = client.predict("", None, api_name="/new_chat")
+    question = "What is the capital of Italy?"
+    typed = client.predict(chat_id, question[:20], api_name="/type_ahead")
+    assert typed > 0
+    typed += client.predict(chat_id, question, api_name="/type_ahead")
+    assert client.predict(chat_id, question, api_name="/type_ahead") == 0, "nothing new"
+    # (Typed ahead or not, the reply is a real one; its words may differ: the prompt was
+    # evaluated in other batches, which rounds differently. test_cache checks the logits.)
+    assert client.predict(chat_id, question, api_name="/send").strip()
+    stats = client.predict(chat_id, api_name="/get_chat")["messages"][1]["stats"]
+    assert stats["typed_ahead"] > 0 and stats["prefilled"] <= 8
+    assert stats["reused"] + stats["prefilled"] == stats["prompt_tokens"]
+    with pytest.raises(Exception, match="chat 999999 does not exist"):
+        client.predict(999999, "hi", api_name="/type_ahead")
+
+
 def test_unknown_chat_ids_give_a_clear_error(server):
     client = client_for(server)
     for api_name, args in [("/get_chat", (4242,)), ("/rename_chat", (4242, "x")),

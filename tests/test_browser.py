@@ -50,6 +50,7 @@ EDIT_SUBMIT = "#chatbot button[aria-label=Submit]"
 
 CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
+ITALY = "What is the capital of Italy?"
 STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")
 # The head of a stats line when the history's KV was reused, from the context or from a file.
 REUSED = re.compile(r"^(?:reused ([\d,]+) tokens in memory|restored ([\d,]+) tokens from disk "
@@ -419,10 +420,19 @@ def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
     assert [m["content"] for m in stored[::2]] == expected_users
     assert [words(m["content"]) for m in stored[1::2]] == [words(without_stats(b))
                                                             for b in expected_bots]
-    # Continuing after the restart restores the chat's KV from its file: the page says so.
-    send(page, "Which planet do we live on? Answer in one word.")  # a sensible reply for the README
+    # Continuing after the restart restores the chat's KV from its file, and what is typed is
+    # evaluated while it is typed: sending leaves only the message's end to evaluate.
+    box = page.locator(BOX)
+    box.press_sequentially(ITALY, delay=40)
+    page.wait_for_timeout(500)  # the last keystrokes' call
+    box.press("Enter")
+    wait_for_reply_done(page, 3)
     line = page.locator(STATS).last.inner_text()
-    assert re.match(r"restored [\d,]+ tokens from disk in \d+ ms · prefilled \d+ ", line), line
+    typed = re.match(r"restored [\d,]+ tokens from disk in \d+ ms · (\d+) evaluated while typing "
+                     r"· prefilled (\d+) ", line)
+    assert typed, line
+    assert int(typed[1]) >= 4 and int(typed[2]) <= 8, line
+    assert "Rome" in page.locator(BOT).last.inner_text()
     expect(page.locator("#cache-stats")).to_contain_text("1 of 1 lookups")
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)

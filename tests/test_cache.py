@@ -444,3 +444,45 @@ def test_a_chat_deleted_while_it_answers_leaves_no_file(folder, model_path):
         list(stream)
     assert list((folder / "kv").glob(f"chat-{chat.id}-*")) == []
     assert not node.service.lock.locked()
+
+
+def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_path):
+    first = Node(folder, model_path)
+    chat = first.service.new_chat()
+    first.say(chat.id, "Which planet do we live on?")
+    saved = kv_tokens(first.kv, chat.id)
+
+    later = Node(folder, model_path)  # a restart; the page opens the chat, the user types
+    service = later.service
+    assert service.warm(chat.id)
+    typed = 0
+    message = "What is the capital city of France? Answer in one word."
+    for end in [*range(8, len(message), 8), len(message)]:  # a few keystrokes at a time
+        typed += service.type_ahead(chat.id, message[:end])
+    assert typed >= 10, "most of the message was evaluated while it was typed"
+    assert service.type_ahead(chat.id, message) == 0, "nothing new: nothing evaluated"
+    # The KV typed ahead is the KV of its tokens (to a batched evaluation's rounding).
+    cold = Engine(model_path, n_ctx=2048)
+    cold.prefill(list(later.engine.tokens))
+    typed_logits, reference = later.engine.logits(), cold.logits()
+    assert typed_logits.argmax() == reference.argmax()
+    assert abs(typed_logits - reference).max() / abs(reference).max() < 0.1
+    last = later.say(chat.id, message)
+    assert last.stats.source == "disk", "the history still counts as restored from disk"
+    assert last.stats.reused == len(saved) + last.stats.typed_ahead
+    assert last.stats.typed_ahead >= 10
+    assert last.stats.prefilled <= 8, "only the message's last token(s) and the reply header"
+    assert last.stats.prefilled == last.stats.prompt_tokens - last.stats.reused
+    assert "Paris" in last.text
+    line = last.stats.line()
+    assert f"restored {len(saved):,} tokens from disk" in line
+    assert f"{last.stats.typed_ahead} evaluated while typing" in line
+
+    # A draft that changes its mind: the new text is what counts; the turn stays exact.
+    service.type_ahead(chat.id, "What is the capital of Spain")
+    again = later.say(chat.id, "What is the capital of Italy?")
+    assert again.stats.prefilled == again.stats.prompt_tokens - again.stats.reused
+    assert "Rome" in again.text
+    # Busy model: a draft never waits.
+    with service.lock:
+        assert service.type_ahead(chat.id, "Thank you") == 0
