@@ -317,8 +317,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         # While the user types, the part of the prompt the message already fixes is evaluated
         # (never waiting for the model): sending then evaluates only the rest.
         message.change(type_ahead, [message, current], None, trigger_mode="always_last",
-                      queue=False, show_progress="hidden", show_progress_on=[cache_md],
-                      **HIDDEN)
+                       queue=False, show_progress="hidden", **HIDDEN)
 
         # Switching chats stops a reply in progress (its partial text is saved).
         new_btn.click(on_new_chat, None, view, cancels=[streaming], **HIDDEN)
