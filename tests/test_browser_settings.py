@@ -142,7 +142,9 @@ def test_sending_while_a_model_loads_waits_for_it_and_says_so(page, server, fold
     box.fill(PLANET)  # typed first: it is sent as soon as the load has begun
     open_settings(page)
     # Given through the path field this time (any path works, in models/ or not).
-    page.fill("#model-path input, #model-path textarea", str(folder / "models" / GEMMA))
+    path_box = page.locator("#model-path input, #model-path textarea")
+    path_box.fill(str(folder / "models" / GEMMA))
+    path_box.press("Tab")  # the field's value is committed before Apply reads it
     page.click("#apply-settings")
     open_chat(page)
     # The model line above the chat says that a model loads, and which.
@@ -172,6 +174,7 @@ def test_a_file_that_is_not_a_model_is_refused_and_the_old_model_keeps_serving(p
     open_settings(page)
     path_box = page.locator("#model-path input, #model-path textarea")
     path_box.fill(str(notes))
+    path_box.press("Tab")
     page.click("#apply-settings")
 
     # The error is shown, in the status (which still names the model serving) and as a toast;
