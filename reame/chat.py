@@ -336,16 +336,12 @@ class ChatService:
         try:
             history = self.store.messages(chat.id)
             try:
-                window = self._fit(chat, history, Turn("user", draft + "a"), None)
+                window = self._fit(chat, history, Turn("user", draft), None)
             except MessageTooLong:
                 return 0
             if window.dropped_now:  # the turn will move the window: leave it to the turn
                 return 0
-            # What follows the draft cannot change these tokens (the tokenizer may merge the
-            # draft's last characters with the next ones).
-            other = self.prompts.tokens(chat.system_prompt,
-                                        window.turns[:-1] + [Turn("user", draft + "b")])
-            fixed = window.prompt[:common_prefix(window.prompt, other)]
+            fixed = self.prompts.fixed_head(chat.system_prompt, window.turns[:-1], draft)
             engine = self.engine
             if engine.common_prefix(fixed) == len(fixed):
                 return 0
@@ -625,14 +621,12 @@ class ChatService:
         message itself. The next turn checks these tokens like any others (common prefix)."""
         engine = self.engine
         done = turns + [Turn("assistant", "", tuple(generated))]
-        a = self.prompts.tokens(system_prompt, done + [Turn("user", "a")])
-        b = self.prompts.tokens(system_prompt, done + [Turn("user", "b")])
-        head = common_prefix(a, b)
+        head = self.prompts.fixed_head(system_prompt, done)
         live = len(engine.tokens)
-        if not live < head <= engine.n_ctx or engine.common_prefix(a) != live:
+        if not live < len(head) <= engine.n_ctx or engine.common_prefix(head) != live:
             return 0
-        engine.evaluate(a[live:head])
-        return head - live
+        engine.evaluate(head[live:])
+        return len(head) - live
 
 def _reproducible(sampling: Sampling) -> bool:
     """A seeded, random sampling: the same request should give the same reply, whatever part

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from .engine import Engine
+from .engine import Engine, common_prefix
 
 # For models without a chat template (base models): plain labelled turns.
 PLAIN_TEMPLATE = (
@@ -74,6 +74,14 @@ class PromptBuilder:
             else:
                 out.extend(self._piece_tokens(piece, add_bos and n == 0))
         return out
+
+    def fixed_head(self, system_prompt: str, turns: list[Turn], draft: str = "") -> list[int]:
+        """The tokens of the prompt for turns + a user message starting with draft that no
+        continuation of draft can change (the tokenizer may merge draft's last characters with
+        the next ones): the common prefix of the prompts for draft + "a" and draft + "b"."""
+        a = self.tokens(system_prompt, turns + [Turn("user", draft + "a")])
+        b = self.tokens(system_prompt, turns + [Turn("user", draft + "b")])
+        return a[:common_prefix(a, b)]
 
     def _piece_tokens(self, piece: str, add_bos: bool) -> tuple[int, ...]:
         """A piece of the rendered chat between exact-token replies. The same pieces come back
