@@ -17,6 +17,11 @@ def _storable_id(chat_id: int) -> bool:
     return -(1 << 63) <= chat_id < (1 << 63)
 
 
+def _owned_by(owner: str | None):
+    """The chats of owner; None: those made without accounts."""
+    return Chat.owner == owner if owner is not None else Chat.owner.is_(None)
+
+
 class ChatNotFound(LookupError):
     """No chat has this id."""
 
@@ -163,21 +168,20 @@ class Store:
     def list_chats(self, owner: str | None = None) -> list[Chat]:
         """The owner's chats (None: the chats made without accounts), most recently active first."""
         with self._session() as session:
-            query = (select(Chat).where(Chat.owner == owner) if owner is not None
-                     else select(Chat).where(Chat.owner.is_(None)))
+            query = select(Chat).where(_owned_by(owner))
             return list(session.exec(query.order_by(Chat.updated_at.desc(), Chat.id.desc())))
 
     def count_chats(self, owner: str | None = None) -> int:
         """How many chats the owner has (None: chats made without accounts)."""
-        return len(self.list_chats(owner))
+        with self._session() as session:
+            return session.exec(select(func.count()).select_from(Chat)
+                                .where(_owned_by(owner))).one()
 
     def give_chats(self, owner: str | None, to: str) -> int:
         """Move every chat of owner (None: the chats made without accounts) to `to`; the
         number moved."""
         with self._session() as session:
-            query = select(Chat).where(Chat.owner == owner if owner is not None
-                                       else Chat.owner.is_(None))
-            chats = list(session.exec(query))
+            chats = list(session.exec(select(Chat).where(_owned_by(owner))))
             for chat in chats:
                 chat.owner = to
                 session.add(chat)
