@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .batches import CHUNK, cold_prefix, resume_point
 from .engine import Engine, common_prefix
 from .kvstore import BLOCK, KVStore, block_hashes
 
@@ -62,20 +63,21 @@ class KVCache:
         return self.store is not None
 
     def prepare(self, chat_id: int | None, prompt: list[int],
-                drop: Drop | None = None) -> Restored:
-        """Make the engine's KV hold the longest available prefix of prompt.
+                drop: Drop | None = None, *, complete: bool = True) -> Restored:
+        """Make the engine's KV hold the longest available prefix of prompt that gives the
+        same reply as a fresh evaluation would (batches.resume_point). complete=False: prompt
+        is only the head of the next prompt (type-ahead).
 
         With a drop, the KV of the old window (live or from disk) is shifted: the dropped span
         removed, the rest moved down, nothing recomputed. Where the model cannot shift, the
         kept window is re-evaluated (and the result says so). chat_id None: a stateless
         request, found by its tokens only."""
         if drop is None:
-            return self._prepare(chat_id, prompt)
+            return self._prepare(chat_id, prompt, complete)
         engine = self.engine
-        restored = self._prepare(chat_id, drop.old_prompt)
-        usable = len(prompt) - 1
+        restored = self._prepare(chat_id, drop.old_prompt, True)
         shifted = restored.reused > drop.at + drop.n and engine.shift(drop.at, drop.n)
-        reuse = min(engine.common_prefix(prompt), usable)
+        reuse = engine.resume_point(prompt)
         if not engine.truncate(reuse):
             reuse = 0
         source = restored.source if reuse else "none"
@@ -86,10 +88,11 @@ class KVCache:
                  else "no KV of the old window")
         return Restored(reuse, source, restored.restore_ms, recomputed=True)
 
-    def _prepare(self, chat_id: int, prompt: list[int]) -> Restored:
+    def _prepare(self, chat_id: int, prompt: list[int], complete: bool) -> Restored:
         engine = self.engine
-        usable = len(prompt) - 1  # the last token is always evaluated, for its logits
-        live = min(engine.common_prefix(prompt), usable)
+        # The last token of a prompt is always evaluated, for its logits.
+        usable = len(prompt) - 1 if complete else len(prompt)
+        live = engine.resume_point(prompt, complete=complete)
         live_chat, self._live_chat = self._live_chat, chat_id
         warmed, self._warmed = self._warmed, None
         missed, self._missed = self._missed, None
@@ -107,7 +110,7 @@ class KVCache:
         self.lookups += 1
         started = time.perf_counter()
         # The chat's own file, if warm() just found it unusable, is not read (nor logged) twice.
-        restored = self._restore(chat_id, prompt, live, usable, own=missed != chat_id)
+        restored = self._restore(chat_id, prompt, live, complete, own=missed != chat_id)
         ms = (time.perf_counter() - started) * 1000
         if restored is not None:
             self.hits += 1
@@ -115,7 +118,7 @@ class KVCache:
             restored.restore_ms = ms
             return restored
         # Nothing better on disk: whatever still matches in the context is reused.
-        live = min(engine.common_prefix(prompt), usable)
+        live = engine.resume_point(prompt, complete=complete)
         return Restored(live, "live" if live else "none", ms)
 
     def holds(self, chat_id: int) -> bool:
@@ -134,7 +137,7 @@ class KVCache:
         if self.engine.common_prefix(tokens) == len(tokens):
             return None
         started = time.perf_counter()
-        restored = self._restore(chat_id, tokens + [-1], 0, len(tokens))
+        restored = self._restore(chat_id, tokens + [-1], 0, True)
         if restored is None or restored.source != "disk":
             self._missed = chat_id
         if restored is not None:
@@ -143,23 +146,23 @@ class KVCache:
             self._live_chat = chat_id
         return restored
 
-    def _restore(self, chat_id: int, prompt: list[int], live: int, usable: int, *,
+    def _restore(self, chat_id: int, prompt: list[int], live: int, complete: bool, *,
                  own: bool = True) -> Restored | None:
-        """Load the file that covers most of prompt (beyond live tokens), cut to what matches;
-        own=False: not the chat's own file."""
+        """Load the file that gives most of prompt (beyond live tokens), cut where its reuse
+        keeps the reply the same (batches.resume_point); own=False: not the chat's own file."""
         engine = self.engine
         for source, path in self._candidates(chat_id, prompt, own=own):
-            head = self.store.peek(path)
+            head = self.store.head(path)
             if head is None:
                 continue
-            reach = min(common_prefix(head, prompt), usable)
+            reach = resume_point(head[1], head[0], prompt, complete=complete)
             if reach <= live:
                 continue
             entry = self.store.read(path)
             if entry is None:
                 continue
             with entry:
-                ok = engine.restore(entry.tokens, entry.state)
+                ok = engine.restore(entry.tokens, entry.state, entry.batches)
                 if not entry.verified():
                     engine.clear()
                     self.store.reject(path, "checksum mismatch (corrupt or truncated)")
@@ -211,8 +214,10 @@ class KVCache:
                                  else 0.8 * self.prefill_rate + 0.2 * rate)
 
     def prefix_length(self, prefix: list[int], prompt: list[int]) -> int:
-        """Where a shared-prefix snapshot of prompt ends: all of prefix that prompt shares."""
-        return min(common_prefix(prefix, prompt), len(prompt) - 1)
+        """Where a shared-prefix snapshot of prompt ends: the whole chunks of prefix that
+        prompt shares (a chunk boundary is a batch boundary of every prompt's plan)."""
+        shared = min(common_prefix(prefix, prompt), len(prompt) - 1)
+        return shared - shared % CHUNK
 
     def restorable(self, n_tokens: int) -> bool:
         limit = self.engine.restore_limit
@@ -228,12 +233,16 @@ class KVCache:
     def _snapshot_path(self, prefix: list[int]) -> Path:
         return self.store.prefix_path(block_hashes(prefix)[-1])
 
-    def save_snapshot(self, prompt: list[int], length: int) -> None:
-        """Save the live KV (exactly prompt[:length]) as a shared-prefix snapshot."""
-        assert self.engine.tokens == prompt[:length]
+    def save_snapshot(self, prompt: list[int], length: int) -> bool:
+        """Save the live KV as a shared-prefix snapshot, if it is exactly prompt[:length] as a
+        fresh evaluation makes it (whole chunks from position 0): any prompt may reuse it."""
+        engine = self.engine
+        if engine.tokens != prompt[:length] or cold_prefix(engine.batches) < length:
+            return False
         path = self._snapshot_path(prompt[:length])
-        self.store.write_later(path, prompt[:length], self.engine.state())
+        self.store.write_later(path, prompt[:length], engine.state(), list(engine.batches))
         self._add_to_index(path, prompt[:length])
+        return True
 
     def save(self, chat_id: int) -> float:
         """Queue the chat's KV file with the exact tokens the KV holds; return the ms the turn
@@ -257,7 +266,7 @@ class KVCache:
     def _save_live(self, path: Path) -> float:
         started = time.perf_counter()
         tokens = list(self.engine.tokens)
-        self.store.write_later(path, tokens, self.engine.state())
+        self.store.write_later(path, tokens, self.engine.state(), list(self.engine.batches))
         self._add_to_index(path, tokens)
         return (time.perf_counter() - started) * 1000
 

@@ -345,11 +345,12 @@ class ChatService:
             engine = self.engine
             if engine.common_prefix(fixed) == len(fixed):
                 return 0
-            restored = self.cache.prepare(chat.id, fixed)
+            restored = self.cache.prepare(chat.id, fixed, complete=False)
             before = engine.evaluated
-            engine.prefill(fixed)
+            # Only the whole chunks the sent prompt's plan makes too: the reply stays the same.
+            end = engine.prefill_head(fixed)
             typed = self._typed if self._typed and self._typed.chat_id == chat.id else None
-            self._typed = Typed.after(typed, chat.id, restored, len(fixed))
+            self._typed = Typed.after(typed, chat.id, restored, end)
             return engine.evaluated - before
         finally:
             self.lock.release()
@@ -452,7 +453,7 @@ class ChatService:
             stats.reused, stats.source, stats.restore_ms = (
                 restored.reused, restored.source, restored.restore_ms)
             before = engine.evaluated
-            engine.prefill(prompt, last_alone=_reproducible(sampling))
+            engine.prefill(prompt)
             stats.prefilled = engine.evaluated - before
             stats.prefill_ms = (time.perf_counter() - started) * 1000 - stats.restore_ms
             limit = min(max_tokens or self.defaults.max_tokens, engine.n_ctx - len(prompt))
@@ -550,8 +551,7 @@ class ChatService:
         thread.start()
         return thread
 
-    def _prefill(self, chat: Chat, window: "Window", stats: TurnStats, *,
-                 last_alone: bool = False) -> None:
+    def _prefill(self, chat: Chat, window: "Window", stats: TurnStats) -> None:
         """Restore what the cache has, snapshot a shared prefix if new, evaluate the rest."""
         engine, cache, prompt = self.engine, self.cache, window.prompt
         restored = cache.prepare(chat.id, prompt, window.drop)
@@ -566,10 +566,9 @@ class ChatService:
             opening = self.prompts.tokens(chat.system_prompt, [Turn("user", "")])
             snapshot = cache.prefix_length(opening, prompt)
             if restored.reused < snapshot and cache.wants_snapshot(snapshot, prompt):
-                engine.prefill(prompt[:snapshot])
-                if engine.tokens == prompt[:snapshot]:
-                    cache.save_snapshot(prompt, snapshot)
-        engine.prefill(prompt, last_alone=last_alone)
+                engine.prefill_head(prompt[:snapshot])  # whole chunks: the plan is unchanged
+                cache.save_snapshot(prompt, snapshot)
+        engine.prefill(prompt)
         seconds = time.perf_counter() - started
         stats.prefilled = engine.evaluated - before
         stats.prefill_ms = seconds * 1000
@@ -582,7 +581,7 @@ class ChatService:
         stats = TurnStats(prompt_tokens=len(prompt), dropped_messages=window.outside)
         started = time.perf_counter()
         sampling = Sampling(temperature=chat.temperature, top_p=chat.top_p, seed=seed)
-        self._prefill(chat, window, stats, last_alone=_reproducible(sampling))
+        self._prefill(chat, window, stats)
         if typed is not None and stats.source == "live":
             typed.report(stats)
         max_tokens = min(max_tokens or chat.max_tokens, engine.n_ctx - len(prompt))
@@ -625,13 +624,9 @@ class ChatService:
         live = len(engine.tokens)
         if not live < len(head) <= engine.n_ctx or engine.common_prefix(head) != live:
             return 0
-        engine.evaluate(head[live:])
+        engine.extend(head[live:])
         return len(head) - live
 
-def _reproducible(sampling: Sampling) -> bool:
-    """A seeded, random sampling: the same request should give the same reply, whatever part
-    of its prompt came from the cache (see Engine.prefill's last_alone)."""
-    return sampling.seed is not None and sampling.temperature > 0
 
 
 def _check_text(text: str) -> None:

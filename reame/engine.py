@@ -21,6 +21,8 @@ import llama_cpp
 from llama_cpp import Llama
 from llama_cpp._internals import LlamaSampler
 
+from .batches import Batch, common_prefix, plan, resume_point, shifted, truncated, valid
+
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
@@ -34,16 +36,6 @@ class ModelLoadError(Exception):
 
 class ContextOverflow(ValueError):
     """The tokens to evaluate do not fit in the context window."""
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens a and b share from the start."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def gguf_files(folder: Path) -> list[Path]:
@@ -154,6 +146,7 @@ class Engine:
         self.can_shift = (self.restore_limit is None and bool(llama_cpp.llama_memory_can_shift(
             llama_cpp.llama_get_memory(self.llm._ctx.ctx))))
         self.tokens: list[int] = []
+        self.batches: list[Batch] = []  # the decodes that made the live KV (batches.py)
         self.evaluated = 0
         log.info("loaded %s (n_ctx %d, %d threads) in %.2f s", model_path.name, self.n_ctx,
                  threads, time.perf_counter() - started)
@@ -172,6 +165,7 @@ class Engine:
         """Free the model and its context now rather than at garbage collection."""
         self.llm.close()
         self.tokens = []
+        self.batches = []
 
     # tokens
 
@@ -215,9 +209,13 @@ class Engine:
     def common_prefix(self, tokens: list[int]) -> int:
         return common_prefix(self.tokens, tokens)
 
+    def resume_point(self, prompt: list[int], *, complete: bool = True) -> int:
+        """How much of prompt the live KV can give without changing the reply (batches.py)."""
+        return resume_point(self.batches, self.tokens, prompt, complete=complete)
+
     def truncate(self, n: int) -> bool:
         """Keep the KV of the first n tokens; False when the model cannot (then the KV is
-        cleared)."""
+        cleared). Callers cut at a batch boundary (resume_point) to keep replies exact."""
         if n >= len(self.tokens):
             return True
         mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
@@ -229,6 +227,7 @@ class Engine:
             self.clear()
             return n == 0
         self.tokens = self.tokens[:n]
+        self.batches = truncated(self.batches, n)
         self.llm.n_tokens = n
         return True
 
@@ -249,6 +248,7 @@ class Engine:
             self.clear()
             return False
         self.tokens = tokens
+        self.batches = shifted(self.batches, at, n)
         self.llm.n_tokens = len(tokens)
         self.llm.input_ids[: len(tokens)] = tokens
         return True
@@ -259,38 +259,53 @@ class Engine:
         mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
         llama_cpp.llama_memory_clear(mem, zero)
         self.tokens = []
+        self.batches = []
         self.llm.n_tokens = 0
 
-    def evaluate(self, tokens: list[int]) -> None:
-        """Decode tokens after the live ones; their KV becomes live."""
-        if not tokens:
-            return
+    def _decode(self, tokens: list[int], *, kept: bool = False) -> None:
+        """One llama.cpp decode of tokens after the live ones; their KV becomes live."""
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise ContextOverflow(
                 f"{len(self.tokens) + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
             )
-        self.llm.n_tokens = len(self.tokens)
+        start = len(self.tokens)
+        self.llm.n_tokens = start
         self.llm.eval(tokens)
         self.tokens.extend(tokens)
+        self.batches.append(Batch(start, len(self.tokens), kept))
         self.evaluated += len(tokens)
 
-    def prefill(self, prompt: list[int], *, last_alone: bool = False) -> int:
-        """Make the KV hold prompt, reusing the live prefix; return how many tokens were reused.
+    def extend(self, tokens: list[int], *, prompt_end: bool = False,
+               whole_only: bool = False) -> int:
+        """Evaluate tokens after the live ones, in the decodes batches.plan() gives for their
+        absolute positions. prompt_end: they end a prompt (the last one alone); whole_only:
+        only up to the last multiple of CHUNK (the rest is left). The tokens evaluated."""
+        base = len(self.tokens)
+        done = 0
+        for a, b in plan(base, base + len(tokens), last_alone=prompt_end,
+                         whole_only=whole_only):
+            self._decode(tokens[a - base:b - base])
+            done = b - base
+        return done
 
-        At least the last prompt token is evaluated, so that its logits are there to sample from.
-        last_alone: evaluate it in a decode of its own, so that its logits are the same whether
-        the rest was just computed or reused (a batched decode rounds differently): what a
-        seeded request needs to sample the same reply again.
-        """
-        reuse = min(self.common_prefix(prompt), len(prompt) - 1)
+    def prefill(self, prompt: list[int]) -> int:
+        """Make the KV hold prompt, reusing what the live KV can give without changing the
+        reply (resume_point); return how many tokens were reused. The last prompt token is
+        always evaluated, alone, so that its logits are there to sample from."""
+        reuse = self.resume_point(prompt)
         if not self.truncate(reuse):
             reuse = 0
-        if last_alone:
-            self.evaluate(prompt[reuse:-1])
-            self.evaluate(prompt[-1:])
-        else:
-            self.evaluate(prompt[reuse:])
+        self.extend(prompt[reuse:], prompt_end=True)
         return reuse
+
+    def prefill_head(self, head: list[int]) -> int:
+        """Evaluate what can be evaluated now of a prompt that will start with head: the whole
+        chunks the final prompt's plan makes too (type-ahead, shared-prefix snapshots). The
+        live tokens that are head's after it."""
+        reuse = self.resume_point(head, complete=False)
+        if not self.truncate(reuse):
+            reuse = 0
+        return reuse + self.extend(head[reuse:], whole_only=True)
 
     def sampler(self, sampling: Sampling) -> LlamaSampler:
         sampler = LlamaSampler()
@@ -318,7 +333,7 @@ class Engine:
             if token is not None:
                 if len(self.tokens) >= self.n_ctx:
                     return
-                self.evaluate([token])  # only when another token is wanted after it
+                self._decode([token], kept=True)  # only when another token is wanted after it
             token = sampler.sample(self.llm._ctx, -1)
             if self.is_end(token):
                 return
@@ -334,9 +349,10 @@ class Engine:
         written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
         return memoryview(buf).cast("B")[:written]
 
-    def restore(self, tokens: list[int], state: memoryview) -> bool:
-        """Load a saved KV for tokens; False (and an empty context) if it does not take exactly."""
-        if not tokens or len(tokens) > self.n_ctx:
+    def restore(self, tokens: list[int], state: memoryview, batches: list[Batch]) -> bool:
+        """Load a saved KV for tokens, made by batches; False (and an empty context) if it does
+        not take exactly."""
+        if not tokens or len(tokens) > self.n_ctx or not valid(batches, len(tokens)):
             return False
         self.clear(zero=False)  # set_data writes every cell it uses
         ctx = self.llm._ctx.ctx
@@ -350,6 +366,7 @@ class Engine:
             self.clear()
             return False
         self.tokens = list(tokens)
+        self.batches = list(batches)
         self.llm.n_tokens = len(tokens)
         self.llm.input_ids[: len(tokens)] = tokens
         return True

@@ -5,9 +5,10 @@ File layout (little-endian):
     | tokens (int32 x n_tokens) | state (state_bytes) | u64 xxh3-64 of everything before it
 
 The header holds the fingerprint (model file, KV type, flash attention, llama-cpp-python
-version): a file whose fingerprint differs is not restored. Writes go to a temp file, fsync,
-os.replace: a reader sees the old file or the new one, never a partial one. Any file that
-cannot be read back exactly is a miss, never an error.
+version): a file whose fingerprint differs is not restored. It also holds the decodes that
+made the KV (batches.py): a restored KV is reused only where it gives the same reply. Writes
+go to a temp file, fsync, os.replace: a reader sees the old file or the new one, never a
+partial one. Any file that cannot be read back exactly is a miss, never an error.
 
 Speed (see bench/restore_profile.py): a file is mapped, not copied, and its checksum (xxh3-64,
 three times as fast as zlib's crc32, so it ends before llama.cpp's copy does) runs in a
@@ -35,10 +36,13 @@ from pathlib import Path
 
 import xxhash
 
+from . import batches as batch_plan
+from .batches import Batch
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"REAMEKV\0"
-FORMAT_VERSION = 2  # 1: crc32 checksum
+FORMAT_VERSION = 3  # 1: crc32 checksum; 2: no batches
 _PREAMBLE = struct.Struct("<8sII")
 _SUM = struct.Struct("<Q")
 BLOCK = 64  # tokens per block of the shared-prefix chained hash
@@ -55,9 +59,10 @@ class KVEntry:
     Use it as a context manager (the mapping is closed on exit) and call verified() before
     trusting anything loaded from `state`."""
 
-    def __init__(self, data: mmap.mmap, tokens: list[int], body: memoryview, state: memoryview,
-                 stored_sum: int):
+    def __init__(self, data: mmap.mmap, tokens: list[int], batches: list[Batch],
+                 body: memoryview, state: memoryview, stored_sum: int):
         self.tokens = tokens
+        self.batches = batches
         self.state = state  # writable (a private mapping), so ctypes takes it without a copy
         self._data, self._body, self._stored_sum = data, body, stored_sum
         self._sum: list[int] = []
@@ -105,16 +110,17 @@ class _Writer:
 
     def __init__(self):
         self._cond = threading.Condition()
-        self._queue: list[tuple[int, "KVStore", Path, Sequence[int], memoryview]] = []
+        self._queue: list[tuple] = []  # (seq, store, path, tokens, state, batches)
         self._latest: dict[Path, int] = {}  # path -> newest write queued or in progress
         self._seq = 0
         self._thread: threading.Thread | None = None
 
-    def submit(self, store: "KVStore", path: Path, tokens: Sequence[int], state) -> None:
+    def submit(self, store: "KVStore", path: Path, tokens: Sequence[int], state,
+               batches: Sequence[Batch] | None) -> None:
         with self._cond:
             self._seq += 1
             self._latest[path] = self._seq
-            self._queue.append((self._seq, store, path, tokens, state))
+            self._queue.append((self._seq, store, path, tokens, state, batches))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="kv-writer", daemon=True)
                 self._thread.start()
@@ -137,11 +143,11 @@ class _Writer:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                seq, store, path, tokens, state = self._queue.pop(0)
+                seq, store, path, tokens, state, batches = self._queue.pop(0)
                 if self._latest.get(path) != seq:
                     continue  # a newer write of the same file is queued
             try:
-                store.write(path, tokens, state)
+                store.write(path, tokens, state, batches)
             except Exception:  # never let the writer die: the file is simply not there
                 log.exception("KV file %s not written", path.name)
             finally:
@@ -198,6 +204,11 @@ class KVStore:
     def peek(self, path: Path, *, report: bool = True) -> list[int] | None:
         """The tokens a file holds, from its head only; None if absent or not for this model.
         report=False: an unusable file is not counted nor logged (a scan, not a lookup)."""
+        head = self.head(path, report=report)
+        return head[0] if head is not None else None
+
+    def head(self, path: Path, *, report: bool = True) -> tuple[list[int], list[Batch]] | None:
+        """The tokens a file holds and the batches that made their KV, from its head only."""
         _writer.wait(path)
         try:
             with path.open("rb") as f:
@@ -216,7 +227,7 @@ class KVStore:
             return self.reject(path, "truncated", report)
         tokens = array("i")
         tokens.frombytes(raw)
-        return tokens.tolist()
+        return tokens.tolist(), header["batches"]
 
     def _preamble(self, path: Path, raw: bytes | memoryview, report: bool = True) -> int | None:
         """The header's length, if raw starts a file of this format."""
@@ -235,7 +246,11 @@ class KVStore:
             for key in ("n_tokens", "state_bytes"):
                 header[key] = int(header[key])
             fingerprint = header["fingerprint"]
+            header["batches"] = batch_plan.decode(header["batches"])
         except (ValueError, KeyError, TypeError):
+            return self.reject(path, "unreadable header", report)
+        if header["batches"] is None or not batch_plan.valid(header["batches"],
+                                                             header["n_tokens"]):
             return self.reject(path, "unreadable header", report)
         if fingerprint != self.fingerprint:
             return self.reject(path, "made with another model or KV settings", report)
@@ -283,7 +298,8 @@ class KVStore:
         tokens.frombytes(data[start:start + 4 * n_tokens])
         (stored,) = _SUM.unpack_from(data, end)
         body = memoryview(data)[:end]
-        return KVEntry(data, tokens.tolist(), body, body[start + 4 * n_tokens:], stored)
+        return KVEntry(data, tokens.tolist(), header["batches"], body,
+                       body[start + 4 * n_tokens:], stored)
 
     def reject(self, path: Path, why: str, report: bool = True) -> None:
         """Count and log an unusable file; it is a miss, and the next save replaces it."""
@@ -295,19 +311,25 @@ class KVStore:
 
     # writing
 
-    def write_later(self, path: Path, tokens: Sequence[int], state: bytes | memoryview) -> None:
+    def write_later(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
+                    batches: Sequence[Batch] | None = None) -> None:
         """Queue write(): it happens on the background writer; state must not change after."""
-        _writer.submit(self, path, list(tokens), state)
+        _writer.submit(self, path, list(tokens), state, batches)
 
     def flush(self) -> None:
         """Wait until every queued write is done."""
         _writer.flush()
 
-    def write(self, path: Path, tokens: Sequence[int], state: bytes | memoryview) -> bool:
-        """Atomically replace path; False (logged, counted) if the disk refused."""
+    def write(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
+              batches: Sequence[Batch] | None = None) -> bool:
+        """Atomically replace path; False (logged, counted) if the disk refused. batches: the
+        decodes that made the KV (None: unknown, reusable only as a whole)."""
         started = time.perf_counter()
+        if batches is None:
+            batches = [Batch(0, len(tokens), True)] if tokens else []
         header = json.dumps({"fingerprint": self.fingerprint, "n_tokens": len(tokens),
-                             "state_bytes": len(state)}).encode()
+                             "state_bytes": len(state),
+                             "batches": batch_plan.encode(batches)}).encode()
         token_bytes = array("i", tokens).tobytes()
         preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header))
         digest = xxhash.xxh3_64()

@@ -1,6 +1,7 @@
 import pytest
 
-from reame.engine import Engine, ModelLoadError, check_model_file, model_fingerprint
+from reame.batches import CHUNK, Batch, plan
+from reame.engine import Engine, ModelLoadError, Sampling, check_model_file, model_fingerprint
 from reame.render import inert_html
 
 
@@ -44,17 +45,32 @@ def test_fingerprint_tells_files_apart(tmp_path, model_path):
     assert model_fingerprint(model_path) == model_fingerprint(model_path)
 
 
-def test_prefill_reuses_the_live_prefix(engine):
+def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine):
     engine.clear()
-    first = engine.tokenize("The quick brown fox jumps over the lazy dog.")
+    first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
     assert engine.prefill(first) == 0
+    # The prompt is evaluated in chunks at multiples of CHUNK, its last token alone.
+    assert [(b.start, b.end) for b in engine.batches] == plan(0, len(first))
+    assert engine.batches[-1] == Batch(len(first) - 1, len(first))
+    # Another prompt sharing its start reuses only the whole chunks: the KV it gets is the
+    # one a fresh evaluation makes.
     before = engine.evaluated
     longer = first + engine.tokenize(" And then it ran away.")
-    assert engine.prefill(longer) == len(first)
-    assert engine.evaluated - before == len(longer) - len(first)
-    # A diverging prompt keeps only the common part.
-    other = first[:3] + engine.tokenize(" something else")
-    assert engine.prefill(other) == 3
+    reused = engine.prefill(longer)
+    assert reused == (len(first) // CHUNK) * CHUNK and reused > 0
+    assert engine.evaluated - before == len(longer) - reused
+    assert [(b.start, b.end) for b in engine.batches] == plan(0, len(longer))
+    # The same prompt again reuses all but its last token (evaluated alone, as before).
+    assert engine.prefill(longer) == len(longer) - 1
+    # After generated tokens, a prompt that continues them reuses the whole KV.
+    for _ in zip(range(3), engine.generate(Sampling(temperature=0), 3)):
+        pass
+    grown = list(engine.tokens)
+    more = grown + engine.tokenize(" More.")
+    assert engine.prefill(more) == len(grown)
+    # A diverging prompt keeps only whole chunks of the common part.
+    other = first[:CHUNK + 3] + engine.tokenize(" something else")
+    assert engine.prefill(other) == CHUNK
     assert engine.tokens == other
 
 

@@ -1,0 +1,185 @@
+"""How a prompt is split into llama.cpp decodes: the one rule every path follows.
+
+llama.cpp's CPU kernels round differently for different batch shapes (a batch of one token
+takes a matrix-vector kernel, a batch of n a matrix-matrix one; some kernels treat the columns
+of a batch in groups). A token's KV and logits therefore depend on which decode computed it,
+and greedy decoding flips at near ties. So that the cache changes the speed and never the
+answer, every prompt is evaluated by the same plan, whatever part of it was reused:
+
+- the prompt's tokens are split at absolute positions that are multiples of CHUNK;
+- the prompt's last token is evaluated alone (its logits are the ones sampled from);
+- generated tokens are evaluated one by one, as they are sampled.
+
+The engine records the decodes (Batch) that made its live KV, and a KV file stores them. A
+prompt may reuse live or saved KV only up to a batch boundary (`resume_point`), and only
+where that reuse gives the bits a fresh evaluation would:
+
+- cold-equivalent: every reused batch is one this prompt's own plan would make from position
+  0 (whole aligned chunks; or the prompt's own tail, when the same prompt comes again); then
+  the reply is the one a cold start gives, whoever computed the prefix (a shared-prefix
+  snapshot, another conversation's file, the live context);
+- continuation: the reused KV runs through tokens this conversation generated (kept batches):
+  the prompt continues a conversation whose KV was kept, and gets the reply the uninterrupted
+  conversation gets, live or restored from its file. A cold recomputation of such a history
+  from its text evaluates the reply's tokens in other batches, and may differ slightly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+CHUNK = 16  # prompt tokens per decode, split at absolute positions: see bench "batch plan"
+
+
+class Batch(NamedTuple):
+    """One llama.cpp decode of the live KV: tokens [start, end). kept: not a fresh prompt
+    chunk (a generated token, or KV moved by a context shift): reusable only as the
+    continuation of the conversation that made it."""
+
+    start: int
+    end: int
+    kept: bool = False
+
+
+def plan(start: int, end: int, *, last_alone: bool = True, whole_only: bool = False
+         ) -> list[tuple[int, int]]:
+    """The decodes that evaluate tokens [start, end) of a prompt: split at multiples of CHUNK,
+    and (last_alone) the token at end - 1 alone. whole_only: only batches that end at a
+    multiple of CHUNK (a prompt's head whose end is not known yet: type-ahead), so that the
+    final prompt makes the very same batches."""
+    first = (start // CHUNK + 1) * CHUNK
+    if whole_only:
+        bounds = [start] + list(range(first, end + 1, CHUNK))
+    else:
+        cuts = list(range(first, end, CHUNK))
+        tail = end - 1 if last_alone and end - start > 1 else None
+        if tail is not None and tail not in cuts:
+            cuts.append(tail)
+        bounds = [start] + cuts + [end]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _cold(batch: Batch, prompt_len: int | None) -> bool:
+    """Whether a fresh evaluation of a prompt of prompt_len tokens (None: of unknown length,
+    only whole chunks) from position 0 makes this very batch."""
+    if batch.kept or batch.start % CHUNK:
+        return False
+    if batch.end == batch.start + CHUNK:
+        return True
+    # The prompt's own last, partial chunk, before its last token.
+    return prompt_len is not None and batch.end == prompt_len - 1 and batch.end < batch.start + CHUNK
+
+
+def resume_point(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int], *,
+                 complete: bool = True) -> int:
+    """How many of prompt's tokens the KV (tokens, made by batches) can give without changing
+    the reply: a batch boundary, cold-equivalent or a continuation (see the module's doc).
+    complete: prompt is a whole prompt (its last token is always evaluated again)."""
+    limit = common_prefix(tokens, prompt)
+    if complete:
+        limit = min(limit, len(prompt) - 1)
+    prompt_len = len(prompt) if complete else None
+    cold = resume = 0
+    is_cold, continues = True, False
+    for batch in batches:
+        if batch.end > limit:
+            break
+        resume = batch.end
+        if is_cold and _cold(batch, prompt_len):
+            cold = batch.end
+        else:
+            is_cold = False
+            continues = continues or batch.kept
+    return resume if continues else cold
+
+
+def cold_prefix(batches: Sequence[Batch]) -> int:
+    """How many leading tokens were made by whole chunks from position 0: the KV any prompt
+    starting with them would get from a fresh evaluation."""
+    at = 0
+    for batch in batches:
+        if batch.kept or batch.start != at or batch.start % CHUNK or batch.end != at + CHUNK:
+            break
+        at = batch.end
+    return at
+
+
+def valid(batches: Sequence[Batch], n_tokens: int) -> bool:
+    """Whether batches tile [0, n_tokens) in order (what a KV file must hold)."""
+    at = 0
+    for batch in batches:
+        if batch.start != at or batch.end <= batch.start:
+            return False
+        at = batch.end
+    return at == n_tokens
+
+
+def truncated(batches: Sequence[Batch], n: int) -> list[Batch]:
+    """The batches of the first n tokens; a batch cut in two keeps its head as kept (its bits
+    are not what a decode of the head alone gives)."""
+    out = []
+    for batch in batches:
+        if batch.end <= n:
+            out.append(batch)
+        elif batch.start < n:
+            out.append(Batch(batch.start, n, True))
+    return out
+
+
+def shifted(batches: Sequence[Batch], at: int, n: int) -> list[Batch]:
+    """The batches after tokens [at, at + n) are dropped and the rest moved n positions down:
+    everything from at on is kept KV (re-rotated, no longer a fresh evaluation)."""
+    out = []
+    for batch in batches:
+        if batch.end <= at:
+            out.append(batch)
+            continue
+        if batch.start < at:
+            out.append(Batch(batch.start, at, True))
+        start, end = max(batch.start, at + n) - n, batch.end - n
+        if end > start:
+            out.append(Batch(start, end, True))
+    return out
+
+
+def encode(batches: Iterable[Batch]) -> list[list[int]]:
+    """For a KV file's header: [start, end, kept] with runs of one-token kept batches (the
+    generated tokens of a reply) merged into one [start, end, 2]."""
+    out: list[list[int]] = []
+    for batch in batches:
+        single_kept = batch.kept and batch.end - batch.start == 1
+        if single_kept and out and out[-1][2] == 2 and out[-1][1] == batch.start:
+            out[-1][1] = batch.end
+        else:
+            out.append([batch.start, batch.end, 2 if single_kept else int(batch.kept)])
+    return out
+
+
+def decode(raw) -> list[Batch] | None:
+    """encode()'s output back to batches; None if it is not well formed."""
+    if not isinstance(raw, list):
+        return None
+    out = []
+    try:
+        for start, end, kind in raw:
+            start, end, kind = int(start), int(end), int(kind)
+            if kind == 2:
+                out.extend(Batch(p, p + 1, True) for p in range(start, end))
+            elif kind in (0, 1):
+                out.append(Batch(start, end, bool(kind)))
+            else:
+                return None
+    except (TypeError, ValueError):
+        return None
+    return out
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens a and b share from the start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
