@@ -10,18 +10,22 @@ while a turn builds its prompt): the turn then starts with its history live.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from .batches import CHUNK, cold_prefix, resume_point
+from .batches import CHUNK, Batch, cold_prefix, resume_point
 from .engine import Engine, common_prefix
 from .kvstore import BLOCK, KVStore, block_hashes
 
 log = logging.getLogger(__name__)
 
 MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
+PER_BLOCK = 4  # files the index keeps per block hash (the newest)
+CANDIDATES = 16  # files a lookup peeks at, at most
 
 
 @dataclass
@@ -56,7 +60,7 @@ class KVCache:
         self._warmed: tuple[int, Restored] | None = None  # (chat id, what warm() restored)
         self._live_chat: int | None = None  # the chat whose turn last used the live KV
         self._missed: int | None = None  # a chat whose own file warm() found unusable
-        self._index: dict[str, Path] | None = None  # see _block_index
+        self._index: dict[str, list[Path]] | None = None  # see _block_index
 
     @property
     def enabled(self) -> bool:
@@ -151,13 +155,18 @@ class KVCache:
         """Load the file that gives most of prompt (beyond live tokens), cut where its reuse
         keeps the reply the same (batches.resume_point); own=False: not the chat's own file."""
         engine = self.engine
-        for source, path in self._candidates(chat_id, prompt, own=own):
+        best = len(prompt) - 1 if complete else len(prompt)
+        ranked = []  # (reach, order, source, path): the farthest first, then the own file
+        for order, (source, path) in enumerate(self._candidates(chat_id, prompt, own=own)):
             head = self.store.head(path)
             if head is None:
                 continue
             reach = resume_point(head[1], head[0], prompt, complete=complete)
-            if reach <= live:
-                continue
+            if reach > live:
+                ranked.append((reach, -order, source, path))
+                if reach >= best:
+                    break
+        for reach, _, source, path in sorted(ranked, reverse=True):
             entry = self.store.read(path)
             if entry is None:
                 continue
@@ -178,34 +187,50 @@ class KVCache:
         return None
 
     def _candidates(self, chat_id: int | None, prompt: list[int], *, own: bool = True):
-        """The chat's own file, then any file whose tokens start like prompt, longest first:
-        snapshots by name, other files through the index of their block hashes."""
+        """The chat's own file, then files whose tokens start like prompt, longest shared
+        block first: snapshots by name, other files through the index of their block hashes
+        (the newest few holding each block), at most CANDIDATES in all."""
         own_path = self.store.chat_path(chat_id) if chat_id is not None else None
         if own_path is not None and own:
             yield "disk", own_path
         index = self._block_index()
         seen = {own_path}
+        # Files that end a prompt exactly where this one does (the same request again).
+        for path in reversed(index.get(_prompt_key(prompt[:-1]), ())):
+            if path not in seen and path.exists():
+                seen.add(path)
+                yield "prefix", path
         for block_hash in reversed(block_hashes(prompt)):
-            for path in (index.get(block_hash), self.store.prefix_path(block_hash)):
-                if path is not None and path not in seen and path.exists():
+            for path in [*reversed(index.get(block_hash, ())),
+                         self.store.prefix_path(block_hash)]:
+                if path not in seen and path.exists():
                     seen.add(path)
                     yield "prefix", path
+                    if len(seen) > CANDIDATES:
+                        return
 
-    def _block_index(self) -> dict[str, Path]:
-        """Block hash -> the newest file whose tokens hold that block (built on first use
-        from the files' heads, then kept up to date by every save)."""
+    def _block_index(self) -> dict[str, list[Path]]:
+        """Block hash -> the newest files (up to PER_BLOCK, newest last) whose tokens hold that
+        block (built on first use from the files' heads, then kept up to date by every save)."""
         if self._index is None:
             self._index = {}
             for path in sorted(self.store.own_files(), key=_mtime):
-                tokens = self.store.peek(path, report=False)
-                if tokens:
-                    self._add_to_index(path, tokens)
+                head = self.store.head(path, report=False)
+                if head and head[0]:
+                    self._add_to_index(path, *head)
         return self._index
 
-    def _add_to_index(self, path: Path, tokens: list[int]) -> None:
+    def _add_to_index(self, path: Path, tokens: list[int], batches: list[Batch]) -> None:
         if self._index is not None:
-            for block_hash in block_hashes(tokens):
-                self._index[block_hash] = path
+            # Where a prompt of it ended: a fresh batch of its last token alone.
+            ends = [_prompt_key(tokens[:b.start]) for b in batches
+                    if not b.kept and b.end - b.start == 1 and b.start]
+            for block_hash in block_hashes(tokens) + ends:
+                holders = self._index.setdefault(block_hash, [])
+                if path in holders:
+                    holders.remove(path)
+                holders.append(path)
+                del holders[:-PER_BLOCK]
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= MIN_RATE_SAMPLE and seconds > 0:
@@ -241,7 +266,7 @@ class KVCache:
             return False
         path = self._snapshot_path(prompt[:length])
         self.store.write_later(path, prompt[:length], engine.state(), list(engine.batches))
-        self._add_to_index(path, prompt[:length])
+        self._add_to_index(path, prompt[:length], list(engine.batches))
         return True
 
     def save(self, chat_id: int) -> float:
@@ -257,17 +282,18 @@ class KVCache:
         return self._save_live(self.store.chat_path(chat_id))
 
     def save_conversation(self) -> float:
-        """Save the live KV of a stateless conversation, found later by its tokens."""
+        """Save the live KV of a stateless conversation, found later by its tokens (named by
+        a hash of all of them: two conversations that end in the same block are two files)."""
         tokens = self.engine.tokens
         if self.store is None or len(tokens) < BLOCK or not self.restorable(len(tokens)):
             return 0.0
-        return self._save_live(self._snapshot_path(tokens))
+        return self._save_live(self.store.prefix_path(_prompt_key(tokens)[len("prompt:"):]))
 
     def _save_live(self, path: Path) -> float:
         started = time.perf_counter()
-        tokens = list(self.engine.tokens)
-        self.store.write_later(path, tokens, self.engine.state(), list(self.engine.batches))
-        self._add_to_index(path, tokens)
+        tokens, batches = list(self.engine.tokens), list(self.engine.batches)
+        self.store.write_later(path, tokens, self.engine.state(), batches)
+        self._add_to_index(path, tokens, batches)
         return (time.perf_counter() - started) * 1000
 
     def flush(self) -> None:
@@ -292,6 +318,11 @@ class KVCache:
                        max_disk_bytes=self.store.max_bytes, dir=str(self.store.folder),
                        counters=self.store.counters.as_dict())
         return out
+
+
+def _prompt_key(tokens: list[int]) -> str:
+    """The index key of a prompt's tokens but its last: its KV ends where a prompt ended."""
+    return "prompt:" + hashlib.blake2b(array("i", tokens).tobytes(), digest_size=12).hexdigest()
 
 
 def _mtime(path: Path) -> float:

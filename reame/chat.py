@@ -59,6 +59,7 @@ class TurnStats:
     tokens_per_s: float = 0.0
     total_s: float = 0.0
     ahead: int = 0  # tokens of the next prompt's fixed head, evaluated after the reply
+    first_logits: str = ""  # xxh3-64 of the logits the first token was sampled from
     typed_ahead: int = 0  # tokens of this message evaluated while it was being typed
     dropped_messages: int = 0  # oldest messages outside the model's window (context)
     shifted: int = 0  # tokens this turn dropped from the KV by a context shift
@@ -154,10 +155,12 @@ class Decoding:
         self.generated: list[int] = []
         self.text = ""
         self.cut = False  # ended by a stop string: the tokens run past the text
+        self.first_logits = ""
         self.finished = False  # ran to its end (not stopped by the caller)
 
     def __iter__(self) -> Iterator[str]:
         stream = self.engine.text_stream()
+        self.first_logits = self.engine.logits_digest()
         for token in self.engine.generate(self.sampling, self.max_tokens):
             if self.first_at is None:
                 self.first_at = time.perf_counter()
@@ -181,6 +184,7 @@ class Decoding:
         now = time.perf_counter()
         first = self.first_at or now
         stats.generated = len(self.generated)
+        stats.first_logits = self.first_logits
         stats.first_token_s = first - self.started
         gen_time = now - first
         stats.tokens_per_s = (len(self.generated) - 1) / gen_time if gen_time > 0 else 0.0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import xxhash
 from llama_cpp import Llama
 from llama_cpp._internals import LlamaSampler
 
@@ -370,6 +371,12 @@ class Engine:
         self.llm.n_tokens = len(tokens)
         self.llm.input_ids[: len(tokens)] = tokens
         return True
+
+    def logits_digest(self) -> str:
+        """xxh3-64 of the logits after the last evaluated token: the same digest means the
+        same distribution to sample from, bit for bit."""
+        ptr = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return xxhash.xxh3_64_hexdigest(ctypes.string_at(ptr, 4 * self.llm.n_vocab()))
 
     def logits(self) -> "numpy.ndarray":
         """A copy of the logits after the last evaluated token."""

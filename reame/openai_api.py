@@ -302,7 +302,8 @@ def _usage(done: TurnUpdate) -> dict:
 def _extra(done: TurnUpdate) -> dict:
     s = done.stats
     return {"reused": s.reused, "source": s.source, "prefilled": s.prefilled,
-            "first_token_s": round(s.first_token_s, 4), "chat_id": done.chat_id}
+            "first_token_s": round(s.first_token_s, 4), "chat_id": done.chat_id,
+            "first_logits": s.first_logits}
 
 
 def _whole(updates: Iterator[TurnUpdate], completion_id: str,

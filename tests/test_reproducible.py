@@ -1,0 +1,189 @@
+"""The cache changes the speed, never the answer: the same request gives the same reply, bit
+for bit, whatever part of its prompt was computed now, was live, came from a file after a
+restart, or came from another conversation sharing its opening.
+
+llama.cpp's kernels round differently for different decode shapes, and only some CPUs show it
+on a given model: on the AVX-512 machine these tests were written on, SmolLM2's kernels give
+the same bits for any split while Gemma 3's Q4_K kernels do not (logits differ by up to 0.9).
+So each case is checked twice: by the decodes that made the prompt's KV (the same on every
+CPU: batches.plan), and by the first token's logits (xxh3 of their bytes) and the reply's
+words, on both models.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from reame.batches import plan
+from reame.cache import KVCache
+from reame.chat import ChatService
+from reame.config import GenerationConfig
+from reame.engine import Engine
+from reame.kvstore import KVStore
+from reame.prompt import Turn
+from reame.store import Store
+
+OPENING = ("You answer questions for the visitors of a small natural history museum. Keep "
+           "each answer short and friendly, name the hall where the answer can be seen, and "
+           "never invent exhibits. The halls are: minerals, fossils, birds, insects, oceans, "
+           "and the night sky. ") * 2
+QUESTIONS = [
+    "Where are the dinosaur bones?",
+    "Do you have any meteorites?",
+    "What is the biggest bird you show?",
+    "Can children touch the crystals?",
+    "Is there a whale skeleton?",
+    "Where can I see butterflies?",
+    "Which hall has the telescope?",
+    "Are there live insects?",
+    "How old is the oldest fossil here?",
+    "Do you show any sharks?",
+    "Where are the gemstones from?",
+    "What is in the oceans hall?",
+    "Can I see the moon through a telescope today?",
+    "Which fossils come from this region?",
+    "Do you have an owl?",
+    "Where is the amber with insects inside?",
+    "Is there a planetarium show?",
+    "What do the minerals glow like under ultraviolet light?",
+    "Which bird can fly the highest?",
+    "Do you have coral from the reef?",
+    "Where can I see a giant squid?",
+    "What is the rarest mineral in the collection?",
+]
+# Different lengths: some questions carry a longer preamble.
+PROMPTS = [("I am visiting with my family this afternoon. " * (i % 4)) + q
+           for i, q in enumerate(QUESTIONS)]
+MAX_TOKENS = 12
+SAMPLINGS = {"greedy": dict(temperature=0.0, top_p=1.0, seed=None),
+             "seeded": dict(temperature=0.8, top_p=0.95, seed=1234)}
+DEFAULTS = GenerationConfig(system_prompt=OPENING, temperature=0.0, top_p=1.0,
+                            max_tokens=MAX_TOKENS)
+
+
+class Node:
+    """One server 'process' over a folder: engine, SQLite, KV files, service."""
+
+    def __init__(self, folder, model_path, *, cache=True):
+        self.engine = Engine(model_path, n_ctx=2048)
+        store = Store(folder / "reame.db")
+        kv = (KVStore(folder / "kv", fingerprint=self.engine.kv_fingerprint,
+                      max_bytes=1 << 30) if cache else None)
+        self.service = ChatService(store, self.engine, DEFAULTS,
+                                   cache=KVCache(self.engine, kv))
+
+    def ask(self, question: str, sampling: str, history: tuple = ()):
+        """A stateless request (the /v1 path): the reply, the first token's logits digest,
+        and where its prompt's KV came from."""
+        turns = [*history, Turn("user", question)]
+        last = list(self.service.complete(OPENING, turns, max_tokens=MAX_TOKENS,
+                                          **SAMPLINGS[sampling]))[-1]
+        if not history:  # a history with kept replies is not evaluated as a cold start is
+            self.check_plan(turns)
+        return last.text, last.stats.first_logits, last.stats.source
+
+    def check_plan(self, turns):
+        """The prompt's KV was made by exactly the decodes a cold start makes: the reused part
+        by whoever computed it, the rest now (checked on every CPU)."""
+        prompt = self.service.prompts.tokens(OPENING, turns)
+        made = [(b.start, b.end) for b in self.engine.batches if b.end <= len(prompt)]
+        assert made == plan(0, len(prompt)), "the prompt was evaluated in other decodes"
+
+    def close(self):
+        self.service.cache.flush()
+        self.engine.close()
+
+
+@pytest.fixture(params=["smollm2", "gemma3"])
+def model(request, model_path, gemma_path):
+    return model_path if request.param == "smollm2" else gemma_path
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
+        tmp_path, model, sampling):
+    # Cold: nothing live, no cache, each prompt from position 0.
+    cold_node = Node(tmp_path / "cold", model, cache=False)
+    cold = {}
+    for prompt in PROMPTS:
+        cold_node.engine.clear()
+        cold[prompt] = cold_node.ask(prompt, sampling)[:2]
+        assert cold_node.service.cache.stats()["hits"] == 0
+    cold_node.close()
+
+    # One server: each prompt first shares the long opening with the ones before it (a
+    # shared prefix, from the live KV or another conversation's file), then comes again
+    # with its own KV live.
+    folder = tmp_path / "served"
+    node = Node(folder, model)
+    sources = set()
+    for n, prompt in enumerate(PROMPTS):
+        text, logits, source = node.ask(prompt, sampling)
+        if n:
+            sources.add(source)
+            assert source != "none", "the long opening was not reused"
+        assert (text, logits) == cold[prompt], f"shared opening changed the reply: {prompt!r}"
+        text, logits, source = node.ask(prompt, sampling)
+        assert source in ("live", "prefix")
+        assert (text, logits) == cold[prompt], f"live KV changed the reply: {prompt!r}"
+    node.close()
+
+    # A restart: every prompt again, its KV read from the file its first answer wrote.
+    node = Node(folder, model)
+    for prompt in reversed(PROMPTS):  # never the previous prompt's live KV
+        text, logits, source = node.ask(prompt, sampling)
+        assert source == "prefix", f"the own file of {prompt!r} was not restored"
+        assert (text, logits) == cold[prompt], f"restored KV changed the reply: {prompt!r}"
+    node.close()
+
+
+def test_a_continued_conversation_gives_the_uninterrupted_reply_after_a_restart(
+        tmp_path, model):
+    """A conversation whose KV was kept (replies as the exact tokens generated): the next
+    turn's reply is the same live, after a restart from the file, and with its message typed
+    ahead; and the same for a stored chat, live, from its file, and regenerated."""
+    folder = tmp_path / "served"
+    node = Node(folder, model)
+    service = node.service
+    first = list(service.complete(OPENING, [Turn("user", PROMPTS[0])],
+                                  max_tokens=MAX_TOKENS, temperature=0.0))[-1]
+    history = (Turn("user", PROMPTS[0]), Turn("assistant", first.text))
+    live = node.ask(PROMPTS[1], "greedy", history)
+    node.close()
+    restarted = Node(folder, model)
+    again = restarted.ask(PROMPTS[1], "greedy", history)
+    assert again[2] == "prefix" and again[:2] == live[:2]
+    restarted.close()
+
+    # A stored chat: live, then from its file after a restart, then regenerated.
+    node = Node(tmp_path / "chats", model)
+    chat = node.service.new_chat()
+    list(node.service.send(chat.id, PROMPTS[2]))
+    said = list(node.service.send(chat.id, PROMPTS[3]))[-1]
+    node.close()
+    node = Node(tmp_path / "chats", model)
+    redo = list(node.service.regenerate(chat.id))[-1]
+    assert redo.stats.source == "disk"
+    assert (redo.text, redo.stats.first_logits) == (said.text, said.stats.first_logits)
+    redo = list(node.service.regenerate(chat.id))[-1]
+    assert redo.stats.source == "live"
+    assert (redo.text, redo.stats.first_logits) == (said.text, said.stats.first_logits)
+    node.close()
+
+    # The same turn with its message typed ahead first (a copy of the folder: a twin server).
+    shutil.copytree(tmp_path / "chats", tmp_path / "twin")
+    plain, typed = Node(tmp_path / "chats", model), Node(tmp_path / "twin", model)
+    message = PROMPTS[4] + " Please answer in one short sentence, without any list."
+    evaluated = 0
+    for end in range(6, len(message), 6):
+        evaluated += typed.service.type_ahead(chat.id, message[:end])
+    assert evaluated > 0, "nothing was evaluated while typing"
+    sent = list(plain.service.send(chat.id, message))[-1]
+    typed_sent = list(typed.service.send(chat.id, message))[-1]
+    assert typed_sent.stats.typed_ahead > 0
+    assert (typed_sent.text, typed_sent.stats.first_logits) == (
+        sent.text, sent.stats.first_logits)
+    plain.close()
+    typed.close()
