@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import report, scenarios
+from . import plan_cost, report, scenarios
 from .scenarios import Context, Plan
 
 log = logging.getLogger("bench")
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = ROOT / "bench" / "results"
 SHAPES_DIR = ROOT / "bench" / "cache"
-ALL = ("1", "2", "3", "4", "5", "6", "7", "kv", "restore")
+ALL = ("1", "2", "3", "4", "5", "6", "7", "kv", "restore", "plan")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -95,6 +95,7 @@ def run_main_model(ctx: Context, wanted: set[str], results: dict, done) -> dict:
         ("3", "s3", scenarios.shared_prefix),
         ("5", "s5", scenarios.edit_middle),
         ("7", "s7", scenarios.long_chat),
+        ("plan", "plan", plan_cost.batch_plan_cost),
     ]
     walls = {}
     for name, key, fn in steps:

@@ -217,6 +217,15 @@ def _count(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.0f}"
 
 
+def table_plan(plan: dict) -> str:
+    rows = [[f"{r['history']:,}", f"{r['turn_one_ms']:,.0f}", f"{r['turn_plan_ms']:,.0f}",
+             f"{r['turn_added_ms']:+,.0f}", secs(r["cold_one_s"]), secs(r["cold_plan_s"]),
+             f"{r['cold_ratio']:.2f}x"] for r in plan["rows"]]
+    return table(["history tokens", "turn: one decode (ms)", "turn: plan (ms)",
+                  "added to the first token (ms)", "cold prompt: one decode (s)",
+                  "cold prompt: plan (s)", "plan / one decode"], rows)
+
+
 def table_kv(kv: dict) -> str:
     rows = [[r["kv_type"], f"{r['bytes_per_token']:,.0f}", f"{r['bytes_per_token'] / 1024:,.1f}",
              f"{r['mb_per_1000_tokens']:,.1f}", f"{r['fixed_bytes']:,.0f}"] for r in kv["rows"]]
@@ -488,6 +497,17 @@ def markdown(results: dict, plots: list[str]) -> str:
                   "", table_restore(rt), "",
                   f"The other part of the first token after a restore is the prefill of the new "
                   f"message ({rt['new_tokens']} tokens) on top of the restored KV: {decode}."]
+    if "plan" in sc:
+        plan = sc["plan"]
+        parts += ["", "## The batch plan's cost", "",
+                  f"Every prompt is evaluated in chunks of {plan['chunk']} tokens at absolute "
+                  "positions, its last token alone, so that the reply never depends on what the "
+                  "cache held (README, \"Same request, same reply\"). Side by side on one "
+                  f"engine, median of {plan['runs']}: a turn's new tokens "
+                  f"({plan['rows'][0]['new_tokens']}: a message and the reply header) on top of "
+                  "the history, until the first token's logits; and a cold prompt of the "
+                  "history's length. 'One decode' is the evaluation before the plan (up to 512 "
+                  "tokens per decode).", "", table_plan(plan)]
     if "save" in sc and sc["save"]["rows"]:
         parts += ["", "## Save time per turn (reame)", "",
                   "`save_ms`: what the turn spends saving (copying the KV state out of "
@@ -530,7 +550,27 @@ def plots(results: dict, out: Path) -> list[str]:
         names.append(plot_low_overlap(main["s4"], out / "low_overlap.png"))
     if "s7" in main:
         names.append(plot_long_chat(main["s7"], out / "long_chat.png"))
+    if "plan" in main:
+        names.append(plot_plan(main["plan"], out / "batch_plan.png"))
     return names
+
+
+def plot_plan(plan: dict, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = [r["history"] for r in plan["rows"]]
+    for key, label, color in (("turn_one_ms", "one decode (before)", "grey"),
+                              ("turn_plan_ms", f"plan: chunks of {plan['chunk']}, last alone",
+                               "tab:blue")):
+        ax.plot(xs, [r[key] for r in plan["rows"]], marker="o", color=color, label=label)
+    ax.set_xlabel("history tokens in the KV")
+    ax.set_ylabel(f"first token's logits after {plan['rows'][0]['new_tokens']} new tokens (ms)")
+    ax.set_title("What the batch plan adds to a turn's first token")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9)
+    return _save(fig, path)
 
 
 def plot_ttft(models: list[dict], path: Path) -> str:

@@ -529,9 +529,9 @@ def kv_bytes_per_token(ctx: Context) -> dict:
         engine = Engine(ctx.model, n_ctx=max(512, n2 + 64), kv_type=kv_type,
                         n_threads=ctx.plan.threads)
         try:
-            engine.evaluate(tokens[:n1])
+            engine.extend(tokens[:n1])
             size1 = len(engine.state())
-            engine.evaluate(tokens[n1:n2])
+            engine.extend(tokens[n1:n2])
             size2 = len(engine.state())
         finally:
             engine.llm.close()

@@ -29,6 +29,30 @@ CSS = """
 HIDDEN = dict(api_visibility="private")
 
 
+def _panel_js(n_before: int) -> str:
+    """An event's js: its last four inputs (the chat settings panel) read from the page itself.
+
+    Gradio hands a number or text field's new value to its own state a moment after the
+    keystroke (an effect), while a blur, or an Enter in the message box right after, sends
+    the state as it is: a value typed just before was then lost (tests/test_browser.py's stop
+    test, 1 run in a few, more on a busy machine). The fields in the page always hold what
+    the user sees."""
+    return f"""(...args) => {{
+        const field = (sel) => document.querySelector(sel);
+        const text = (sel, old) => field(sel) ? field(sel).value : old;
+        const number = (sel, old) => {{
+            const x = parseFloat(text(sel, ""));
+            return Number.isFinite(x) ? x : old;
+        }};
+        const [prompt, temp, top, maxTok] = args.slice({n_before});
+        return [...args.slice(0, {n_before}),
+                text("#system-prompt textarea", prompt),
+                number("#temperature input[type=number]", temp),
+                number("#top-p input[type=number]", top),
+                number("#max-tokens input", maxTok)];
+    }}"""
+
+
 def _choices(service: ChatService, user: str | None) -> list[tuple[str, int]]:
     return [(chat.title, chat.id) for chat in service.list_chats(user)]
 
@@ -143,7 +167,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             """The model being loaded (from the Settings tab or the API), if any."""
             return settings.loading_model if settings is not None else None
 
-        def check_send(text, _chat_id, _in_progress):
+        def check_send(text, _chat_id, _in_progress, _prompt, _temp, _top, _max_tok):
             """Runs before begin_send; a refusal shows on the textbox and changes nothing else."""
             if not text or not text.strip():
                 problem = "Type a message first."
@@ -151,9 +175,11 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 problem = f"The model could not be loaded. {service.load_error}"
             else:
                 problem = ""
-            return gr.validate(not problem, problem), gr.validate(True, ""), gr.validate(True, "")
+            return (gr.validate(not problem, problem),
+                    *(gr.validate(True, "") for _ in range(2 + len(chat_settings))))
 
-        def begin_send(text, chat_id, in_progress, request: gr.Request):
+        def begin_send(text, chat_id, in_progress, prompt, temp, top, max_tok,
+                       request: gr.Request):
             if in_progress:
                 # A toast: the streaming reply's updates would wipe a validation message.
                 raise gr.Error("A reply is still being written: wait for it, or press stop.",
@@ -161,6 +187,11 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             user = user_of(request)
             if chat_id is None:
                 chat_id = service.new_chat(user=user).id
+            # The chat's settings as the panel shows them: a value typed just before sending
+            # counts even if its own save (on blur) has not arrived yet.
+            values = (prompt, temp, top, max_tok)
+            if values != tuple(_settings_values(service, chat_id, user)):
+                save_settings(chat_id, *values, request)
             history = shown(chat_id, user)
             history.append({"role": "user", "content": inert_html(text)})
             loading = loading_model()
@@ -295,9 +326,9 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
         # badge over the conversation even with show_progress="hidden".
         sending = message.submit(
-            begin_send, [message, current, pending],
+            begin_send, [message, current, pending, *chat_settings],
             [current, pending, chatbot, message, chat_list], validator=check_send,
-            show_progress="hidden", show_progress_on=[message], **HIDDEN,
+            js=_panel_js(3), show_progress="hidden", show_progress_on=[message], **HIDDEN,
         )
         # Progress (the "..." bubble) on the chatbot only, not over the textbox.
         streaming = sending.success(
@@ -330,9 +361,11 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                          **HIDDEN)
         confirm_btn.click(delete, [current], [*view, confirm_row], cancels=[streaming], **HIDDEN)
         for control in (system_prompt, max_tokens):
-            control.blur(save_settings, [current, *chat_settings], None, **HIDDEN)
+            control.blur(save_settings, [current, *chat_settings], None, js=_panel_js(1),
+                         **HIDDEN)
         for control in (temperature, top_p):
-            control.release(save_settings, [current, *chat_settings], None, **HIDDEN)
+            control.release(save_settings, [current, *chat_settings], None, js=_panel_js(1),
+                            **HIDDEN)
 
     return demo
 

@@ -233,22 +233,26 @@ def test_a_reply_streams_into_the_page_and_ends_with_its_stats_line(page, server
 def test_stop_keeps_the_partial_reply_and_the_chat_goes_on(page, server):
     open_app(page, server)
     new_chat(page)
-    # A long reply: raise this chat's max tokens in its settings panel (saved on blur).
+    # A long reply: raise this chat's max tokens in its settings panel and send at once. The
+    # panel saves on blur, and that save may arrive after the send: the send carries the
+    # panel's values, so a value typed just before sending is never lost.
     page.click("#chat-settings button.label-wrap")
     max_tokens = page.locator("#max-tokens input")
+    expect(max_tokens).to_have_value("64")  # the panel shows this chat's settings
     max_tokens.fill("400")
-    max_tokens.press("Tab")
-    client = api(server)
-    chat_id = client.predict(api_name="/list_chats")[0]["id"]
-    wait_until(lambda: client.predict(chat_id, api_name="/get_chat")["max_tokens"] == 400,
-               "the max tokens setting was not saved")
-
     box = page.locator(BOX)
     box.fill("Write a long story about a dragon.")
     box.press("Enter")
     bot = page.locator(BOT)
     expect(bot).to_have_count(1, timeout=REPLY_TIMEOUT)
-    expect(bot).not_to_have_text("", timeout=REPLY_TIMEOUT)
+    # Past the server's default of 64 tokens: the 400 typed a moment ago applies to it.
+    page.wait_for_function(
+        "sel => (document.querySelector(sel)?.innerText || '').length > 400", arg=BOT,
+        timeout=REPLY_TIMEOUT)
+    expect(page.locator(STOP)).to_be_visible()
+    client = api(server)
+    chat_id = client.predict(api_name="/list_chats")[0]["id"]
+    assert client.predict(chat_id, api_name="/get_chat")["max_tokens"] == 400
     # Sending again while the reply streams is refused, and the typed text stays in the box.
     box.fill(CAPITAL)
     box.press("Enter")

@@ -56,7 +56,7 @@ QUESTIONS = [
 # Different lengths: some questions carry a longer preamble.
 PROMPTS = [("I am visiting with my family this afternoon. " * (i % 4)) + q
            for i, q in enumerate(QUESTIONS)]
-MAX_TOKENS = 12
+MAX_TOKENS = 8
 SAMPLINGS = {"greedy": dict(temperature=0.0, top_p=1.0, seed=None),
              "seeded": dict(temperature=0.8, top_p=0.95, seed=1234)}
 DEFAULTS = GenerationConfig(system_prompt=OPENING, temperature=0.0, top_p=1.0,
@@ -110,6 +110,9 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
     for prompt in PROMPTS:
         cold_node.engine.clear()
         cold[prompt] = cold_node.ask(prompt, sampling)[:2]
+        # Again with the cache off: the live KV is reused, the reply is the same.
+        text, logits, source = cold_node.ask(prompt, sampling)
+        assert source == "live" and (text, logits) == cold[prompt], prompt
         assert cold_node.service.cache.stats()["hits"] == 0
     cold_node.close()
 

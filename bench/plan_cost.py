@@ -1,0 +1,74 @@
+"""Scenario "plan": what the batch plan (reame/batches.py) costs, side by side in one run.
+
+Every prompt is evaluated in chunks of CHUNK tokens at absolute positions with its last token
+alone, so that the reply never depends on what the cache held. Before, the new tokens of a turn
+went in one decode. Measured on the same engine, alternating the two ways, for:
+
+- a turn: a new message (and the reply header) on top of a history already in the KV: the
+  time until the first token's logits are there, the part of the first token the plan touches;
+- a cold prompt of the same length as the history: one decode per 512 tokens vs the plan.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from reame.batches import CHUNK
+from reame.engine import Engine
+
+from .scenarios import Context, _filler_tokens
+
+NEW_TOKENS = 21  # a 16-token message and the reply header (ChatML)
+OLD_BATCH = 512  # Engine's n_batch: what one decode took before the plan
+
+
+def batch_plan_cost(ctx: Context) -> dict:
+    sizes = ctx.plan.sizes if not ctx.plan.quick else (250, 2000)
+    runs = max(3, ctx.plan.runs)
+    longest = max(sizes)
+    tokens = _filler_tokens(ctx, longest + NEW_TOKENS + 1)
+    engine = Engine(ctx.model, n_ctx=longest + 256, n_threads=ctx.plan.threads)
+    rows = []
+    try:
+        for size in sizes:
+            history, new = tokens[:size], tokens[size:size + NEW_TOKENS]
+            engine.clear()
+            engine.extend(history)
+            turn = {"one decode": [], "plan": []}
+            for _ in range(runs):
+                for way in turn:
+                    engine.truncate(size)
+                    started = time.perf_counter()
+                    if way == "plan":
+                        engine.extend(new, prompt_end=True)
+                    else:
+                        _one_way(engine, new)
+                    turn[way].append(time.perf_counter() - started)
+            cold = {"one decode": [], "plan": []}
+            prompt = tokens[:size + 1]
+            for _ in range(max(1, runs // 3) if size > 1000 else runs):
+                for way in cold:
+                    engine.clear()
+                    started = time.perf_counter()
+                    if way == "plan":
+                        engine.extend(prompt, prompt_end=True)
+                    else:
+                        _one_way(engine, prompt)
+                    cold[way].append(time.perf_counter() - started)
+            one, planned = (statistics.median(turn[w]) for w in ("one decode", "plan"))
+            cold_one, cold_plan = (statistics.median(cold[w]) for w in ("one decode", "plan"))
+            rows.append({"history": size, "new_tokens": NEW_TOKENS,
+                         "turn_one_ms": one * 1000, "turn_plan_ms": planned * 1000,
+                         "turn_added_ms": (planned - one) * 1000,
+                         "cold_one_s": cold_one, "cold_plan_s": cold_plan,
+                         "cold_ratio": cold_plan / cold_one})
+    finally:
+        engine.close()
+    return {"rows": rows, "chunk": CHUNK, "runs": runs}
+
+
+def _one_way(engine: Engine, tokens: list[int]) -> None:
+    """The evaluation before the plan: up to OLD_BATCH tokens per decode."""
+    for start in range(0, len(tokens), OLD_BATCH):
+        engine._decode(tokens[start:start + OLD_BATCH])
