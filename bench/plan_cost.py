@@ -1,7 +1,7 @@
 """Scenario "plan": what the batch plan (reame/batches.py) costs, side by side in one run.
 
-Every prompt is evaluated in chunks of CHUNK tokens at absolute positions with its last token
-alone, so that the reply never depends on what the cache held. Before, the new tokens of a turn
+Every prompt is evaluated in chunks of CHUNK tokens at absolute positions, so that the reply
+never depends on what the cache held. Before, the new tokens of a turn
 went in one decode. Measured on the same engine, alternating the two ways, for:
 
 - a turn: a new message (and the reply header) on top of a history already in the KV: the
@@ -41,7 +41,7 @@ def batch_plan_cost(ctx: Context) -> dict:
                     engine.truncate(size)
                     started = time.perf_counter()
                     if way == "plan":
-                        engine.extend(new, prompt_end=True)
+                        engine.extend(new)
                     else:
                         _one_way(engine, new)
                     turn[way].append(time.perf_counter() - started)
@@ -52,7 +52,7 @@ def batch_plan_cost(ctx: Context) -> dict:
                     engine.clear()
                     started = time.perf_counter()
                     if way == "plan":
-                        engine.extend(prompt, prompt_end=True)
+                        engine.extend(prompt)
                     else:
                         _one_way(engine, prompt)
                     cold[way].append(time.perf_counter() - started)

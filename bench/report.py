@@ -501,7 +501,7 @@ def markdown(results: dict, plots: list[str]) -> str:
         plan = sc["plan"]
         parts += ["", "## The batch plan's cost", "",
                   f"Every prompt is evaluated in chunks of {plan['chunk']} tokens at absolute "
-                  "positions, its last token alone, so that the reply never depends on what the "
+                  "positions, so that the reply never depends on what the "
                   "cache held (README, \"Same request, same reply\"). Side by side on one "
                   f"engine, median of {plan['runs']}: a turn's new tokens "
                   f"({plan['rows'][0]['new_tokens']}: a message and the reply header) on top of "
@@ -561,7 +561,7 @@ def plot_plan(plan: dict, path: Path) -> str:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = [r["history"] for r in plan["rows"]]
     for key, label, color in (("turn_one_ms", "one decode (before)", "grey"),
-                              ("turn_plan_ms", f"plan: chunks of {plan['chunk']}, last alone",
+                              ("turn_plan_ms", f"plan: chunks of {plan['chunk']} at absolute positions",
                                "tab:blue")):
         ax.plot(xs, [r[key] for r in plan["rows"]], marker="o", color=color, label=label)
     ax.set_xlabel("history tokens in the KV")

@@ -130,7 +130,7 @@ def first_decode(engine, kv, path: Path, new_tokens: list[int]) -> dict:
     out = {}
     for attempt in ("first decode after the restore", "the same decode again"):
         _must(restore_now(engine, kv, path))
-        out[attempt] = _timed(lambda: engine.extend(new_tokens, prompt_end=True)) * 1000
+        out[attempt] = _timed(lambda: engine.extend(new_tokens)) * 1000
         engine.clear()
     return out
 

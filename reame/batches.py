@@ -6,16 +6,20 @@ of a batch in groups). A token's KV and logits therefore depend on which decode 
 and greedy decoding flips at near ties. So that the cache changes the speed and never the
 answer, every prompt is evaluated by the same plan, whatever part of it was reused:
 
-- the prompt's tokens are split at absolute positions that are multiples of CHUNK;
-- the prompt's last token is evaluated alone (its logits are the ones sampled from);
+- the prompt's tokens are split at absolute positions that are multiples of CHUNK (a batch
+  that starts after a reused prefix runs to the next multiple);
 - generated tokens are evaluated one by one, as they are sampled.
+
+(Evaluating the prompt's last token alone as well would let the same prompt reuse all but that
+token, but costs every turn a decode, about 20 ms here: the prompt's last chunk, at most CHUNK
+tokens, is evaluated again instead.)
 
 The engine records the decodes (Batch) that made its live KV, and a KV file stores them. A
 prompt may reuse live or saved KV only up to a batch boundary (`resume_point`), and only
 where that reuse gives the bits a fresh evaluation would:
 
 - cold-equivalent: every reused batch is one this prompt's own plan would make from position
-  0 (whole aligned chunks; or the prompt's own tail, when the same prompt comes again); then
+  0 (whole aligned chunks); then
   the reply is the one a cold start gives, whoever computed the prefix (a shared-prefix
   snapshot, another conversation's file, the live context);
 - continuation: the reused KV runs through tokens this conversation generated (kept batches):
@@ -42,33 +46,23 @@ class Batch(NamedTuple):
     kept: bool = False
 
 
-def plan(start: int, end: int, *, last_alone: bool = True, whole_only: bool = False
-         ) -> list[tuple[int, int]]:
-    """The decodes that evaluate tokens [start, end) of a prompt: split at multiples of CHUNK,
-    and (last_alone) the token at end - 1 alone. whole_only: only batches that end at a
-    multiple of CHUNK (a prompt's head whose end is not known yet: type-ahead), so that the
-    final prompt makes the very same batches."""
+def plan(start: int, end: int, *, whole_only: bool = False) -> list[tuple[int, int]]:
+    """The decodes that evaluate tokens [start, end) of a prompt: split at multiples of CHUNK.
+    whole_only: only batches that end at a multiple of CHUNK (a prompt's head whose end is not
+    known yet: type-ahead), so that the final prompt makes the very same batches."""
     first = (start // CHUNK + 1) * CHUNK
+    bounds = [start] + list(range(first, end, CHUNK))
     if whole_only:
-        bounds = [start] + list(range(first, end + 1, CHUNK))
+        bounds += [end] if end % CHUNK == 0 else []
     else:
-        cuts = list(range(first, end, CHUNK))
-        tail = end - 1 if last_alone and end - start > 1 else None
-        if tail is not None and tail not in cuts:
-            cuts.append(tail)
-        bounds = [start] + cuts + [end]
+        bounds.append(end)
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def _cold(batch: Batch, prompt_len: int | None) -> bool:
-    """Whether a fresh evaluation of a prompt of prompt_len tokens (None: of unknown length,
-    only whole chunks) from position 0 makes this very batch."""
-    if batch.kept or batch.start % CHUNK:
-        return False
-    if batch.end == batch.start + CHUNK:
-        return True
-    # The prompt's own last, partial chunk, before its last token.
-    return prompt_len is not None and batch.end == prompt_len - 1 and batch.end < batch.start + CHUNK
+def _cold(batch: Batch) -> bool:
+    """Whether a fresh evaluation from position 0 of any prompt that holds this batch's tokens
+    (and more) makes this very batch: a whole chunk."""
+    return not batch.kept and batch.start % CHUNK == 0 and batch.end == batch.start + CHUNK
 
 
 def resume_point(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int], *,
@@ -79,14 +73,13 @@ def resume_point(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequen
     limit = common_prefix(tokens, prompt)
     if complete:
         limit = min(limit, len(prompt) - 1)
-    prompt_len = len(prompt) if complete else None
     cold = resume = 0
     is_cold, continues = True, False
     for batch in batches:
         if batch.end > limit:
             break
         resume = batch.end
-        if is_cold and _cold(batch, prompt_len):
+        if is_cold and _cold(batch):
             cold = batch.end
         else:
             is_cold = False

@@ -195,8 +195,8 @@ class KVCache:
             yield "disk", own_path
         index = self._block_index()
         seen = {own_path}
-        # Files that end a prompt exactly where this one does (the same request again).
-        for path in reversed(index.get(_prompt_key(prompt[:-1]), ())):
+        # Files whose KV holds this very prompt before a reply (the same request again).
+        for path in reversed(index.get(_prompt_key(prompt), ())):
             if path not in seen and path.exists():
                 seen.add(path)
                 yield "prefix", path
@@ -222,9 +222,9 @@ class KVCache:
 
     def _add_to_index(self, path: Path, tokens: list[int], batches: list[Batch]) -> None:
         if self._index is not None:
-            # Where a prompt of it ended: a fresh batch of its last token alone.
-            ends = [_prompt_key(tokens[:b.start]) for b in batches
-                    if not b.kept and b.end - b.start == 1 and b.start]
+            # Where a prompt of it ended: a fresh batch followed by a generated token.
+            ends = [_prompt_key(tokens[:b.end]) for b, after in zip(batches, batches[1:])
+                    if not b.kept and after.kept]
             for block_hash in block_hashes(tokens) + ends:
                 holders = self._index.setdefault(block_hash, [])
                 if path in holders:
@@ -321,7 +321,7 @@ class KVCache:
 
 
 def _prompt_key(tokens: list[int]) -> str:
-    """The index key of a prompt's tokens but its last: its KV ends where a prompt ended."""
+    """The index key of a whole prompt's tokens (a file whose KV holds them before a reply)."""
     return "prompt:" + hashlib.blake2b(array("i", tokens).tobytes(), digest_size=12).hexdigest()
 
 

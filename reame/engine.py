@@ -276,15 +276,13 @@ class Engine:
         self.batches.append(Batch(start, len(self.tokens), kept))
         self.evaluated += len(tokens)
 
-    def extend(self, tokens: list[int], *, prompt_end: bool = False,
-               whole_only: bool = False) -> int:
+    def extend(self, tokens: list[int], *, whole_only: bool = False) -> int:
         """Evaluate tokens after the live ones, in the decodes batches.plan() gives for their
-        absolute positions. prompt_end: they end a prompt (the last one alone); whole_only:
-        only up to the last multiple of CHUNK (the rest is left). The tokens evaluated."""
+        absolute positions. whole_only: only up to the last multiple of CHUNK (the rest is
+        left). The tokens evaluated."""
         base = len(self.tokens)
         done = 0
-        for a, b in plan(base, base + len(tokens), last_alone=prompt_end,
-                         whole_only=whole_only):
+        for a, b in plan(base, base + len(tokens), whole_only=whole_only):
             self._decode(tokens[a - base:b - base])
             done = b - base
         return done
@@ -292,11 +290,11 @@ class Engine:
     def prefill(self, prompt: list[int]) -> int:
         """Make the KV hold prompt, reusing what the live KV can give without changing the
         reply (resume_point); return how many tokens were reused. The last prompt token is
-        always evaluated, alone, so that its logits are there to sample from."""
+        always evaluated, so that its logits are there to sample from."""
         reuse = self.resume_point(prompt)
         if not self.truncate(reuse):
             reuse = 0
-        self.extend(prompt[reuse:], prompt_end=True)
+        self.extend(prompt[reuse:])
         return reuse
 
     def prefill_head(self, head: list[int]) -> int:

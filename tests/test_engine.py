@@ -1,6 +1,6 @@
 import pytest
 
-from reame.batches import CHUNK, Batch, plan
+from reame.batches import CHUNK, plan
 from reame.engine import Engine, ModelLoadError, Sampling, check_model_file, model_fingerprint
 from reame.render import inert_html
 
@@ -49,9 +49,9 @@ def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine
     engine.clear()
     first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
     assert engine.prefill(first) == 0
-    # The prompt is evaluated in chunks at multiples of CHUNK, its last token alone.
+    # The prompt is evaluated in chunks at absolute multiples of CHUNK.
     assert [(b.start, b.end) for b in engine.batches] == plan(0, len(first))
-    assert engine.batches[-1] == Batch(len(first) - 1, len(first))
+    assert all(b.start % CHUNK == 0 and not b.kept for b in engine.batches)
     # Another prompt sharing its start reuses only the whole chunks: the KV it gets is the
     # one a fresh evaluation makes.
     before = engine.evaluated
@@ -60,8 +60,8 @@ def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine
     assert reused == (len(first) // CHUNK) * CHUNK and reused > 0
     assert engine.evaluated - before == len(longer) - reused
     assert [(b.start, b.end) for b in engine.batches] == plan(0, len(longer))
-    # The same prompt again reuses all but its last token (evaluated alone, as before).
-    assert engine.prefill(longer) == len(longer) - 1
+    # The same prompt again reuses all but its last chunk (evaluated again, as before).
+    assert engine.prefill(longer) == (len(longer) - 1) // CHUNK * CHUNK
     # After generated tokens, a prompt that continues them reuses the whole KV.
     for _ in zip(range(3), engine.generate(Sampling(temperature=0), 3)):
         pass

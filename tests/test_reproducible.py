@@ -135,18 +135,19 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
 
     # A restart: every prompt again, its KV read from the file its first answer wrote.
     node = Node(folder, model)
-    for prompt in reversed(PROMPTS):  # never the previous prompt's live KV
+    for prompt in PROMPTS:
+        node.engine.clear()  # nothing live: the prompt's KV comes from a file
         text, logits, source = node.ask(prompt, sampling)
-        assert source == "prefix", f"the own file of {prompt!r} was not restored"
+        assert source == "prefix", f"no file was restored for {prompt!r}"
         assert (text, logits) == cold[prompt], f"restored KV changed the reply: {prompt!r}"
     node.close()
 
 
-def test_a_continued_conversation_gives_the_uninterrupted_reply_after_a_restart(
+def test_a_continued_conversation_gives_the_uninterrupted_reply(
         tmp_path, model):
-    """A conversation whose KV was kept (replies as the exact tokens generated): the next
-    turn's reply is the same live, after a restart from the file, and with its message typed
-    ahead; and the same for a stored chat, live, from its file, and regenerated."""
+    """A conversation whose KV was kept (replies as the exact tokens generated): a stateless
+    continuation gives the same reply again; a stored chat's turn gives the same reply live,
+    from its file after a restart, regenerated, and with its message typed ahead."""
     folder = tmp_path / "served"
     node = Node(folder, model)
     service = node.service
@@ -154,11 +155,12 @@ def test_a_continued_conversation_gives_the_uninterrupted_reply_after_a_restart(
                                   max_tokens=MAX_TOKENS, temperature=0.0))[-1]
     history = (Turn("user", PROMPTS[0]), Turn("assistant", first.text))
     live = node.ask(PROMPTS[1], "greedy", history)
+    # The same request again: from the KV its first answer left, the same reply. (After a
+    # restart the server no longer knows the reply's text as the tokens it generated, and a
+    # re-tokenized reply is another prompt: README, "Same request, same reply".)
+    again = node.ask(PROMPTS[1], "greedy", history)
+    assert again[2] == "live" and again[:2] == live[:2]
     node.close()
-    restarted = Node(folder, model)
-    again = restarted.ask(PROMPTS[1], "greedy", history)
-    assert again[2] == "prefix" and again[:2] == live[:2]
-    restarted.close()
 
     # A stored chat: live, then from its file after a restart, then regenerated.
     node = Node(tmp_path / "chats", model)
