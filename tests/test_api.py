@@ -77,7 +77,8 @@ def test_regenerate_and_edit_through_the_api(server):
     regenerated = job.result()
     after = client.predict(chat_id, api_name="/get_chat")["messages"]
     assert len(after) == 4 and after[-1]["content"] == regenerated
-    assert after[-1]["stats"]["prefilled"] == 1, "only the last prompt token is recomputed"
+    # Only the prompt's last decode (at most one chunk) is evaluated again.
+    assert 0 < after[-1]["stats"]["prefilled"] <= CHUNK, "only the prompt's last chunk again"
 
     second_user = before[2]
     edited = client.predict(chat_id, second_user["id"], "Say goodbye.", api_name="/edit_message")
