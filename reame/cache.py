@@ -67,19 +67,18 @@ class KVCache:
         return self.store is not None
 
     def prepare(self, chat_id: int | None, prompt: list[int],
-                drop: Drop | None = None, *, complete: bool = True) -> Restored:
+                drop: Drop | None = None) -> Restored:
         """Make the engine's KV hold the longest available prefix of prompt that gives the
-        same reply as a fresh evaluation would (batches.resume_point). complete=False: prompt
-        is only the head of the next prompt (type-ahead).
+        same reply as a fresh evaluation would (batches.resume_point).
 
         With a drop, the KV of the old window (live or from disk) is shifted: the dropped span
         removed, the rest moved down, nothing recomputed. Where the model cannot shift, the
         kept window is re-evaluated (and the result says so). chat_id None: a stateless
         request, found by its tokens only."""
         if drop is None:
-            return self._prepare(chat_id, prompt, complete)
+            return self._prepare(chat_id, prompt)
         engine = self.engine
-        restored = self._prepare(chat_id, drop.old_prompt, True)
+        restored = self._prepare(chat_id, drop.old_prompt)
         shifted = restored.reused > drop.at + drop.n and engine.shift(drop.at, drop.n)
         reuse = engine.resume_point(prompt)
         if not engine.truncate(reuse):
@@ -92,11 +91,10 @@ class KVCache:
                  else "no KV of the old window")
         return Restored(reuse, source, restored.restore_ms, recomputed=True)
 
-    def _prepare(self, chat_id: int, prompt: list[int], complete: bool) -> Restored:
+    def _prepare(self, chat_id: int, prompt: list[int]) -> Restored:
         engine = self.engine
-        # The last token of a prompt is always evaluated, for its logits.
-        usable = len(prompt) - 1 if complete else len(prompt)
-        live = engine.resume_point(prompt, complete=complete)
+        usable = len(prompt) - 1  # the last token is always evaluated, for its logits
+        live = engine.resume_point(prompt)
         live_chat, self._live_chat = self._live_chat, chat_id
         warmed, self._warmed = self._warmed, None
         missed, self._missed = self._missed, None
@@ -114,7 +112,7 @@ class KVCache:
         self.lookups += 1
         started = time.perf_counter()
         # The chat's own file, if warm() just found it unusable, is not read (nor logged) twice.
-        restored = self._restore(chat_id, prompt, live, complete, own=missed != chat_id)
+        restored = self._restore(chat_id, prompt, live, own=missed != chat_id)
         ms = (time.perf_counter() - started) * 1000
         if restored is not None:
             self.hits += 1
@@ -122,7 +120,7 @@ class KVCache:
             restored.restore_ms = ms
             return restored
         # Nothing better on disk: whatever still matches in the context is reused.
-        live = engine.resume_point(prompt, complete=complete)
+        live = engine.resume_point(prompt)
         return Restored(live, "live" if live else "none", ms)
 
     def holds(self, chat_id: int) -> bool:
@@ -141,7 +139,7 @@ class KVCache:
         if self.engine.common_prefix(tokens) == len(tokens):
             return None
         started = time.perf_counter()
-        restored = self._restore(chat_id, tokens + [-1], 0, True)
+        restored = self._restore(chat_id, tokens + [-1], 0)
         if restored is None or restored.source != "disk":
             self._missed = chat_id
         if restored is not None:
@@ -150,18 +148,18 @@ class KVCache:
             self._live_chat = chat_id
         return restored
 
-    def _restore(self, chat_id: int, prompt: list[int], live: int, complete: bool, *,
+    def _restore(self, chat_id: int, prompt: list[int], live: int, *,
                  own: bool = True) -> Restored | None:
         """Load the file that gives most of prompt (beyond live tokens), cut where its reuse
         keeps the reply the same (batches.resume_point); own=False: not the chat's own file."""
         engine = self.engine
-        best = len(prompt) - 1 if complete else len(prompt)
+        best = len(prompt) - 1
         ranked = []  # (reach, order, source, path): the farthest first, then the own file
         for order, (source, path) in enumerate(self._candidates(chat_id, prompt, own=own)):
             head = self.store.head(path)
             if head is None:
                 continue
-            reach = resume_point(head[1], head[0], prompt, complete=complete)
+            reach = resume_point(head[1], head[0], prompt)
             if reach > live:
                 ranked.append((reach, -order, source, path))
                 if reach >= best:

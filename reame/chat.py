@@ -329,9 +329,10 @@ class ChatService:
             self.lock.release()
 
     def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
-        """Evaluate the part of the next prompt that a message being typed already fixes, so
-        that sending it evaluates only its last tokens and the reply header. Never waits: when
-        a turn (or another draft) holds the model, nothing is done. The tokens evaluated."""
+        """Evaluate the prompt a send of the message being typed would make, by the very
+        decodes the send makes: sent as it stands, its reply starts from these logits; typed
+        on, only its last chunk and what follows are evaluated again. Never waits: when a turn
+        (or another draft) holds the model, nothing is done. The tokens evaluated."""
         if self.engine is None or not draft.strip() or self.cache is None:
             return 0
         chat = self.get_chat(chat_id, user)
@@ -345,16 +346,14 @@ class ChatService:
                 return 0
             if window.dropped_now:  # the turn will move the window: leave it to the turn
                 return 0
-            fixed = self.prompts.fixed_head(chat.system_prompt, window.turns[:-1], draft)
-            engine = self.engine
-            if engine.common_prefix(fixed) == len(fixed):
+            engine, prompt = self.engine, window.prompt
+            if engine.ready_for(prompt):
                 return 0
-            restored = self.cache.prepare(chat.id, fixed, complete=False)
+            restored = self.cache.prepare(chat.id, prompt)
             before = engine.evaluated
-            # Only the whole chunks the sent prompt's plan makes too: the reply stays the same.
-            end = engine.prefill_head(fixed)
+            engine.prefill(prompt)
             typed = self._typed if self._typed and self._typed.chat_id == chat.id else None
-            self._typed = Typed.after(typed, chat.id, restored, end)
+            self._typed = Typed.after(typed, chat.id, restored, len(prompt))
             return engine.evaluated - before
         finally:
             self.lock.release()
@@ -457,7 +456,8 @@ class ChatService:
             stats.reused, stats.source, stats.restore_ms = (
                 restored.reused, restored.source, restored.restore_ms)
             before = engine.evaluated
-            engine.prefill(prompt)
+            if engine.prefill(prompt) == len(prompt):  # the same prompt's logits are live
+                stats.reused = len(prompt)
             stats.prefilled = engine.evaluated - before
             stats.prefill_ms = (time.perf_counter() - started) * 1000 - stats.restore_ms
             limit = min(max_tokens or self.defaults.max_tokens, engine.n_ctx - len(prompt))
@@ -572,7 +572,8 @@ class ChatService:
             if restored.reused < snapshot and cache.wants_snapshot(snapshot, prompt):
                 engine.prefill_head(prompt[:snapshot])  # whole chunks: the plan is unchanged
                 cache.save_snapshot(prompt, snapshot)
-        engine.prefill(prompt)
+        if engine.prefill(prompt) == len(prompt):  # typed ahead: its logits are live
+            stats.reused = len(prompt)
         seconds = time.perf_counter() - started
         stats.prefilled = engine.evaluated - before
         stats.prefill_ms = seconds * 1000

@@ -148,6 +148,7 @@ class Engine:
             llama_cpp.llama_get_memory(self.llm._ctx.ctx))))
         self.tokens: list[int] = []
         self.batches: list[Batch] = []  # the decodes that made the live KV (batches.py)
+        self._logits_for = -1  # len(tokens) right after the last decode: its logits are live
         self.evaluated = 0
         log.info("loaded %s (n_ctx %d, %d threads) in %.2f s", model_path.name, self.n_ctx,
                  threads, time.perf_counter() - started)
@@ -215,10 +216,12 @@ class Engine:
         return resume_point(self.batches, self.tokens, prompt, complete=complete)
 
     def truncate(self, n: int) -> bool:
-        """Keep the KV of the first n tokens; False when the model cannot (then the KV is
-        cleared). Callers cut at a batch boundary (resume_point) to keep replies exact."""
+        """Keep the KV of the first n tokens, or fewer: the cut goes down to the start of the
+        decode it falls in (a decode's head alone is not what any plan makes). False when the
+        model cannot (then the KV is cleared)."""
         if n >= len(self.tokens):
             return True
+        n = max((b.start for b in self.batches if b.start <= n), default=0)
         mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
         ok = n > 0 and llama_cpp.llama_memory_seq_rm(mem, 0, n, -1)
         # Never trust a True: sliding-window and recurrent models may keep nothing.
@@ -230,6 +233,7 @@ class Engine:
         self.tokens = self.tokens[:n]
         self.batches = truncated(self.batches, n)
         self.llm.n_tokens = n
+        self._logits_for = -1
         return True
 
     def shift(self, at: int, n: int) -> bool:
@@ -250,6 +254,7 @@ class Engine:
             return False
         self.tokens = tokens
         self.batches = shifted(self.batches, at, n)
+        self._logits_for = -1
         self.llm.n_tokens = len(tokens)
         self.llm.input_ids[: len(tokens)] = tokens
         return True
@@ -261,6 +266,7 @@ class Engine:
         llama_cpp.llama_memory_clear(mem, zero)
         self.tokens = []
         self.batches = []
+        self._logits_for = -1
         self.llm.n_tokens = 0
 
     def _decode(self, tokens: list[int], *, kept: bool = False) -> None:
@@ -274,6 +280,7 @@ class Engine:
         self.llm.eval(tokens)
         self.tokens.extend(tokens)
         self.batches.append(Batch(start, len(self.tokens), kept))
+        self._logits_for = len(self.tokens)
         self.evaluated += len(tokens)
 
     def extend(self, tokens: list[int], *, whole_only: bool = False) -> int:
@@ -289,21 +296,26 @@ class Engine:
 
     def prefill(self, prompt: list[int]) -> int:
         """Make the KV hold prompt, reusing what the live KV can give without changing the
-        reply (resume_point); return how many tokens were reused. The last prompt token is
-        always evaluated, so that its logits are there to sample from."""
-        reuse = self.resume_point(prompt)
-        if not self.truncate(reuse):
-            reuse = 0
+        reply (resume_point); return how many tokens were reused. The prompt's last decode is
+        evaluated again, so that its logits are there to sample from, unless it was the very
+        last decode (type-ahead evaluated this prompt): then its logits are still live, and
+        the same bits as evaluating it again."""
+        if self.ready_for(prompt):
+            return len(prompt)
+        self.truncate(self.resume_point(prompt))
+        reuse = len(self.tokens)
         self.extend(prompt[reuse:])
         return reuse
 
+    def ready_for(self, prompt: list[int]) -> bool:
+        """Whether the KV holds exactly prompt and the logits of its last decode are live."""
+        return self._logits_for == len(prompt) == len(self.tokens) and self.tokens == prompt
+
     def prefill_head(self, head: list[int]) -> int:
-        """Evaluate what can be evaluated now of a prompt that will start with head: the whole
-        chunks the final prompt's plan makes too (type-ahead, shared-prefix snapshots). The
-        live tokens that are head's after it."""
-        reuse = self.resume_point(head, complete=False)
-        if not self.truncate(reuse):
-            reuse = 0
+        """Evaluate the whole chunks of a prompt that will start with head, as the prompt's
+        plan makes them (a shared-prefix snapshot). The live tokens that are head's after it."""
+        self.truncate(self.resume_point(head, complete=False))
+        reuse = len(self.tokens)
         return reuse + self.extend(head[reuse:], whole_only=True)
 
     def sampler(self, sampling: Sampling) -> LlamaSampler:

@@ -60,7 +60,13 @@ def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine
     assert reused == (len(first) // CHUNK) * CHUNK and reused > 0
     assert engine.evaluated - before == len(longer) - reused
     assert [(b.start, b.end) for b in engine.batches] == plan(0, len(longer))
-    # The same prompt again reuses all but its last chunk (evaluated again, as before).
+    # The same prompt again right away: its last decode's logits are still live.
+    before = engine.evaluated
+    assert engine.ready_for(longer) and engine.prefill(longer) == len(longer)
+    assert engine.evaluated == before
+    # Once the KV moved on, all but its last chunk (evaluated again, as before).
+    engine.truncate(len(longer) - 2)
+    assert not engine.ready_for(longer)
     assert engine.prefill(longer) == (len(longer) - 1) // CHUNK * CHUNK
     # After generated tokens, a prompt that continues them reuses the whole KV.
     for _ in zip(range(3), engine.generate(Sampling(temperature=0), 3)):
