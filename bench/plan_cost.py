@@ -35,29 +35,10 @@ def batch_plan_cost(ctx: Context) -> dict:
             history, new = tokens[:size], tokens[size:size + NEW_TOKENS]
             engine.clear()
             engine.extend(history)
-            turn = {"one decode": [], "plan": []}
-            for _ in range(runs):
-                for way in turn:
-                    engine.truncate(size)
-                    started = time.perf_counter()
-                    if way == "plan":
-                        engine.extend(new)
-                    else:
-                        _one_way(engine, new)
-                    turn[way].append(time.perf_counter() - started)
-            cold = {"one decode": [], "plan": []}
-            prompt = tokens[:size + 1]
-            for _ in range(max(1, runs // 3) if size > 1000 else runs):
-                for way in cold:
-                    engine.clear()
-                    started = time.perf_counter()
-                    if way == "plan":
-                        engine.extend(prompt)
-                    else:
-                        _one_way(engine, prompt)
-                    cold[way].append(time.perf_counter() - started)
-            one, planned = (statistics.median(turn[w]) for w in ("one decode", "plan"))
-            cold_one, cold_plan = (statistics.median(cold[w]) for w in ("one decode", "plan"))
+            one, planned = _alternate(engine, runs, lambda: engine.truncate(size), new)
+            cold_runs = max(1, runs // 3) if size > 1000 else runs
+            cold_one, cold_plan = _alternate(engine, cold_runs, engine.clear,
+                                             tokens[:size + 1])
             rows.append({"history": size, "new_tokens": NEW_TOKENS,
                          "turn_one_ms": one * 1000, "turn_plan_ms": planned * 1000,
                          "turn_added_ms": (planned - one) * 1000,
@@ -66,6 +47,21 @@ def batch_plan_cost(ctx: Context) -> dict:
     finally:
         engine.close()
     return {"rows": rows, "chunk": CHUNK, "runs": runs}
+
+
+def _alternate(engine: Engine, runs: int, prepare, tokens: list[int]) -> tuple[float, float]:
+    """Median seconds to evaluate tokens after prepare(): one decode, then the plan, in turns."""
+    times: dict[str, list[float]] = {"one decode": [], "plan": []}
+    for _ in range(runs):
+        for way, seconds in times.items():
+            prepare()
+            started = time.perf_counter()
+            if way == "plan":
+                engine.extend(tokens)
+            else:
+                _one_way(engine, tokens)
+            seconds.append(time.perf_counter() - started)
+    return statistics.median(times["one decode"]), statistics.median(times["plan"])
 
 
 def _one_way(engine: Engine, tokens: list[int]) -> None:
