@@ -18,10 +18,9 @@ The engine records the decodes (Batch) that made its live KV, and a KV file stor
 prompt may reuse live or saved KV only up to a batch boundary (`resume_point`), and only
 where that reuse gives the bits a fresh evaluation would:
 
-- cold-equivalent: every reused batch is one this prompt's own plan would make from position
-  0 (whole aligned chunks); then
-  the reply is the one a cold start gives, whoever computed the prefix (a shared-prefix
-  snapshot, another conversation's file, the live context);
+- cold-equivalent: every reused batch is a whole aligned chunk, as this prompt's own plan
+  makes it from position 0; then the reply is the one a cold start gives, whoever computed
+  the prefix (a shared-prefix snapshot, another conversation's file, the live context);
 - continuation: the reused KV runs through tokens this conversation generated (kept batches):
   the prompt continues a conversation whose KV was kept, and gets the reply the uninterrupted
   conversation gets, live or restored from its file. A cold recomputation of such a history
@@ -33,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-CHUNK = 16  # prompt tokens per decode, split at absolute positions: see bench "batch plan"
+CHUNK = 16  # prompt tokens per decode, at absolute positions (cost: bench scenario "plan")
 
 
 class Batch(NamedTuple):
@@ -48,8 +47,8 @@ class Batch(NamedTuple):
 
 def plan(start: int, end: int, *, whole_only: bool = False) -> list[tuple[int, int]]:
     """The decodes that evaluate tokens [start, end) of a prompt: split at multiples of CHUNK.
-    whole_only: only batches that end at a multiple of CHUNK (a prompt's head whose end is not
-    known yet: type-ahead), so that the final prompt makes the very same batches."""
+    whole_only: only batches that end at a multiple of CHUNK (a head that longer prompts
+    share: a shared-prefix snapshot), so that those prompts make the very same batches."""
     first = (start // CHUNK + 1) * CHUNK
     bounds = [start] + list(range(first, end, CHUNK))
     if whole_only:
