@@ -45,16 +45,10 @@ class Batch(NamedTuple):
     kept: bool = False
 
 
-def plan(start: int, end: int, *, whole_only: bool = False) -> list[tuple[int, int]]:
-    """The decodes that evaluate tokens [start, end) of a prompt: split at multiples of CHUNK.
-    whole_only: only batches that end at a multiple of CHUNK (a head that longer prompts
-    share: a shared-prefix snapshot), so that those prompts make the very same batches."""
+def plan(start: int, end: int) -> list[tuple[int, int]]:
+    """The decodes that evaluate tokens [start, end) of a prompt: split at multiples of CHUNK."""
     first = (start // CHUNK + 1) * CHUNK
-    bounds = [start] + list(range(first, end, CHUNK))
-    if whole_only:
-        bounds += [end] if end % CHUNK == 0 else []
-    else:
-        bounds.append(end)
+    bounds = [start, *range(first, end, CHUNK), end]
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
@@ -108,15 +102,11 @@ def valid(batches: Sequence[Batch], n_tokens: int) -> bool:
 
 
 def truncated(batches: Sequence[Batch], n: int) -> list[Batch]:
-    """The batches of the first n tokens; a batch cut in two keeps its head as kept (its bits
-    are not what a decode of the head alone gives)."""
-    out = []
-    for batch in batches:
-        if batch.end <= n:
-            out.append(batch)
-        elif batch.start < n:
-            out.append(Batch(batch.start, n, True))
-    return out
+    """The batches of the first n tokens; n is a batch boundary (a KV cut inside a decode
+    would keep bits no decode of the head alone gives, so Engine.truncate never makes one)."""
+    if n not in (0, *(batch.end for batch in batches)):
+        raise ValueError(f"{n} tokens is not a batch boundary")
+    return [batch for batch in batches if batch.end <= n]
 
 
 def shifted(batches: Sequence[Batch], at: int, n: int) -> list[Batch]:

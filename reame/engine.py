@@ -22,7 +22,7 @@ import xxhash
 from llama_cpp import Llama
 from llama_cpp._internals import LlamaSampler
 
-from .batches import Batch, common_prefix, plan, resume_point, shifted, truncated, valid
+from .batches import CHUNK, Batch, common_prefix, plan, resume_point, shifted, truncated, valid
 
 log = logging.getLogger(__name__)
 
@@ -283,16 +283,12 @@ class Engine:
         self._logits_for = len(self.tokens)
         self.evaluated += len(tokens)
 
-    def extend(self, tokens: list[int], *, whole_only: bool = False) -> int:
+    def extend(self, tokens: list[int]) -> None:
         """Evaluate tokens after the live ones, in the decodes batches.plan() gives for their
-        absolute positions. whole_only: only up to the last multiple of CHUNK (the rest is
-        left). The tokens evaluated."""
+        absolute positions."""
         base = len(self.tokens)
-        done = 0
-        for a, b in plan(base, base + len(tokens), whole_only=whole_only):
+        for a, b in plan(base, base + len(tokens)):
             self._decode(tokens[a - base:b - base])
-            done = b - base
-        return done
 
     def prefill(self, prompt: list[int]) -> int:
         """Make the KV hold prompt, reusing what the live KV can give without changing the
@@ -311,12 +307,13 @@ class Engine:
         """Whether the KV holds exactly prompt and the logits of its last decode are live."""
         return self._logits_for == len(prompt) == len(self.tokens) and self.tokens == prompt
 
-    def prefill_head(self, head: list[int]) -> int:
-        """Evaluate the whole chunks of a prompt that will start with head, as the prompt's
-        plan makes them (a shared-prefix snapshot). The live tokens that are head's after it."""
+    def prefill_head(self, head: list[int]) -> None:
+        """Make the KV hold head, whole chunks of a longer prompt (a shared-prefix snapshot),
+        in the decodes that prompt's own plan makes."""
+        if len(head) % CHUNK:
+            raise ValueError(f"a head of {len(head)} tokens is not whole chunks of {CHUNK}")
         self.truncate(self.resume_point(head, complete=False))
-        reuse = len(self.tokens)
-        return reuse + self.extend(head[reuse:], whole_only=True)
+        self.extend(head[len(self.tokens):])
 
     def sampler(self, sampling: Sampling) -> LlamaSampler:
         sampler = LlamaSampler()

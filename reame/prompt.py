@@ -75,12 +75,11 @@ class PromptBuilder:
                 out.extend(self._piece_tokens(piece, add_bos and n == 0))
         return out
 
-    def fixed_head(self, system_prompt: str, turns: list[Turn], draft: str = "") -> list[int]:
-        """The tokens of the prompt for turns + a user message starting with draft that no
-        continuation of draft can change (the tokenizer may merge draft's last characters with
-        the next ones): the common prefix of the prompts for draft + "a" and draft + "b"."""
-        a = self.tokens(system_prompt, turns + [Turn("user", draft + "a")])
-        b = self.tokens(system_prompt, turns + [Turn("user", draft + "b")])
+    def fixed_head(self, system_prompt: str, turns: list[Turn]) -> list[int]:
+        """The tokens of the prompt for turns + a next user message that no message can change
+        (the next turn's header): the common prefix of the prompts for messages "a" and "b"."""
+        a = self.tokens(system_prompt, turns + [Turn("user", "a")])
+        b = self.tokens(system_prompt, turns + [Turn("user", "b")])
         return a[:common_prefix(a, b)]
 
     def _piece_tokens(self, piece: str, add_bos: bool) -> tuple[int, ...]:
