@@ -153,17 +153,18 @@ class KVCache:
         """Load the file that gives most of prompt (beyond live tokens), cut where its reuse
         keeps the reply the same (batches.resume_point); own=False: not the chat's own file."""
         engine = self.engine
-        best = len(prompt) - 1
         ranked = []  # (reach, order, source, path): the farthest first, then the own file
-        for order, (source, path) in enumerate(self._candidates(chat_id, prompt, own=own)):
+        farthest = live
+        for order, (source, path, bound) in enumerate(self._candidates(chat_id, prompt, own=own)):
+            if farthest >= bound:
+                break  # no file from here on shares more of the prompt
             head = self.store.head(path)
             if head is None:
                 continue
             reach = resume_point(head[1], head[0], prompt)
             if reach > live:
                 ranked.append((reach, -order, source, path))
-                if reach >= best:
-                    break
+                farthest = max(farthest, reach)
         for reach, _, source, path in sorted(ranked, reverse=True):
             entry = self.store.read(path)
             if entry is None:
@@ -187,23 +188,30 @@ class KVCache:
     def _candidates(self, chat_id: int | None, prompt: list[int], *, own: bool = True):
         """The chat's own file, then files whose tokens start like prompt, longest shared
         block first: snapshots by name, other files through the index of their block hashes
-        (the newest few holding each block), at most CANDIDATES in all."""
+        (the newest few holding each block), at most CANDIDATES in all. Each comes with a
+        bound: no file from it on can give more than that many of prompt's tokens."""
+        whole = len(prompt) - 1  # the prompt's last token is always evaluated again
         own_path = self.store.chat_path(chat_id) if chat_id is not None else None
         if own_path is not None and own:
-            yield "disk", own_path
+            yield "disk", own_path, whole
         index = self._block_index()
         seen = {own_path}
         # Files whose KV holds this very prompt before a reply (the same request again).
         for path in reversed(index.get(_prompt_key(prompt), ())):
             if path not in seen and path.exists():
                 seen.add(path)
-                yield "prefix", path
-        for block_hash in reversed(block_hashes(prompt)):
+                yield "prefix", path, whole
+        hashes = block_hashes(prompt)
+        for n, block_hash in reversed(list(enumerate(hashes, 1))):
+            # Files first found at n blocks do not hold block n + 1 (they would be listed
+            # there: the index keeps the newest holders of each block, and every holder of
+            # a block holds the ones before it); snapshots end before the next block too.
+            bound = min(whole, (n + 1) * BLOCK - 1)
             for path in [*reversed(index.get(block_hash, ())),
                          self.store.prefix_path(block_hash)]:
                 if path not in seen and path.exists():
                     seen.add(path)
-                    yield "prefix", path
+                    yield "prefix", path, bound
                     if len(seen) > CANDIDATES:
                         return
 

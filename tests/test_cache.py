@@ -297,6 +297,27 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
                          model_path).source == "prefix"
 
 
+def test_a_lookup_opens_only_files_that_could_give_more(folder, model_path, monkeypatch):
+    node = Node(folder, model_path)
+    questions = [f"Count to {n}." for n in range(2, 7)]
+    replies = [node.finish(node.service.complete(LONG_SYSTEM, [Turn("user", q)])).text
+               for q in questions]
+    node.kv.flush()
+    later = Node(folder, model_path)  # a restart: found by tokens only, through the index
+    later.service.cache._block_index()  # built once per process from every file's head
+    peeked = []
+    head = later.kv.head
+    monkeypatch.setattr(later.kv, "head", lambda path, **kw: peeked.append(path) or head(path, **kw))
+    turns = [Turn("user", questions[0]), Turn("assistant", replies[0]), Turn("user", "Thanks!")]
+    last = later.finish(later.service.complete(LONG_SYSTEM, turns))
+    assert last.stats.source == "prefix"
+    assert last.stats.reused > len(later.service.prompts.tokens(LONG_SYSTEM, turns[:1]))
+    # The first conversation's file gives all its tokens; the four others (and the snapshot)
+    # share only the system prompt's blocks, so after it none of them is even opened.
+    assert len(peeked) == 1, peeked
+    assert_only_new_tokens_evaluated(last)
+
+
 def _corrupt_truncate(path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
