@@ -8,6 +8,7 @@ because the 2-core machine may be busy with other work.
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 import time
@@ -150,6 +151,18 @@ def send(page: Page, text: str) -> str:
     box.press("Enter")
     wait_for_reply_done(page, replies + 1)
     return page.locator(BOT).last.inner_text()
+
+
+def typed_ahead_call(response, text: str) -> bool:
+    """Whether response answers the page's type-ahead call made with all of text typed (the
+    page calls as the box changes, always with the latest text once a call is answered)."""
+    if "/run/predict" not in response.url:
+        return False
+    try:
+        data = json.loads(response.request.post_data or "{}").get("data") or []
+    except ValueError:
+        return False
+    return text in data
 
 
 def without_stats(shown: str) -> str:
@@ -428,8 +441,8 @@ def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
     # Continuing after the restart restores the chat's KV from its file, and what is typed is
     # evaluated while it is typed: sending leaves only the message's end to evaluate.
     box = page.locator(BOX)
-    box.press_sequentially(ITALY, delay=40)
-    page.wait_for_timeout(500)  # the last keystrokes' call
+    with page.expect_response(lambda r: typed_ahead_call(r, ITALY), timeout=60_000):
+        box.press_sequentially(ITALY, delay=40)  # the page's call with all of it has answered
     box.press("Enter")
     wait_for_reply_done(page, 3)
     line = page.locator(STATS).last.inner_text()
