@@ -116,9 +116,11 @@ def register_api(service: ChatService, *, concurrency_id: str,
         except ChatNotFound as exc:
             raise _user_error(exc) from None
 
-    def cache_stats() -> dict:
-        """The KV cache: disk used, files, hit rate, tokens restored, time saved."""
-        return service.cache_stats()
+    def cache_stats(request: gr.Request = None) -> dict:
+        """The KV cache: hit rate, tokens restored, time saved; with accounts, a user who is
+        not an administrator gets the figures of their own turns only, without the files."""
+        user = user_of(request)
+        return service.cache_stats(user, whole_server=can_configure(user))
 
     def list_chats(request: gr.Request = None) -> list[dict]:
         """Your chats, most recently active first."""

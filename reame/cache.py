@@ -6,6 +6,15 @@ chosen, the engine then holds the KV of the longest common prefix with the promp
 
 A chat's file can also be restored ahead of its turn (`warm`: when the chat is opened, and
 while a turn builds its prompt): the turn then starts with its history live.
+
+Scopes: a user's turns reuse only KV made from that user's own tokens, never another user's,
+so that nothing a user can observe (tokens reused, their source, the time to the first token)
+depends on what others wrote. Every lookup names its scope (user_scope(): one per user, one
+for all on a server without accounts); files carry theirs, the block hashes that find them are
+salted with it, and the live KV is cleared when a turn of another scope comes. The one
+exception is SHARED: a snapshot of the configured default system prompt's opening, which
+every user may reuse. It says nothing about anyone (the administrator's text, kept on disk
+whatever users do: made when the model loads, and pinned against eviction).
 """
 
 from __future__ import annotations
@@ -26,6 +35,19 @@ log = logging.getLogger(__name__)
 MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
 PER_BLOCK = 4  # files the index keeps per block hash (the newest)
 CANDIDATES = 16  # files a lookup peeks at, at most
+SHARED = "shared"  # the scope of the prefix every user may reuse (see the module's doc)
+
+
+def user_scope(user: str | None) -> str:
+    """The cache scope of a user's chats and requests ("": a server without accounts)."""
+    return "" if user is None else f"user:{user}"
+
+
+@dataclass
+class Counts:
+    lookups: int = 0
+    hits: int = 0
+    tokens_saved: int = 0  # history tokens not recomputed thanks to disk or prefix
 
 
 @dataclass
@@ -54,9 +76,8 @@ class KVCache:
         self.engine = engine
         self.store = store  # None: the cache is off, only the live context is reused
         self.prefill_rate = 0.0  # tokens/s, measured on this machine and model
-        self.tokens_saved = 0  # history tokens not recomputed thanks to disk or prefix
-        self.lookups = 0
-        self.hits = 0
+        self.counts: dict[str, Counts] = {}  # per scope
+        self.scope: str | None = None  # whose KV is live (None: nobody's yet)
         self._warmed: tuple[int, Restored] | None = None  # (chat id, what warm() restored)
         self._live_chat: int | None = None  # the chat whose turn last used the live KV
         self._missed: int | None = None  # a chat whose own file warm() found unusable
@@ -66,15 +87,28 @@ class KVCache:
     def enabled(self) -> bool:
         return self.store is not None
 
-    def prepare(self, chat_id: int | None, prompt: list[int],
-                drop: Drop | None = None) -> Restored:
+    def serve(self, scope: str) -> None:
+        """Let the live KV serve scope: another scope's KV is cleared first (never reused)."""
+        if scope == self.scope:
+            return
+        self.engine.clear()
+        self.scope = scope
+        self._warmed = self._live_chat = self._missed = None
+
+    def _count(self) -> Counts:
+        return self.counts.setdefault(self.scope, Counts())
+
+    def prepare(self, chat_id: int | None, prompt: list[int], drop: Drop | None = None, *,
+                scope: str = "") -> Restored:
         """Make the engine's KV hold the longest available prefix of prompt that gives the
         same reply as a fresh evaluation would (batches.resume_point).
 
         With a drop, the KV of the old window (live or from disk) is shifted: the dropped span
         removed, the rest moved down, nothing recomputed. Where the model cannot shift, the
         kept window is re-evaluated (and the result says so). chat_id None: a stateless
-        request, found by its tokens only."""
+        request, found by its tokens only. scope: whose turn it is (only KV of that scope or
+        SHARED is reused)."""
+        self.serve(scope)
         if drop is None:
             return self._prepare(chat_id, prompt)
         engine = self.engine
@@ -101,22 +135,24 @@ class KVCache:
         if warmed is not None and warmed[0] == chat_id and live:
             # Restored when the chat was opened or while the turn built its prompt: count it
             # as this turn's restore (up to where the prompt differs, after an edit).
-            self.lookups += 1
-            self.hits += 1
-            self.tokens_saved += live
+            counts = self._count()
+            counts.lookups += 1
+            counts.hits += 1
+            counts.tokens_saved += live
             return Restored(live, warmed[1].source, warmed[1].restore_ms)
         # The live KV is this chat's own (its file holds the same tokens): nothing to look up.
         if self.store is None or live >= usable or (
                 live and chat_id is not None and live_chat == chat_id):
             return Restored(live, "live" if live else "none")
-        self.lookups += 1
+        counts = self._count()
+        counts.lookups += 1
         started = time.perf_counter()
         # The chat's own file, if warm() just found it unusable, is not read (nor logged) twice.
         restored = self._restore(chat_id, prompt, live, own=missed != chat_id)
         ms = (time.perf_counter() - started) * 1000
         if restored is not None:
-            self.hits += 1
-            self.tokens_saved += restored.reused
+            counts.hits += 1
+            counts.tokens_saved += restored.reused
             restored.restore_ms = ms
             return restored
         # Nothing better on disk: whatever still matches in the context is reused.
@@ -127,11 +163,12 @@ class KVCache:
         """Whether the live KV is this chat's (its last turn, or its restore on opening)."""
         return self._live_chat == chat_id and bool(self.engine.tokens)
 
-    def warm(self, chat_id: int) -> Restored | None:
+    def warm(self, chat_id: int, scope: str = "") -> Restored | None:
         """Restore the chat's KV file now, ahead of its next turn; None if there is nothing
-        to restore or the live context already holds it."""
+        to restore or the live context already holds it. scope: the chat's owner's."""
         if self.store is None:
             return None
+        self.serve(scope)
         tokens = self.store.peek(self.store.chat_path(chat_id))
         if not tokens:
             self._missed = chat_id
@@ -159,9 +196,9 @@ class KVCache:
             if farthest >= bound:
                 break  # no file from here on shares more of the prompt
             head = self.store.head(path)
-            if head is None:
+            if head is None or not self._readable(head.scope, source):
                 continue
-            reach = resume_point(head[1], head[0], prompt)
+            reach = resume_point(head.batches, head.tokens, prompt)
             if reach > live:
                 ranked.append((reach, -order, source, path))
                 farthest = max(farthest, reach)
@@ -170,6 +207,8 @@ class KVCache:
             if entry is None:
                 continue
             with entry:
+                if not self._readable(entry.scope, source):
+                    continue  # replaced since its head was read
                 ok = engine.restore(entry.tokens, entry.state, entry.batches)
                 if not entry.verified():
                     engine.clear()
@@ -185,6 +224,10 @@ class KVCache:
             return Restored(reach, source)
         return None
 
+    def _readable(self, scope: str, source: str) -> bool:
+        """Whether a file of scope may serve the live scope: its own, or SHARED (a prefix)."""
+        return scope == self.scope or (scope == SHARED and source == "prefix")
+
     def _candidates(self, chat_id: int | None, prompt: list[int], *, own: bool = True):
         """The chat's own file, then files whose tokens start like prompt, longest shared
         block first: snapshots by name, other files through the index of their block hashes
@@ -197,18 +240,20 @@ class KVCache:
         index = self._block_index()
         seen = {own_path}
         # Files whose KV holds this very prompt before a reply (the same request again).
-        for path in reversed(index.get(_prompt_key(prompt), ())):
+        for path in reversed(index.get(_prompt_key(prompt, self.scope), ())):
             if path not in seen and path.exists():
                 seen.add(path)
                 yield "prefix", path, whole
-        hashes = block_hashes(prompt)
-        for n, block_hash in reversed(list(enumerate(hashes, 1))):
+        levels = zip(block_hashes(prompt, self.scope), block_hashes(prompt, SHARED))
+        for n, hashes in reversed(list(enumerate(levels, 1))):
             # Files first found at n blocks do not hold block n + 1 (they would be listed
             # there: the index keeps the newest holders of each block, and every holder of
             # a block holds the ones before it); snapshots end before the next block too.
             bound = min(whole, (n + 1) * BLOCK - 1)
-            for path in [*reversed(index.get(block_hash, ())),
-                         self.store.prefix_path(block_hash)]:
+            paths = [path for block_hash in hashes
+                     for path in [*reversed(index.get(block_hash, ())),
+                                  self.store.prefix_path(block_hash)]]
+            for path in paths:
                 if path not in seen and path.exists():
                     seen.add(path)
                     yield "prefix", path, bound
@@ -222,16 +267,17 @@ class KVCache:
             self._index = {}
             for path in sorted(self.store.own_files(), key=_mtime):
                 head = self.store.head(path, report=False)
-                if head and head[0]:
+                if head and head.tokens:
                     self._add_to_index(path, *head)
         return self._index
 
-    def _add_to_index(self, path: Path, tokens: list[int], batches: list[Batch]) -> None:
+    def _add_to_index(self, path: Path, tokens: list[int], batches: list[Batch],
+                      scope: str) -> None:
         if self._index is not None:
             # Where a prompt of it ended: a fresh batch followed by a generated token.
-            ends = [_prompt_key(tokens[:b.end]) for b, after in zip(batches, batches[1:])
+            ends = [_prompt_key(tokens[:b.end], scope) for b, after in zip(batches, batches[1:])
                     if not b.kept and after.kept]
-            for block_hash in block_hashes(tokens) + ends:
+            for block_hash in block_hashes(tokens, scope) + ends:
                 holders = self._index.setdefault(block_hash, [])
                 if path in holders:
                     holders.remove(path)
@@ -254,25 +300,44 @@ class KVCache:
         limit = self.engine.restore_limit
         return limit is None or n_tokens <= limit
 
-    def wants_snapshot(self, length: int, prompt: list[int]) -> bool:
+    def wants_snapshot(self, length: int, prompt: list[int], *, shared: bool = False) -> bool:
         """Whether prompt[:length] is worth a snapshot that is not on disk yet. Snapshots are
-        found by the chained hash of their last whole block, and hold every token up to length."""
+        found by the chained hash of their last whole block, and hold every token up to length.
+        shared: of the SHARED scope (the default system prompt's opening), else the live one."""
         if self.store is None or length < BLOCK or not self.restorable(length):
             return False
-        return self.store.peek(self._snapshot_path(prompt[:length])) != prompt[:length]
+        head = self.store.head(self._snapshot_path(prompt[:length], shared))
+        return head is None or head.tokens != prompt[:length]
 
-    def _snapshot_path(self, prefix: list[int]) -> Path:
-        return self.store.prefix_path(block_hashes(prefix)[-1])
+    def _snapshot_path(self, prefix: list[int], shared: bool) -> Path:
+        return self.store.prefix_path(block_hashes(prefix, SHARED if shared else self.scope)[-1])
 
-    def save_snapshot(self, prompt: list[int], length: int) -> bool:
-        """Save the live KV as a shared-prefix snapshot, if it is exactly prompt[:length] as a
-        fresh evaluation makes it (whole chunks from position 0): any prompt may reuse it."""
+    def save_snapshot(self, prompt: list[int], length: int, *, shared: bool = False) -> bool:
+        """Save the live KV as a prefix snapshot, if it is exactly prompt[:length] as a fresh
+        evaluation makes it (whole chunks from position 0): any prompt of the scope may reuse
+        it. shared: a SHARED snapshot, which every scope may reuse and eviction keeps."""
         engine = self.engine
         if engine.tokens != prompt[:length] or cold_prefix(engine.batches) < length:
             return False
-        path = self._snapshot_path(prompt[:length])
-        self.store.write_later(path, prompt[:length], engine.state(), list(engine.batches))
-        self._add_to_index(path, prompt[:length], list(engine.batches))
+        path = self._snapshot_path(prompt[:length], shared)
+        scope = SHARED if shared else self.scope
+        if shared:
+            self.store.pinned = {path}  # only the current default system prompt's
+        self.store.write_later(path, prompt[:length], engine.state(), list(engine.batches),
+                               scope)
+        self._add_to_index(path, prompt[:length], list(engine.batches), scope)
+        return True
+
+    def pin_shared(self, prefix: list[int]) -> bool:
+        """Keep the SHARED snapshot of prefix (whole chunks) from eviction; False if it is
+        not on disk (then it is to be made)."""
+        if self.store is None or len(prefix) < BLOCK or not self.restorable(len(prefix)):
+            return True  # nothing to keep
+        path = self._snapshot_path(prefix, True)
+        head = self.store.head(path)
+        if head is None or head.tokens != prefix or head.scope != SHARED:
+            return False
+        self.store.pinned = {path}
         return True
 
     def save(self, chat_id: int) -> float:
@@ -293,13 +358,14 @@ class KVCache:
         tokens = self.engine.tokens
         if self.store is None or len(tokens) < BLOCK or not self.restorable(len(tokens)):
             return 0.0
-        return self._save_live(self.store.prefix_path(_prompt_key(tokens)[len("prompt:"):]))
+        key = _prompt_key(tokens, self.scope)
+        return self._save_live(self.store.prefix_path(key[len("prompt:"):]))
 
     def _save_live(self, path: Path) -> float:
         started = time.perf_counter()
         tokens, batches = list(self.engine.tokens), list(self.engine.batches)
-        self.store.write_later(path, tokens, self.engine.state(), batches)
-        self._add_to_index(path, tokens, batches)
+        self.store.write_later(path, tokens, self.engine.state(), batches, self.scope)
+        self._add_to_index(path, tokens, batches, self.scope)
         return (time.perf_counter() - started) * 1000
 
     def flush(self) -> None:
@@ -311,14 +377,20 @@ class KVCache:
         if self.store is not None:
             self.store.delete_chat(chat_id)
 
-    def stats(self) -> dict:
+    def stats(self, scope: str | None = None) -> dict:
+        """Lookups, hits and tokens restored: of one scope, or (None) of the whole server with
+        its files (for an administrator)."""
+        counts = ([self.counts.get(scope, Counts())] if scope is not None
+                  else list(self.counts.values()))
+        lookups = sum(c.lookups for c in counts)
+        hits = sum(c.hits for c in counts)
+        saved = sum(c.tokens_saved for c in counts)
         out = {"enabled": self.enabled, "prefill_tokens_per_s": round(self.prefill_rate, 1),
-               "lookups": self.lookups, "hits": self.hits,
-               "hit_rate": round(self.hits / self.lookups, 3) if self.lookups else None,
-               "tokens_restored": self.tokens_saved,
-               "time_saved_s": round(self.tokens_saved / self.prefill_rate, 2)
-               if self.prefill_rate else 0.0}
-        if self.store is not None:
+               "lookups": lookups, "hits": hits,
+               "hit_rate": round(hits / lookups, 3) if lookups else None,
+               "tokens_restored": saved,
+               "time_saved_s": round(saved / self.prefill_rate, 2) if self.prefill_rate else 0.0}
+        if self.store is not None and scope is None:
             files = self.store.files()
             out.update(files=len(files), disk_bytes=sum(_size(p) for p in files),
                        max_disk_bytes=self.store.max_bytes, dir=str(self.store.folder),
@@ -326,9 +398,10 @@ class KVCache:
         return out
 
 
-def _prompt_key(tokens: list[int]) -> str:
+def _prompt_key(tokens: list[int], scope: str) -> str:
     """The index key of a whole prompt's tokens (a file whose KV holds them before a reply)."""
-    return "prompt:" + hashlib.blake2b(array("i", tokens).tobytes(), digest_size=12).hexdigest()
+    data = (f"{scope}\0".encode() if scope else b"") + array("i", tokens).tobytes()
+    return "prompt:" + hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 def _mtime(path: Path) -> float:

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .cache import Drop, KVCache, Restored
+from .batches import CHUNK
+from .cache import SHARED, Drop, KVCache, Restored, user_scope
 from .config import GenerationConfig
 from .engine import Engine, Sampling, common_prefix
 from .prompt import PromptBuilder, Turn
@@ -221,9 +222,9 @@ class ChatService:
         # wait for it, API clients are told to come back.
         self.loading_model: Path | None = None
         self._typed: Typed | None = None  # what type_ahead() evaluated of the next message
-        # (model, reply text) -> the exact tokens generated for it, newest last: a stateless
+        # (model, scope, reply text) -> the exact tokens generated for it, newest last: a stateless
         # client resends the text, and the tokens make its KV reusable.
-        self._reply_tokens: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._reply_tokens: dict[tuple[str, str, str], tuple[int, ...]] = {}
 
     @property
     def loading(self) -> bool:
@@ -248,6 +249,27 @@ class ChatService:
         if old is not None:
             old.close()
         log.info("now serving %s", engine.name)
+        self.share_default_prompt()
+
+    def set_defaults(self, defaults: GenerationConfig) -> None:
+        """New chats' settings from now on (a settings change)."""
+        self.defaults = defaults
+        self.share_default_prompt()
+
+    def share_default_prompt(self) -> None:
+        """Make sure the KV of the default system prompt's opening is on disk as the SHARED
+        snapshot every user may reuse (cache.py), and keep it from eviction: made now, when
+        the model loads, so that whether it is there never depends on what users did."""
+        if self.engine is None or self.cache is None or not self.cache.enabled:
+            return
+        with self.lock:
+            head = self.prompts.fixed_head(self.defaults.system_prompt, [])
+            head = head[:len(head) - len(head) % CHUNK]
+            if self.cache.pin_shared(head):
+                return
+            self.cache.serve(SHARED)
+            self.engine.prefill_head(head)
+            self.cache.save_snapshot(head, len(head), shared=True)
 
     # chats
     #
@@ -318,13 +340,13 @@ class ChatService:
         opened), unless the engine stays busy. True if something was restored."""
         if self.engine is None or self.cache is None or not self.cache.enabled:
             return False
-        self.get_chat(chat_id, user)
+        chat = self.get_chat(chat_id, user)
         # A turn about to end (e.g. the reply being stopped by this very switch) is waited
         # for a little; a long one is not.
         if not self.lock.acquire(timeout=WARM_WAIT_S):
             return False
         try:
-            return self.cache.warm(chat_id) is not None
+            return self.cache.warm(chat_id, _scope(chat)) is not None
         finally:
             self.lock.release()
 
@@ -349,7 +371,7 @@ class ChatService:
             engine, prompt = self.engine, window.prompt
             if engine.ready_for(prompt):
                 return 0
-            restored = self.cache.prepare(chat.id, prompt)
+            restored = self.cache.prepare(chat.id, prompt, scope=_scope(chat))
             before = engine.evaluated
             engine.prefill(prompt)
             typed = self._typed if self._typed and self._typed.chat_id == chat.id else None
@@ -358,8 +380,12 @@ class ChatService:
         finally:
             self.lock.release()
 
-    def cache_stats(self) -> dict:
-        return self.cache.stats() if self.cache else {"enabled": False}
+    def cache_stats(self, user: str | None = None, *, whole_server: bool = True) -> dict:
+        """The KV cache's figures: the whole server's and its files (for an administrator),
+        or only those of user's own turns."""
+        if not self.cache:
+            return {"enabled": False}
+        return self.cache.stats(None if whole_server else user_scope(user))
 
     # the turn
 
@@ -423,36 +449,39 @@ class ChatService:
 
     def complete(self, system_prompt: str, turns: list[Turn], *, max_tokens: int | None = None,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
+                 stop: tuple[str, ...] = (), user: str | None = None) -> Iterator[TurnUpdate]:
         """Answer a whole conversation sent at once. Its KV is found by its tokens (the
-        cache's block-hash index), so a conversation resent with one more message evaluates
-        only that message. Refusals (no model, too long) raise before the first update."""
+        cache's block-hash index, within user's scope), so a conversation resent with one
+        more message evaluates only that message. Refusals (no model, too long) raise before
+        the first update."""
         if self.engine is None:
             raise NoModel(self.load_error or "no model is loaded")
-        turns = [self._known_reply(t) for t in turns]
+        scope = user_scope(user)
+        turns = [self._known_reply(t, scope) for t in turns]
         prompt = self.prompts.tokens(system_prompt, turns)
         if len(prompt) >= self.engine.n_ctx:
             raise MessageTooLong(
                 f"The conversation is {len(prompt):,} tokens; the model's context holds "
                 f"{self.engine.n_ctx:,} tokens. Shorten it and send again.")
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
-        return self._complete(system_prompt, turns, prompt, sampling, max_tokens, stop)
+        return self._complete(system_prompt, turns, prompt, sampling, max_tokens, stop, scope)
 
-    def _known_reply(self, turn: Turn) -> Turn:
-        """An assistant turn with the exact tokens this server generated for its text."""
+    def _known_reply(self, turn: Turn, scope: str) -> Turn:
+        """An assistant turn with the exact tokens this server generated for its text, in a
+        reply to the same scope (another user's replies must not change this prompt)."""
         if turn.role != "assistant" or turn.tokens is not None:
             return turn
-        tokens = self._reply_tokens.get((self.engine.fingerprint, turn.content))
+        tokens = self._reply_tokens.get((self.engine.fingerprint, scope, turn.content))
         return Turn(turn.role, turn.content, tokens) if tokens else turn
 
     def _complete(self, system_prompt: str, turns: list[Turn], prompt: list[int],
                   sampling: Sampling, max_tokens: int | None,
-                  stop: tuple[str, ...]) -> Iterator[TurnUpdate]:
+                  stop: tuple[str, ...], scope: str) -> Iterator[TurnUpdate]:
         with self.lock:
             engine = self.engine
             stats = TurnStats(prompt_tokens=len(prompt))
             started = time.perf_counter()
-            restored = self.cache.prepare(None, prompt)
+            restored = self.cache.prepare(None, prompt, scope=scope)
             stats.reused, stats.source, stats.restore_ms = (
                 restored.reused, restored.source, restored.restore_ms)
             before = engine.evaluated
@@ -468,7 +497,7 @@ class ChatService:
             finally:
                 decoding.record(stats)
                 if decoding.finished and not decoding.cut:
-                    self._remember_reply(decoding.text.strip(), decoding.generated)
+                    self._remember_reply(scope, decoding.text.strip(), decoding.generated)
                     stats.ahead = self._prefill_next_header(system_prompt, turns,
                                                             decoding.generated)
                 stats.save_ms = self.cache.save_conversation()
@@ -476,8 +505,8 @@ class ChatService:
             yield TurnUpdate(decoding.text.strip(), done=True, stats=stats,
                              finish_reason=decoding.finish_reason)
 
-    def _remember_reply(self, text: str, tokens: list[int]) -> None:
-        key = (self.engine.fingerprint, text)
+    def _remember_reply(self, scope: str, text: str, tokens: list[int]) -> None:
+        key = (self.engine.fingerprint, scope, text)
         self._reply_tokens.pop(key, None)
         self._reply_tokens[key] = tuple(tokens)
         while len(self._reply_tokens) > KNOWN_REPLIES:
@@ -516,7 +545,7 @@ class ChatService:
               stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
         with self.lock:
             typed, self._typed = self._typed, None
-            restoring = self._restore_meanwhile(chat.id)
+            restoring = self._restore_meanwhile(chat)
             try:
                 history = self.store.messages(chat.id)
                 kept = [m for m in history if cut_at is None or m.position < cut_at]
@@ -538,18 +567,18 @@ class ChatService:
                                    typed=typed if typed and typed.chat_id == chat.id else None,
                                    max_tokens=max_tokens, stop=stop)
 
-    def _restore_meanwhile(self, chat_id: int) -> threading.Thread | None:
+    def _restore_meanwhile(self, chat: Chat) -> threading.Thread | None:
         """Start restoring the chat's KV file (as when a chat is opened) while the turn reads
         the database and tokenizes the prompt: llama.cpp's copy and the tokenizer both
         release the GIL. The caller joins the thread before the engine is used again."""
-        if self.cache is None or not self.cache.enabled or self.cache.holds(chat_id):
+        if self.cache is None or not self.cache.enabled or self.cache.holds(chat.id):
             return None
 
         def restore() -> None:
             try:
-                self.cache.warm(chat_id)
+                self.cache.warm(chat.id, _scope(chat))
             except Exception:  # a failed restore is a miss: the turn looks up again
-                log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
+                log.exception("restoring chat %d's KV ahead of its turn failed", chat.id)
 
         thread = threading.Thread(target=restore, name="kv-restore", daemon=True)
         thread.start()
@@ -558,7 +587,7 @@ class ChatService:
     def _prefill(self, chat: Chat, window: "Window", stats: TurnStats) -> None:
         """Restore what the cache has, snapshot a shared prefix if new, evaluate the rest."""
         engine, cache, prompt = self.engine, self.cache, window.prompt
-        restored = cache.prepare(chat.id, prompt, window.drop)
+        restored = cache.prepare(chat.id, prompt, window.drop, scope=_scope(chat))
         stats.reused, stats.source, stats.restore_ms = (
             restored.reused, restored.source, restored.restore_ms)
         if window.dropped_now:
@@ -567,11 +596,14 @@ class ChatService:
         started = time.perf_counter()
         before = engine.evaluated
         if cache.enabled:  # a shared-prefix snapshot only makes sense with files to keep it
-            opening = self.prompts.tokens(chat.system_prompt, [Turn("user", "")])
+            opening = self.prompts.fixed_head(chat.system_prompt, [])
             snapshot = cache.prefix_length(opening, prompt)
-            if restored.reused < snapshot and cache.wants_snapshot(snapshot, prompt):
+            # The default system prompt's opening is the administrator's: every user's.
+            shared = chat.system_prompt == self.defaults.system_prompt
+            if restored.reused < snapshot and cache.wants_snapshot(snapshot, prompt,
+                                                                   shared=shared):
                 engine.prefill_head(prompt[:snapshot])  # whole chunks: the plan is unchanged
-                cache.save_snapshot(prompt, snapshot)
+                cache.save_snapshot(prompt, snapshot, shared=shared)
         if engine.prefill(prompt) == len(prompt):  # typed ahead: its logits are live
             stats.reused = len(prompt)
         seconds = time.perf_counter() - started
@@ -632,6 +664,11 @@ class ChatService:
         engine.extend(head[live:])
         return len(head) - live
 
+
+
+def _scope(chat: Chat) -> str:
+    """The cache scope of a chat's turns: its owner's."""
+    return user_scope(chat.owner)
 
 
 def _check_text(text: str) -> None:

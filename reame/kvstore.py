@@ -5,8 +5,10 @@ File layout (little-endian):
     | tokens (int32 x n_tokens) | state (state_bytes) | u64 xxh3-64 of everything before it
 
 The header holds the fingerprint (model file, KV type, flash attention, llama-cpp-python
-version): a file whose fingerprint differs is not restored. It also holds the decodes that
-made the KV (batches.py): a restored KV is reused only where it gives the same reply. Writes
+version): a file whose fingerprint differs is not restored. It holds the decodes that made
+the KV (batches.py): a restored KV is reused only where it gives the same reply. And it holds
+the file's scope, whose tokens made it (cache.py: a user's KV serves only that user); the
+block hashes that find files by their tokens are salted with the scope. Writes
 go to a temp file, fsync, os.replace: a reader sees the old file or the new one, never a
 partial one. Any file that cannot be read back exactly is a miss, never an error.
 
@@ -33,6 +35,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import xxhash
 
@@ -48,6 +51,14 @@ _SUM = struct.Struct("<Q")
 BLOCK = 64  # tokens per block of the shared-prefix chained hash
 
 
+class Head(NamedTuple):
+    """What a file holds, from its head only."""
+
+    tokens: list[int]
+    batches: list[Batch]
+    scope: str
+
+
 def checksum(data) -> int:
     """The file's checksum: xxh3-64 (releases the GIL on large buffers)."""
     return xxhash.xxh3_64_intdigest(data)
@@ -59,10 +70,11 @@ class KVEntry:
     Use it as a context manager (the mapping is closed on exit) and call verified() before
     trusting anything loaded from `state`."""
 
-    def __init__(self, data: mmap.mmap, tokens: list[int], batches: list[Batch],
+    def __init__(self, data: mmap.mmap, tokens: list[int], batches: list[Batch], scope: str,
                  body: memoryview, state: memoryview, stored_sum: int):
         self.tokens = tokens
         self.batches = batches
+        self.scope = scope
         self.state = state  # writable (a private mapping), so ctypes takes it without a copy
         self._data, self._body, self._stored_sum = data, body, stored_sum
         self._sum: list[int] = []
@@ -110,17 +122,17 @@ class _Writer:
 
     def __init__(self):
         self._cond = threading.Condition()
-        self._queue: list[tuple] = []  # (seq, store, path, tokens, state, batches)
+        self._queue: list[tuple] = []  # (seq, store, path, tokens, state, batches, scope)
         self._latest: dict[Path, int] = {}  # path -> newest write queued or in progress
         self._seq = 0
         self._thread: threading.Thread | None = None
 
     def submit(self, store: "KVStore", path: Path, tokens: Sequence[int], state,
-               batches: Sequence[Batch] | None) -> None:
+               batches: Sequence[Batch] | None, scope: str) -> None:
         with self._cond:
             self._seq += 1
             self._latest[path] = self._seq
-            self._queue.append((self._seq, store, path, tokens, state, batches))
+            self._queue.append((self._seq, store, path, tokens, state, batches, scope))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="kv-writer", daemon=True)
                 self._thread.start()
@@ -143,11 +155,11 @@ class _Writer:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                seq, store, path, tokens, state, batches = self._queue.pop(0)
+                seq, store, path, tokens, state, batches, scope = self._queue.pop(0)
                 if self._latest.get(path) != seq:
                     continue  # a newer write of the same file is queued
             try:
-                store.write(path, tokens, state, batches)
+                store.write(path, tokens, state, batches, scope)
             except Exception:  # never let the writer die: the file is simply not there
                 log.exception("KV file %s not written", path.name)
             finally:
@@ -166,15 +178,22 @@ def flush_writes() -> None:
     _writer.flush()
 
 
-def block_hashes(tokens: Sequence[int], block: int = BLOCK) -> list[str]:
-    """Chained hash at each block boundary: hashes[i] covers tokens[: (i + 1) * block]."""
-    out, chain = [], b""
+def block_hashes(tokens: Sequence[int], scope: str = "", block: int = BLOCK) -> list[str]:
+    """Chained hash at each block boundary: hashes[i] covers tokens[: (i + 1) * block] of
+    scope (salted with it: the same tokens of another scope hash to other names)."""
+    out, chain = [], _salt(scope)
     for start in range(0, len(tokens) - block + 1, block):
         digest = hashlib.blake2b(chain + array("i", tokens[start:start + block]).tobytes(),
                                  digest_size=12)
         chain = digest.digest()
         out.append(digest.hexdigest())
     return out
+
+
+def _salt(scope: str) -> bytes:
+    if not scope:
+        return b""  # the one scope of a server without accounts: names as before scopes
+    return hashlib.blake2b(b"reame-scope\0" + scope.encode(), digest_size=12).digest()
 
 
 class KVStore:
@@ -186,6 +205,7 @@ class KVStore:
         self.tag = fingerprint_tag(fingerprint)
         self.max_bytes = max_bytes
         self.counters = CacheCounters()
+        self.pinned: set[Path] = set()  # never evicted (the shared prefix every user gets)
         self._lock = threading.Lock()
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob("*.tmp"):
@@ -207,8 +227,8 @@ class KVStore:
         head = self.head(path, report=report)
         return head[0] if head is not None else None
 
-    def head(self, path: Path, *, report: bool = True) -> tuple[list[int], list[Batch]] | None:
-        """The tokens a file holds and the batches that made their KV, from its head only."""
+    def head(self, path: Path, *, report: bool = True) -> Head | None:
+        """The tokens a file holds, the batches that made their KV and its scope."""
         _writer.wait(path)
         try:
             with path.open("rb") as f:
@@ -227,7 +247,7 @@ class KVStore:
             return self.reject(path, "truncated", report)
         tokens = array("i")
         tokens.frombytes(raw)
-        return tokens.tolist(), header["batches"]
+        return Head(tokens.tolist(), header["batches"], header["scope"])
 
     def _preamble(self, path: Path, raw: bytes | memoryview, report: bool = True) -> int | None:
         """The header's length, if raw starts a file of this format."""
@@ -247,6 +267,9 @@ class KVStore:
                 header[key] = int(header[key])
             fingerprint = header["fingerprint"]
             header["batches"] = batch_plan.decode(header["batches"])
+            header["scope"] = header.get("scope", "")
+            if not isinstance(header["scope"], str):
+                raise TypeError("scope")
         except (ValueError, KeyError, TypeError):
             return self.reject(path, "unreadable header", report)
         if header["batches"] is None or not batch_plan.valid(header["batches"],
@@ -298,7 +321,7 @@ class KVStore:
         tokens.frombytes(data[start:start + 4 * n_tokens])
         (stored,) = _SUM.unpack_from(data, end)
         body = memoryview(data)[:end]
-        return KVEntry(data, tokens.tolist(), header["batches"], body,
+        return KVEntry(data, tokens.tolist(), header["batches"], header["scope"], body,
                        body[start + 4 * n_tokens:], stored)
 
     def reject(self, path: Path, why: str, report: bool = True) -> None:
@@ -312,24 +335,25 @@ class KVStore:
     # writing
 
     def write_later(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
-                    batches: Sequence[Batch] | None = None) -> None:
+                    batches: Sequence[Batch] | None = None, scope: str = "") -> None:
         """Queue write(): it happens on the background writer; state must not change after."""
-        _writer.submit(self, path, list(tokens), state, batches)
+        _writer.submit(self, path, list(tokens), state, batches, scope)
 
     def flush(self) -> None:
         """Wait until every queued write is done."""
         _writer.flush()
 
     def write(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
-              batches: Sequence[Batch] | None = None) -> bool:
+              batches: Sequence[Batch] | None = None, scope: str = "") -> bool:
         """Atomically replace path; False (logged, counted) if the disk refused. batches: the
-        decodes that made the KV (None: unknown, reusable only as a whole)."""
+        decodes that made the KV (None: unknown, reusable only as a whole); scope: whose."""
         started = time.perf_counter()
         if batches is None:
             batches = [Batch(0, len(tokens), True)] if tokens else []
         header = json.dumps({"fingerprint": self.fingerprint, "n_tokens": len(tokens),
                              "state_bytes": len(state),
-                             "batches": batch_plan.encode(batches)}).encode()
+                             "batches": batch_plan.encode(batches),
+                             "scope": scope}).encode()
         token_bytes = array("i", tokens).tobytes()
         preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header))
         digest = xxhash.xxh3_64()
@@ -373,10 +397,13 @@ class KVStore:
         return sum(p.stat().st_size for p in self.files())
 
     def evict(self) -> int:
-        """Delete least recently used files until the folder fits the budget."""
+        """Delete least recently used files until the folder fits the budget (the files
+        pinned by keep() stay)."""
         with self._lock:
             entries = []
             for p in self.files():
+                if p in self.pinned:
+                    continue
                 try:
                     st = p.stat()
                 except FileNotFoundError:

@@ -288,7 +288,8 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
             max_tokens=parsed.max_tokens, stop=parsed.stop)
     return lambda: service.complete(
         parsed.system_prompt, parsed.turns, max_tokens=parsed.max_tokens,
-        temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop)
+        temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
+        user=user)
 
 
 def _usage(done: TurnUpdate) -> dict:

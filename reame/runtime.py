@@ -41,4 +41,7 @@ def build_service(config: Config) -> ChatService:
     except ModelLoadError as exc:
         log.error("%s", exc)
         return ChatService(store, None, config.generation, load_error=str(exc))
-    return ChatService(store, engine, config.generation, cache=build_cache(config, engine, store))
+    service = ChatService(store, engine, config.generation,
+                          cache=build_cache(config, engine, store))
+    service.share_default_prompt()
+    return service

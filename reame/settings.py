@@ -136,7 +136,7 @@ class Settings:
             raise SettingsError(f"{exc} The current model keeps serving.") from None
 
     def _apply_light(self, config: Config) -> None:
-        self.service.defaults = config.generation
+        self.service.set_defaults(config.generation)
         kv = self.service.cache.store if self.service.cache else None
         if kv is not None:
             kv.max_bytes = config.cache.max_disk_mb * 1024 * 1024

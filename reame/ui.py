@@ -239,7 +239,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                 messages = []
             return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
                     gr.Radio(choices=_choices(service, user), value=chat_id), "",
-                    cache_markdown(service))
+                    cache_markdown(service, user, whole_server=can_configure(user)))
 
         def stream_turn(base, start):
             """Stream a regenerated or edited reply after base (the messages kept)."""
@@ -318,7 +318,10 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         show_settings, settings_outputs = settings_view or (lambda: (), [])
 
         def on_load_page(request: gr.Request):
-            return (*on_load(request), cache_markdown(service), *show_settings())
+            user = user_of(request)
+            return (*on_load(request),
+                    cache_markdown(service, user, whole_server=can_configure(user)),
+                    *show_settings())
 
         demo.load(on_load_page, None, [*view, cache_md, *settings_outputs], queue=False,
                   **HIDDEN)

@@ -59,8 +59,11 @@ def model_banner(service: ChatService, loading: Path | str | None = None) -> tup
                  for text in banner_texts(service, loading))
 
 
-def cache_markdown(service: ChatService) -> str:
-    s = service.cache_stats()
+def cache_markdown(service: ChatService, user: str | None = None, *,
+                   whole_server: bool = True) -> str:
+    """The Cache panel: the whole server's figures and files (an administrator, or no
+    accounts), else only the user's own turns'."""
+    s = service.cache_stats(user, whole_server=whole_server)
     if not s.get("enabled"):
         return ("The disk cache is **off** (`[cache] enabled = false`): only the live context "
                 "is reused.")
@@ -70,11 +73,13 @@ def cache_markdown(service: ChatService) -> str:
                  f"(at {s['prefill_tokens_per_s']:,.0f} tok/s prefill)")
     else:
         saved = "not measured yet (needs one prefill of 32+ tokens in this run)"
+    turns = (f"hit rate **{hit_rate}** ({s['hits']} of {s['lookups']} lookups) · "
+             f"**{s['tokens_restored']:,}** tokens restored · time saved {saved}")
+    if "counters" not in s:
+        return "Your turns: " + turns
     c = s["counters"]
     return (f"**{s['files']}** KV files · **{s['disk_bytes'] / 2**20:,.1f} MB** of "
-            f"{s['max_disk_bytes'] / 2**20:,.0f} MB\n\n"
-            f"hit rate **{hit_rate}** ({s['hits']} of {s['lookups']} lookups) · "
-            f"**{s['tokens_restored']:,}** tokens restored · time saved {saved}\n\n"
+            f"{s['max_disk_bytes'] / 2**20:,.0f} MB\n\n{turns}\n\n"
             f"unusable files replaced: {c['rejected']} · failed writes: "
             f"{c['write_errors']} · evicted: {c['evicted']}")
 

@@ -1,0 +1,158 @@
+"""Attacks on a server with accounts, against real server processes over HTTP: each asserts
+that the attack fails and that the honest path still works.
+
+The cache oracle: alice writes a secret; bob sends the same opening with guesses and reads
+how much of his prompt the cache reused (/v1 usage, reame.reused/source, /type_ahead, the
+stats of his turns). carol does the very same with a text nobody wrote ("card" for "bank",
+one token for one token). If bob's figures equal carol's, guess for guess, nothing bob sees
+depends on alice's text.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from gradio_client import Client
+
+from .conftest import Server, write_config
+from .test_accounts import cli, v1
+
+USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22", "carol": "carol-secret-333"}
+# A default system prompt of more than one block (64 tokens): a whole shared block is what
+# let another user's files be found by their tokens.
+SYSTEM = ("You are the assistant of Harbor Savings, a small cooperative bank. Answer the "
+          "customer's questions about accounts, cards, loans and opening hours briefly and "
+          "politely. Never ask for passwords. If you do not know an answer, say so and suggest "
+          "calling the branch between nine and five on weekdays.")
+SECRET = "My bank PIN is {}. Please remember it."
+DECOY = "My card PIN is {}. Please remember it."  # the same tokens but one: nobody wrote it
+GUESSES = ["1111", "4821", "4827"]
+TRUTH = "4827"
+MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def bank(tmp_path_factory, model_path):
+    """A server with accounts: alice (admin), bob and carol, each with an API key."""
+    folder = tmp_path_factory.mktemp("security")
+    config = write_config(folder, model_path=model_path, max_tokens=8, system_prompt=SYSTEM)
+    keys = {}
+    for name, password in USERS.items():
+        made = cli(config, "adduser", name, "--key", password=password)
+        assert made.returncode == 0, made.stderr
+        keys[name] = made.stdout.split("API key (shown once): ")[1].split()[0]
+    server = Server(config, folder / "server.log").start()
+    yield server, keys
+    server.stop()
+
+
+def login(server: Server, name: str) -> Client:
+    return Client(server.url, auth=(name, USERS[name]), verbose=False)
+
+
+def ask(server: Server, key: str, *texts: str, max_tokens: int = 8) -> dict:
+    """A stateless /v1 request: the system prompt, then texts as user/assistant turns."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for n, text in enumerate(texts):
+        messages.append({"role": "user" if n % 2 == 0 else "assistant", "content": text})
+    status, answer = v1(server, "chat/completions", key=key,
+                        body={"model": MODEL, "temperature": 0, "max_tokens": max_tokens,
+                              "messages": messages})
+    assert status == 200, answer
+    return answer
+
+
+def observed(answer: dict) -> tuple:
+    """Everything a /v1 answer says about the cache."""
+    extra = answer["reame"]
+    return (answer["usage"]["prompt_tokens"],
+            answer["usage"]["prompt_tokens_details"]["cached_tokens"],
+            extra["reused"], extra["source"], extra["prefilled"])
+
+
+def type_ahead(client: Client, chat_id: int, draft: str) -> int:
+    """The tokens /type_ahead evaluated for draft. It never waits for the model: while the
+    end of another turn holds it (saving its file), it does nothing and says 0, so ask again."""
+    for _ in range(100):
+        evaluated = client.predict(chat_id, draft, api_name="/type_ahead")
+        if evaluated:
+            return evaluated
+        time.sleep(0.05)
+    raise AssertionError(f"type-ahead of {draft!r} never got the model")
+
+
+def turn_stats(client: Client, chat_id: int) -> tuple:
+    stats = client.predict(chat_id, api_name="/get_chat")["messages"][-1]["stats"]
+    return stats["prompt_tokens"], stats["reused"], stats["source"], stats["prefilled"]
+
+
+def test_another_users_secret_cannot_be_guessed_through_v1(bank):
+    server, keys = bank
+    seen = {"bob": [], "carol": []}
+    for guess in GUESSES:
+        for name, text in (("bob", SECRET), ("carol", DECOY)):
+            ask(server, keys["alice"], SECRET.format(TRUTH))  # alice's KV: live, and a file
+            seen[name].append(observed(ask(server, keys[name], text.format(guess),
+                                           max_tokens=1)))
+    assert seen["bob"] == seen["carol"], seen
+    # What they do get: the configured system prompt's opening, shared by design.
+    assert all(cached > 0 and source == "prefix" for _, cached, _, source, _ in seen["bob"][:1])
+
+
+def test_another_users_chat_cannot_be_guessed_through_type_ahead_or_turns(bank):
+    server, _ = bank
+    alice, bob, carol = (login(server, name) for name in ("alice", "bob", "carol"))
+    secret_chat = alice.predict(api_name="/new_chat")
+    alice.predict(secret_chat, SECRET.format(TRUTH), api_name="/send")
+    chats = {"bob": (bob, bob.predict(api_name="/new_chat")),
+             "carol": (carol, carol.predict(api_name="/new_chat"))}
+    typed = {"bob": [], "carol": []}
+    for guess in GUESSES:
+        for name, text in (("bob", SECRET), ("carol", DECOY)):
+            client, chat_id = chats[name]
+            alice.predict(secret_chat, "Thanks.", api_name="/send")  # her KV is live again
+            typed[name].append(type_ahead(client, chat_id, text.format(guess)))
+    assert typed["bob"] == typed["carol"], typed
+    turns = {"bob": [], "carol": []}
+    for guess in GUESSES:
+        for name, text in (("bob", SECRET), ("carol", DECOY)):
+            client, _ = chats[name]
+            alice.predict(secret_chat, "Thanks.", api_name="/send")
+            chat_id = client.predict(api_name="/new_chat")
+            client.predict(chat_id, text.format(guess), api_name="/send")
+            turns[name].append(turn_stats(client, chat_id))
+    assert turns["bob"] == turns["carol"], turns
+    # The cache figures a user can read are their own: bob's count only bob's turns.
+    bob_stats = bob.predict(api_name="/cache_stats")
+    assert "files" not in bob_stats and "dir" not in bob_stats
+    assert bob_stats == carol.predict(api_name="/cache_stats")
+    assert "files" in alice.predict(api_name="/cache_stats"), "the admin sees the server's"
+
+
+def test_a_users_own_history_still_comes_back_from_disk(bank):
+    """Scoping keeps what makes Reame fast: a user's own conversations, live or from their
+    files after a restart, and the shared system prompt for everyone from the first turn."""
+    server, keys = bank
+    first = ask(server, keys["alice"], "Say hello.")
+    reply = first["choices"][0]["message"]["content"]
+    prompt_tokens = first["usage"]["prompt_tokens"]
+    ask(server, keys["bob"], "Say hello.")  # another user in between: alice's KV is not live
+    again = ask(server, keys["alice"], "Say hello.", reply, "Thank you!")
+    assert again["reame"]["source"] == "prefix"
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt_tokens - 16
+
+    alice = login(server, "alice")
+    chat_id = alice.predict(api_name="/new_chat")
+    alice.predict(chat_id, "Which planet do we live on?", api_name="/send")
+    server.restart()
+    # The very first request after a start reuses the shared system prompt: it was put on
+    # disk when the model loaded, whatever anyone did before.
+    bob_first = ask(server, keys["bob"], "What are your opening hours?")
+    assert bob_first["reame"]["source"] == "prefix"
+    shared = bob_first["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert shared >= 64
+    alice = login(server, "alice")
+    alice.predict(chat_id, "And which star does it orbit?", api_name="/send")
+    prompt_tokens, reused, source, prefilled = turn_stats(alice, chat_id)
+    assert source == "disk" and reused > shared and prefilled < 40
