@@ -13,6 +13,7 @@ from reame.accounts import AccountError, Accounts
 from reame.accounts_cli import COMMANDS, run_command
 from reame.chat import ChatService
 from reame.config import Config, ConfigError, load_config
+from reame.guard import Guard
 from reame.runtime import build_service
 from reame.settings import Settings
 from reame.ui import CSS, build_ui
@@ -23,11 +24,12 @@ MAX_REQUEST_BYTES = 2 << 20  # any request body (the page, the Gradio API, /v1)
 
 
 def build_app(config: Config, service: ChatService, accounts: Accounts | None):
-    """One FastAPI app: /v1 (OpenAI-compatible) and the Gradio page and API at /."""
+    """One ASGI app: /v1 (OpenAI-compatible) and the Gradio page and API at /, behind the
+    Guard (host names, origins, body sizes, cookies: reame/guard.py)."""
     import gradio as gr
     from fastapi import FastAPI
 
-    from reame.openai_api import build_router, error_response, internal_error
+    from reame.openai_api import build_router, internal_error
 
     demo = build_ui(service, settings=Settings(config, service), title="Reame",
                     can_configure=(accounts.is_admin if accounts is not None
@@ -35,22 +37,17 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     demo.queue(default_concurrency_limit=8)
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.middleware("http")
-    async def limit_size(request, call_next):
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > MAX_REQUEST_BYTES:
-            return error_response(413, f"the request body is over {MAX_REQUEST_BYTES:,} bytes",
-                                  code="request_too_large")
-        return await call_next(request)
-
     app.include_router(build_router(service, accounts))
     # Unexpected errors: OpenAI's error shape, no traceback (uvicorn logs it).
     app.add_exception_handler(Exception, internal_error)
-    return gr.mount_gradio_app(
+    app = gr.mount_gradio_app(
         app, demo, path="/", auth=accounts.check_password if accounts is not None else None,
         auth_message="Reame: log in with your user name and password.", css=CSS,
         # Only gr.Error messages reach clients; anything else is logged, not shown.
         show_error=False, ssr_mode=False, run_history=False)
+    server = config.server
+    return Guard(app, allowed_hosts=server.allowed_host_names, max_body=MAX_REQUEST_BYTES,
+                 allowed_origins=server.allowed_origin_list)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -46,6 +46,12 @@ SETTINGS: tuple[Setting, ...] = (
             "accounts (users, password hashes, API keys); empty = no accounts"),
     Setting("server", "allow_anonymous", bool, False,
             "listen on another address than this machine without accounts"),
+    Setting("server", "allowed_hosts", str, "",
+            "other host names the server answers to (comma-separated); on 127.0.0.1 only "
+            "localhost names are answered otherwise, elsewhere any"),
+    Setting("server", "allowed_origins", str, "",
+            "other web origins whose pages may call the server (comma-separated, e.g. "
+            "https://example.org); empty = only the server's own page"),
     Setting("storage", "sessions_dir", Path, "sessions",
             "folder for reame.db (SQLite) and the KV files"),
     Setting("cache", "enabled", bool, True, "keep each chat's KV cache on disk and restore it"),
@@ -75,16 +81,35 @@ class GenerationConfig:
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str
     port: int
     users_file: str
     allow_anonymous: bool
+    allowed_hosts: str
+    allowed_origins: str
 
     @property
     def local_only(self) -> bool:
         return self.host in LOCAL_HOSTS
+
+    @property
+    def allowed_host_names(self) -> frozenset[str] | None:
+        """The Host names served: on a loopback address the loopback names and the configured
+        ones (DNS rebinding); elsewhere the configured ones, or any (None) if there are none."""
+        names = frozenset(_items(self.allowed_hosts.lower()))
+        if self.local_only:
+            return names | {"127.0.0.1", "localhost", "::1"}
+        return names or None
+
+    @property
+    def allowed_origin_list(self) -> frozenset[str]:
+        return frozenset(_items(self.allowed_origins))
 
 
 @dataclass(frozen=True)

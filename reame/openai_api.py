@@ -258,6 +258,12 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
 
 
 async def _read_json(request: Request) -> Any:
+    # JSON only: a form or text/plain body is what another site's page can send without
+    # asking first (no CORS preflight).
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(415, "the request body must be JSON, sent with Content-Type: "
+                       "application/json", code="unsupported_media_type")
     # One check for bodies with and without a Content-Length: count what arrives.
     raw = b""
     async for chunk in request.stream():

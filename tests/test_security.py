@@ -10,10 +10,18 @@ depends on alice's text.
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from email.message import Message
 
 import pytest
 from gradio_client import Client
+from playwright.sync_api import expect, sync_playwright
 
 from .conftest import Server, write_config
 from .test_accounts import cli, v1
@@ -156,3 +164,161 @@ def test_a_users_own_history_still_comes_back_from_disk(bank):
     alice.predict(chat_id, "And which star does it orbit?", api_name="/send")
     prompt_tokens, reused, source, prefilled = turn_stats(alice, chat_id)
     assert source == "disk" and reused > shared and prefilled < 40
+
+
+# Other websites in the same browser, and DNS rebinding.
+
+EVIL_PAGE = """<!doctype html><title>loading</title><script>
+// What a page of another origin can do with the victim's browser: call the chat server,
+// with the victim's cookies, and read the answer.
+(async () => {
+  try {
+    const call = await fetch(TARGET + "gradio_api/call/list_chats", {
+      method: "POST", credentials: "include",
+      headers: {"Content-Type": "application/json"}, body: JSON.stringify({data: []})});
+    const {event_id} = await call.json();
+    const read = await fetch(TARGET + "gradio_api/call/list_chats/" + event_id,
+                             {credentials: "include"});
+    document.title = "read " + await read.text();
+  } catch (error) {
+    document.title = "blocked " + error;
+  }
+})();
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def open_server(tmp_path_factory, model_path):
+    """The default set-up: no accounts, on 127.0.0.1."""
+    folder = tmp_path_factory.mktemp("open")
+    server = Server(write_config(folder, model_path=model_path, max_tokens=8),
+                    folder / "server.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def evil_site():
+    """Another web site on this machine (another port: another origin, the same site)."""
+    pages: dict[str, str] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = pages.get(self.path, "").encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield pages, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from .test_browser import CHROMIUM, CHROMIUM_ARGS
+    if not CHROMIUM.exists():
+        pytest.fail(f"Chromium is missing at {CHROMIUM}: run `make browser` to install it")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                             args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def raw(url: str, *, method: str = "GET", body: bytes | None = None,
+        headers: dict | None = None) -> tuple[int, Message, str]:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.headers, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode()
+
+
+def attack_from(browser, evil_site, target: Server, login: str | None = None) -> str:
+    """Open the evil page in a browser where the victim uses target (logged in as login);
+    what the page managed: "read <the victim's chat list>" or "blocked <error>"."""
+    pages, origin = evil_site
+    pages["/evil.html"] = EVIL_PAGE.replace("TARGET", json.dumps(target.url))
+    context = browser.new_context()
+    try:
+        if login is not None:
+            answer = context.request.post(target.url + "login",
+                                          form={"username": login, "password": USERS[login]})
+            assert answer.ok, answer.text()
+        page = context.new_page()
+        page.goto(origin + "/evil.html")
+        page.wait_for_function("!document.title.startsWith('loading')", timeout=30_000)
+        return page.title()
+    finally:
+        context.close()
+
+
+def test_a_page_of_another_origin_cannot_read_the_chats(browser, evil_site, open_server,
+                                                        bank):
+    title = "Planning the garden"
+    Client(open_server.url, verbose=False).predict(title, api_name="/new_chat")
+    outcome = attack_from(browser, evil_site, open_server)
+    assert outcome.startswith("blocked") and title not in outcome, outcome
+    # With accounts, the victim logged in: the page does not get the session either.
+    server, _ = bank
+    login(server, "bob").predict(title, api_name="/new_chat")
+    outcome = attack_from(browser, evil_site, server, login="bob")
+    assert outcome.startswith("blocked") and title not in outcome, outcome
+    # The server's own page still works in the same browser.
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(open_server.url)
+    expect(page.locator("#chat-list")).to_contain_text(title, timeout=30_000)
+    context.close()
+
+
+def test_the_login_cookie_is_not_sent_by_other_sites_and_foreign_origins_are_refused(bank):
+    server, _ = bank
+    status, headers, _ = raw(server.url + "login", method="POST",
+                             body=urllib.parse.urlencode({"username": "bob",
+                                                          "password": USERS["bob"]}).encode(),
+                             headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200
+    cookies = headers.get_all("Set-Cookie")
+    assert len(cookies) == 2 and all("SameSite=Lax" in c and "samesite=none" not in c.lower()
+                                     for c in cookies), cookies
+    cookie = "; ".join(c.split(";")[0] for c in cookies)
+    call = server.url + "gradio_api/call/list_chats"
+    body = b'{"data": []}'
+    json_type = {"Content-Type": "application/json", "Cookie": cookie}
+    for origin in ("https://evil.example", "http://127.0.0.1:1", "null"):
+        status, headers, text = raw(call, method="POST", body=body,
+                                    headers={**json_type, "Origin": origin})
+        assert status == 403 and headers.get("Access-Control-Allow-Origin") is None, (
+            origin, status, text)
+        status, headers, _ = raw(call, method="OPTIONS", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert status == 403, origin
+    # The page's own origin, and clients that are not browsers (no Origin), are served.
+    own = f"http://127.0.0.1:{server.port}"
+    assert raw(call, method="POST", body=body, headers={**json_type, "Origin": own})[0] == 200
+    assert raw(call, method="POST", body=body, headers=json_type)[0] == 200
+
+
+def test_dns_rebinding_and_form_posts_are_refused(open_server):
+    models = open_server.url + "v1/models"
+    status, _, text = raw(models, headers={"Host": "rebind.attacker.example"})
+    assert status == 403 and "allowed_hosts" in text
+    status, _, _ = raw(open_server.url + "gradio_api/call/list_chats", method="POST",
+                       body=b'{"data": []}', headers={"Host": "rebind.attacker.example",
+                                                      "Content-Type": "application/json"})
+    assert status == 403
+    for host in ("localhost", "127.0.0.1", "[::1]"):
+        assert raw(models, headers={"Host": f"{host}:{open_server.port}"})[0] == 200, host
+    # A body another site's form can send without asking first (text/plain): refused.
+    request = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    status, _, text = raw(open_server.url + "v1/chat/completions", method="POST",
+                          body=request.encode(), headers={"Content-Type": "text/plain"})
+    assert status == 415 and "application/json" in text
