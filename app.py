@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 
 from reame.accounts import AccountError, Accounts
-from reame.accounts_cli import COMMANDS, run_command
+from reame.accounts_cli import COMMANDS, give_ids, run_command
 from reame.chat import ChatService
 from reame.config import Config, ConfigError, load_config
 from reame.guard import Guard
 from reame.runtime import build_service
 from reame.settings import Settings
 from reame.ui import CSS, build_ui
+from reame.web_login import WebLogins
 
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
@@ -32,10 +33,12 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     from reame.openai_api import build_router, internal_error
 
     demo = build_ui(service, settings=Settings(config, service), title="Reame",
-                    can_configure=(accounts.is_admin if accounts is not None
-                                   else lambda user: True))
+                    can_configure=(lambda user: accounts.is_admin(accounts.name_of(user)))
+                    if accounts is not None else lambda user: True)
     demo.queue(default_concurrency_limit=8)
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
+    if accounts is not None:
+        WebLogins(accounts).install(app)  # before Gradio's own /login is mounted
 
     app.include_router(build_router(service, accounts))
     # Unexpected errors: OpenAI's error shape, no traceback (uvicorn logs it).
@@ -112,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     service = build_service(config)
     if accounts is not None:
+        give_ids(accounts.assign_ids(), service.store)
         warn_of_ownerless_chats(service.store)
     app = build_app(config, service, accounts)
 

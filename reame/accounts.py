@@ -4,13 +4,21 @@ Passwords are stored as scrypt hashes (hashlib.scrypt, a random salt each); API 
 SHA-256 hashes (a key is 32 random bytes, so a fast hash is enough: there is nothing to guess).
 The file:
 
-    {"users": {"alice": {"password": "scrypt$16384$8$1$<salt>$<hash>", "admin": true,
+    {"users": {"alice": {"id": "u:9c41d2e07b5a", "password": "scrypt$16384$8$1$<salt>$<hash>",
+                         "admin": true, "epoch": 0,
                          "keys": [{"id": "3f2a9c1e", "sha256": "<hex>", "created": 1764480000.0}]}}}
+
+A user's id ("u:" and 12 random hex digits; no name has a colon) is never reused: chats and
+cached KV belong to it, not to the name, so a new user given a deleted user's name starts
+with nothing. epoch counts the changes that end
+the user's web sessions (a new password, a revoked key); deleting the user ends them too.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
@@ -51,6 +59,9 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(actual, base64.b64decode(digest))
 
 
+_UNKNOWN_NAME = hash_password(secrets.token_hex(16))  # checked for unknown names: same cost
+
+
 def _key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -78,6 +89,7 @@ class Accounts:
         if not isinstance(users, dict):
             raise AccountError(f"the users file {self.path} has no 'users' object")
         self._users = users
+        self._version = getattr(self, "_version", 0) + 1
 
     def _fresh(self) -> None:
         try:
@@ -103,9 +115,35 @@ class Accounts:
         self._fresh()
         user = self._users.get(name)
         if user is None:
-            verify_password(password, hash_password("x"))  # the same time for unknown names
+            verify_password(password, _UNKNOWN_NAME)  # one scrypt, as for a known name
             return False
         return verify_password(password, user.get("password", ""))
+
+    def user_id(self, name: str | None) -> str | None:
+        """The stable id of a user (None: no such user, or one from before ids: see
+        assign_ids)."""
+        self._fresh()
+        user = self._users.get(name) if name else None
+        return user.get("id") if user is not None else None
+
+    def name_of(self, user_id: str | None) -> str | None:
+        self._fresh()
+        return next((name for name, user in self._users.items()
+                     if user_id and user.get("id") == user_id), None)
+
+    @property
+    def version(self) -> int:
+        """Grows with every change of the file (this process's or another's)."""
+        self._fresh()
+        return self._version
+
+    def session_stamp(self, name: str) -> tuple | None:
+        """What a web login depends on: a login made when it was different is over."""
+        self._fresh()
+        user = self._users.get(name)
+        if user is None:
+            return None
+        return user.get("id"), user.get("password"), user.get("epoch", 0)
 
     def user_for_key(self, key: str) -> str | None:
         """The user an API key belongs to, or None."""
@@ -131,22 +169,25 @@ class Accounts:
         if not _NAME.match(name):
             raise AccountError("a user name is 1-64 letters, digits or _ . @ -")
         _check_password(password)
-        with self._lock:
+        with self._changing():
             self.reload()
             if name in self._users:
                 raise AccountError(f"user {name!r} exists already")
-            self._users[name] = {"password": hash_password(password), "admin": admin, "keys": []}
+            self._users[name] = {"id": self._new_id(), "password": hash_password(password),
+                                 "admin": admin, "epoch": 0, "keys": []}
             self._save()
 
     def set_password(self, name: str, password: str) -> None:
         _check_password(password)
-        with self._lock:
+        with self._changing():
             self.reload()
-            self._user(name)["password"] = hash_password(password)
+            user = self._user(name)
+            user["password"] = hash_password(password)
+            user["epoch"] = user.get("epoch", 0) + 1
             self._save()
 
     def remove_user(self, name: str) -> None:
-        with self._lock:
+        with self._changing():
             self.reload()
             self._user(name)
             del self._users[name]
@@ -155,7 +196,7 @@ class Accounts:
     def add_key(self, name: str) -> str:
         """A new API key for the user; shown once, only its hash is kept."""
         key = KEY_PREFIX + secrets.token_urlsafe(32)
-        with self._lock:
+        with self._changing():
             self.reload()
             self._user(name).setdefault("keys", []).append(
                 {"id": secrets.token_hex(4), "sha256": _key_hash(key), "created": time.time()})
@@ -163,14 +204,48 @@ class Accounts:
         return key
 
     def revoke_key(self, name: str, key_id: str) -> None:
-        with self._lock:
+        with self._changing():
             self.reload()
             user = self._user(name)
             kept = [k for k in user.get("keys", []) if k["id"] != key_id]
             if len(kept) == len(user.get("keys", [])):
                 raise AccountError(f"user {name!r} has no key {key_id!r}")
             user["keys"] = kept
+            user["epoch"] = user.get("epoch", 0) + 1
             self._save()
+
+    def assign_ids(self) -> dict[str, str]:
+        """Give an id to every user from before ids (their chats were owned by the name);
+        the ids given, by name, for the caller to move those chats to."""
+        with self._changing():
+            self.reload()
+            given = {name: self._new_id() for name, user in self._users.items()
+                     if not user.get("id")}
+            if given:
+                for name, user_id in given.items():
+                    self._users[name]["id"] = user_id
+                self._save()
+        return given
+
+    def _new_id(self) -> str:
+        taken = {user.get("id") for user in self._users.values()}
+        while (user_id := f"u:{secrets.token_hex(6)}") in taken:
+            pass
+        return user_id
+
+    @contextlib.contextmanager
+    def _changing(self):
+        """Hold the file for a read-modify-write: this process's threads and other processes
+        (two CLI runs at once, or the CLI and the server) wait for each other, so that no
+        change is lost."""
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _user(self, name: str) -> dict:
         try:
@@ -188,10 +263,20 @@ class Accounts:
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o600)
             os.replace(tmp, self.path)
+            _sync_folder(self.path.parent)  # the rename itself survives a power cut
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         self._mtime = self.path.stat().st_mtime
+        self._version += 1
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _check_password(password: str) -> None:

@@ -32,8 +32,9 @@ def run_command(argv: list[str], default_config: Path) -> int:
     passwd = sub.add_parser("passwd", help="set a user's password")
     passwd.add_argument("name")
     passwd.add_argument("--password-stdin", action="store_true")
-    sub.add_parser("deluser", help="remove a user (their chats stay, unreachable until "
-                                   "`adopt NAME --from USER`)").add_argument("name")
+    sub.add_parser("deluser", help="remove a user and end their sessions (their chats stay, "
+                                   "unreachable until `adopt NAME --from ID`)"
+                   ).add_argument("name")
     sub.add_parser("addkey", help="make an API key for a user and print it").add_argument("name")
     revoke = sub.add_parser("revokekey", help="revoke one of a user's API keys")
     revoke.add_argument("name")
@@ -43,17 +44,31 @@ def run_command(argv: list[str], default_config: Path) -> int:
                                          "(they belong to nobody and nobody sees them)")
     adopt.add_argument("name")
     adopt.add_argument("--from", dest="from_user", metavar="USER",
-                       help="instead, the chats of USER (e.g. a removed user)")
+                       help="instead, the chats of USER: a name, or the id deluser printed")
     # Accept `app.py adduser NAME --config X` as well as `app.py --config X adduser NAME`.
     args = parser.parse_args(_config_first(argv))
     try:
         accounts = _accounts(args.config, create=args.command == "adduser")
+        given = accounts.assign_ids()
+        if given:
+            from .store import Store
+
+            give_ids(given, Store(load_config(args.config).storage.database_path))
         if args.command == "adopt":
             return _adopt(args, accounts)
         return _run(args, accounts)
     except (AccountError, ConfigError) as exc:
         print(f"reame: {exc}", file=sys.stderr)
         return 2
+
+
+def give_ids(given: dict[str, str], store) -> None:
+    """The chats of users from before ids (owned by the name) move to their new ids
+    (Accounts.assign_ids gives them)."""
+    for name, user_id in given.items():
+        moved = store.give_chats(name, user_id)
+        print(f"user {name} is now {user_id}; {moved} chat{'' if moved == 1 else 's'} moved "
+              f"with them", file=sys.stderr)
 
 
 def _config_first(argv: list[str]) -> list[str]:
@@ -80,7 +95,10 @@ def _adopt(args: argparse.Namespace, accounts: Accounts) -> int:
     if args.name not in accounts.names():
         raise AccountError(f"no user {args.name!r} (add one with `python app.py adduser NAME`)")
     store = Store(load_config(args.config).storage.database_path)
-    moved = store.give_chats(args.from_user, args.name)
+    source = args.from_user
+    if source is not None:  # a user's name, else an id (of a removed user) or an old name
+        source = accounts.user_id(source) or source
+    moved = store.give_chats(source, accounts.user_id(args.name))
     whose = f"of {args.from_user}" if args.from_user else "made without accounts"
     print(f"{moved} chat{'' if moved == 1 else 's'} {whose} now belong{'s' if moved == 1 else ''}"
           f" to {args.name}")
@@ -109,8 +127,10 @@ def _run(args: argparse.Namespace, accounts: Accounts) -> int:
         accounts.set_password(args.name, _password(args.password_stdin))
         print(f"password of {args.name} changed")
     elif args.command == "deluser":
+        user_id = accounts.user_id(args.name)
         accounts.remove_user(args.name)
-        print(f"user {args.name} removed")
+        print(f"user {args.name} removed; their chats stay, owned by {user_id}: "
+              f"`python app.py adopt NAME --from {user_id}` gives them to another user")
     elif args.command == "addkey":
         print(f"API key for {args.name} (shown once): {accounts.add_key(args.name)}")
     elif args.command == "revokekey":

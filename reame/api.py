@@ -81,7 +81,10 @@ def register_api(service: ChatService, *, concurrency_id: str,
     def new_chat(title: str = "", system_prompt: str | None = None,
                  request: gr.Request = None) -> int:
         """Create a chat; an empty title becomes the first message; returns the chat id."""
-        return service.new_chat(title or "", system_prompt, user=user_of(request)).id
+        try:
+            return service.new_chat(title or "", system_prompt, user=user_of(request)).id
+        except ChatError as exc:
+            raise _user_error(exc) from None
 
     def _stream(start) -> Iterator[str]:
         try:

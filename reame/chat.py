@@ -25,6 +25,8 @@ DEFAULT_TITLE = "New chat"
 TITLE_LENGTH = 48
 WARM_WAIT_S = 2.0
 KNOWN_REPLIES = 1024  # replies whose exact tokens are kept for stateless clients
+MAX_TITLE = 200  # characters of a chat's title
+MAX_SEED = 2**32 - 2  # llama.cpp's seeds are 32-bit; 2**32 - 1 means "random"
 
 __all__ = ["ChatService", "ChatError", "ChatNotFound", "EmptyMessage", "MessageTooLong",
            "NoModel", "TurnStats", "TurnUpdate"]
@@ -263,7 +265,7 @@ class ChatService:
         if self.engine is None or self.cache is None or not self.cache.enabled:
             return
         with self.lock:
-            head = self.prompts.fixed_head(self.defaults.system_prompt, [])
+            head = self.prompts.fixed_head(self.defaults.system_prompt, [], SHARED)
             head = head[:len(head) - len(head) % CHUNK]
             if self.cache.pin_shared(head):
                 return
@@ -281,7 +283,7 @@ class ChatService:
                  max_tokens: int | None = None, user: str | None = None) -> Chat:
         d = self.defaults
         return self.store.create_chat(
-            title=title.strip() or DEFAULT_TITLE,
+            title=_checked_title(title) or DEFAULT_TITLE,
             system_prompt=d.system_prompt if system_prompt is None else system_prompt,
             temperature=d.temperature if temperature is None else temperature,
             top_p=d.top_p if top_p is None else top_p,
@@ -309,7 +311,7 @@ class ChatService:
 
     def rename_chat(self, chat_id: int, title: str, user: str | None = None) -> Chat:
         self.get_chat(chat_id, user)
-        title = " ".join(title.split())
+        title = _checked_title(title)
         if not title:
             raise ChatError("a chat title cannot be empty")
         return self.store.update_chat(chat_id, title=title)
@@ -408,13 +410,14 @@ class ChatService:
             start = 0  # an edit of a message the model no longer saw: start over
         visible = [m for m in kept if m.position >= start]
         turns = self._turns(visible) + ([new] if new is not None else [])
-        alone = self.prompts.tokens(chat.system_prompt, turns[-1:])
+        scope = _scope(chat)
+        alone = self.prompts.tokens(chat.system_prompt, turns[-1:], scope)
         if len(alone) >= n_ctx:
             raise MessageTooLong(
                 f"This message is {len(alone):,} tokens with the system prompt; the model's "
                 f"context holds {n_ctx:,} tokens. Shorten it and send again."
             )
-        prompt = self.prompts.tokens(chat.system_prompt, turns)
+        prompt = self.prompts.tokens(chat.system_prompt, turns, scope)
         reply_room = min(chat.max_tokens, n_ctx // 4)
         if len(prompt) + reply_room <= n_ctx:
             return Window(prompt, turns, start, sum(m.position < start for m in kept))
@@ -425,7 +428,7 @@ class ChatService:
             # The window starts at a user message.
             while cut < len(turns) - 1 and turns[cut].role != "user":
                 cut += 1
-            shorter = self.prompts.tokens(chat.system_prompt, turns[cut:])
+            shorter = self.prompts.tokens(chat.system_prompt, turns[cut:], scope)
             if len(shorter) <= target:
                 break
         start = visible[cut].position if cut < len(visible) else (
@@ -442,7 +445,9 @@ class ChatService:
         """Add the user's message and stream the reply. The reply is saved even when stopped.
         max_tokens and stop, when given, apply to this reply only (the OpenAI route)."""
         _check_text(text)
+        _check_seed(seed)
         chat = self._chat_for_turn(chat_id, user)
+        self._check_length(text)
         return self._turn(chat, text, seed=seed, max_tokens=max_tokens, stop=stop)
 
     # stateless completions (the OpenAI route): nothing stored, the KV cache still used
@@ -456,9 +461,11 @@ class ChatService:
         the first update."""
         if self.engine is None:
             raise NoModel(self.load_error or "no model is loaded")
+        _check_seed(seed)
+        self._check_length(system_prompt, *(t.content for t in turns))
         scope = user_scope(user)
         turns = [self._known_reply(t, scope) for t in turns]
-        prompt = self.prompts.tokens(system_prompt, turns)
+        prompt = self.prompts.tokens(system_prompt, turns, scope)
         if len(prompt) >= self.engine.n_ctx:
             raise MessageTooLong(
                 f"The conversation is {len(prompt):,} tokens; the model's context holds "
@@ -498,7 +505,7 @@ class ChatService:
                 decoding.record(stats)
                 if decoding.finished and not decoding.cut:
                     self._remember_reply(scope, decoding.text.strip(), decoding.generated)
-                    stats.ahead = self._prefill_next_header(system_prompt, turns,
+                    stats.ahead = self._prefill_next_header(system_prompt, turns, scope,
                                                             decoding.generated)
                 stats.save_ms = self.cache.save_conversation()
             log.info("completion: %s", stats.line())
@@ -515,6 +522,7 @@ class ChatService:
     def regenerate(self, chat_id: int, *, seed: int | None = None,
                    user: str | None = None) -> Iterator[TurnUpdate]:
         """Replace the last reply with a new one; the history's KV is reused up to it."""
+        _check_seed(seed)
         chat = self._chat_for_turn(chat_id, user)
         messages = self.store.messages(chat_id)
         if not messages:
@@ -526,13 +534,25 @@ class ChatService:
                      seed: int | None = None, user: str | None = None) -> Iterator[TurnUpdate]:
         """Replace one of the user's messages (and drop what followed it), then answer it."""
         _check_text(text)
+        _check_seed(seed)
         chat = self._chat_for_turn(chat_id, user)
+        self._check_length(text)
         target = next((m for m in self.store.messages(chat_id) if m.id == message_id), None)
         if target is None:
             raise ChatError(f"message {message_id} is not in chat {chat_id}")
         if target.role != "user":
             raise ChatError("only the user's messages can be edited")
         return self._turn(chat, text, cut_at=target.position, seed=seed)
+
+    def _check_length(self, *texts: str) -> None:
+        """Refuse, before tokenizing them, texts too long for the context whatever their
+        tokens: no token is longer than the model's longest (bytes)."""
+        size = sum(len(t.encode("utf-8", errors="replace")) for t in texts)
+        n_ctx = self.engine.n_ctx
+        if size > n_ctx * self.engine.max_token_bytes:
+            raise MessageTooLong(
+                f"This text is {size:,} bytes: more than the model's context of {n_ctx:,} "
+                f"tokens can hold. Shorten it and send again.")
 
     def _chat_for_turn(self, chat_id: int, user: str | None) -> Chat:
         chat = self.get_chat(chat_id, user)
@@ -596,7 +616,7 @@ class ChatService:
         started = time.perf_counter()
         before = engine.evaluated
         if cache.enabled:  # a shared-prefix snapshot only makes sense with files to keep it
-            opening = self.prompts.fixed_head(chat.system_prompt, [])
+            opening = self.prompts.fixed_head(chat.system_prompt, [], _scope(chat))
             snapshot = cache.prefix_length(opening, prompt)
             # The default system prompt's opening is the administrator's: every user's.
             shared = chat.system_prompt == self.defaults.system_prompt
@@ -633,6 +653,7 @@ class ChatService:
             if self.store.has_chat(chat.id):
                 if decoding.finished and not decoding.cut:
                     stats.ahead = self._prefill_next_header(chat.system_prompt, turns,
+                                                            _scope(chat),
                                                             decoding.generated)
                     stats.total_s = time.perf_counter() - started
                 stats.save_ms = self.cache.save(chat.id)
@@ -650,14 +671,14 @@ class ChatService:
                          user_message_id=user_message_id, chat_id=chat.id,
                          finish_reason=decoding.finish_reason)
 
-    def _prefill_next_header(self, system_prompt: str, turns: list[Turn],
+    def _prefill_next_header(self, system_prompt: str, turns: list[Turn], scope: str,
                              generated: list[int]) -> int:
         """Evaluate now what the next prompt will hold whatever the user writes (e.g.
         "<|im_end|>\n<|im_start|>user\n"), so the next turn's first token waits only for the
         message itself. The next turn checks these tokens like any others (common prefix)."""
         engine = self.engine
         done = turns + [Turn("assistant", "", tuple(generated))]
-        head = self.prompts.fixed_head(system_prompt, done)
+        head = self.prompts.fixed_head(system_prompt, done, scope)
         live = len(engine.tokens)
         if not live < len(head) <= engine.n_ctx or engine.common_prefix(head) != live:
             return 0
@@ -669,6 +690,18 @@ class ChatService:
 def _scope(chat: Chat) -> str:
     """The cache scope of a chat's turns: its owner's."""
     return user_scope(chat.owner)
+
+
+def _checked_title(title: str) -> str:
+    title = " ".join(title.split())
+    if len(title) > MAX_TITLE:
+        raise ChatError(f"a chat title has at most {MAX_TITLE} characters")
+    return title
+
+
+def _check_seed(seed: int | None) -> None:
+    if seed is not None and not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+        raise ChatError(f"a seed is an integer from 0 to {MAX_SEED}")
 
 
 def _check_text(text: str) -> None:

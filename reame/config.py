@@ -277,4 +277,9 @@ def update_config(path: Path, changes: dict[tuple[str, str], Any]) -> Config:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)  # the rename itself survives a power cut
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
     return load_config(path)

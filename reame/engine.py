@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -171,11 +172,12 @@ class Engine:
 
     # tokens
 
-    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
-        """Tokenize with special tokens parsed (chat templates emit them as text)."""
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        """Tokenize; special: control tokens written as text ("<|im_end|>") are parsed (a
+        chat template's text), else they stay characters (what people write)."""
         if not text:
             return [self.bos_token] if add_bos and self.bos_token >= 0 else []
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
 
     @property
     def bos_token(self) -> int:
@@ -188,6 +190,13 @@ class Engine:
     @property
     def adds_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest token's text, in bytes (a bound: n bytes are at least n / this many
+        tokens)."""
+        n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        return max(len(self.token_piece(t, special=True)) for t in range(n_vocab))
 
     def token_text(self, token: int, *, special: bool = True) -> str:
         return self.token_piece(token, special=special).decode("utf-8", errors="replace")

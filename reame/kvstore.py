@@ -27,6 +27,7 @@ import json
 import logging
 import mmap
 import os
+import re
 import struct
 import tempfile
 import threading
@@ -49,6 +50,10 @@ FORMAT_VERSION = 3  # 1: crc32 checksum; 2: no batches
 _PREAMBLE = struct.Struct("<8sII")
 _SUM = struct.Struct("<Q")
 BLOCK = 64  # tokens per block of the shared-prefix chained hash
+# The files Reame writes in the folder: anything else there is left alone, whatever its name
+# ([cache] dir may be any folder). A .kv file is deleted only if its name and magic say so.
+_OWN_NAME = re.compile(r"^(chat-\d+|prefix-[0-9a-f]+)-[0-9a-f]{12}\.kv$")
+_TMP_PREFIX = "reame-kv-"
 
 
 class Head(NamedTuple):
@@ -208,7 +213,7 @@ class KVStore:
         self.pinned: set[Path] = set()  # never evicted (the shared prefix every user gets)
         self._lock = threading.Lock()
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("*.tmp"):
+        for stale in folder.glob(f"{_TMP_PREFIX}*.tmp"):
             stale.unlink(missing_ok=True)
 
     # names
@@ -361,7 +366,8 @@ class KVStore:
             digest.update(part)
         tmp = None
         try:
-            with tempfile.NamedTemporaryFile(dir=self.folder, suffix=".tmp", delete=False) as f:
+            with tempfile.NamedTemporaryFile(dir=self.folder, prefix=_TMP_PREFIX, suffix=".tmp",
+                                             delete=False) as f:
                 tmp = Path(f.name)
                 f.write(preamble)
                 f.write(header)
@@ -387,18 +393,19 @@ class KVStore:
     # housekeeping
 
     def files(self) -> list[Path]:
-        return [p for p in self.folder.glob("*.kv") if p.is_file()]
+        """The KV files in the folder (by name), of every model."""
+        return [p for p in self.folder.glob("*.kv") if _OWN_NAME.match(p.name) and p.is_file()]
 
     def own_files(self) -> list[Path]:
         """The files made with this store's fingerprint (by name; the header tells for sure)."""
-        return [p for p in self.folder.glob(f"*-{self.tag}.kv") if p.is_file()]
+        return [p for p in self.files() if p.name.endswith(f"-{self.tag}.kv")]
 
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.files())
 
     def evict(self) -> int:
-        """Delete least recently used files until the folder fits the budget (the files
-        pinned by keep() stay)."""
+        """Delete least recently used files until the folder fits the budget (the pinned
+        ones stay)."""
         with self._lock:
             entries = []
             for p in self.files():
@@ -414,9 +421,8 @@ class KVStore:
             for _, size, p in sorted(entries):
                 if total <= self.max_bytes:
                     break
-                p.unlink(missing_ok=True)
                 total -= size
-                removed += 1
+                removed += _delete(p)
             self.counters.evicted += removed
             return removed
 
@@ -424,20 +430,29 @@ class KVStore:
         """Every file of the chat, whatever model made it."""
         _writer.flush()  # or a queued write would bring one back
         for p in self.folder.glob(f"chat-{chat_id}-*.kv"):
-            p.unlink(missing_ok=True)
+            _delete(p)
 
     def sweep(self, live_chat_ids: set[int]) -> int:
         """Delete the files of chats that no longer exist; return how many."""
         removed = 0
-        for p in self.folder.glob("chat-*-*.kv"):
-            try:
-                chat_id = int(p.name.split("-")[1])
-            except (IndexError, ValueError):
-                continue
-            if chat_id not in live_chat_ids:
-                p.unlink(missing_ok=True)
-                removed += 1
+        for p in self.files():
+            if p.name.startswith("chat-") and int(p.name.split("-")[1]) not in live_chat_ids:
+                removed += _delete(p)
         return removed
+
+
+def _delete(path: Path) -> bool:
+    """Delete a KV file, if it is one Reame wrote (its name and magic say so)."""
+    if not _OWN_NAME.match(path.name):
+        return False
+    try:
+        with path.open("rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                return False
+        path.unlink()
+    except OSError:  # gone meanwhile, or not ours to delete
+        return False
+    return True
 
 
 def fingerprint_tag(fingerprint: str) -> str:

@@ -37,6 +37,7 @@ CHAT_HEADER = "X-Reame-Chat"
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds
 ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOPS = 4
+MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
 LOADING_RETRY_S = 2
 
 
@@ -98,6 +99,9 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise ApiError(400, f"at most {MAX_MESSAGES:,} messages in a request",
+                       param="messages")
     system, turns = [], []
     for n, message in enumerate(messages):
         where = f"messages[{n}]"
@@ -194,7 +198,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>' (make one "
                            "with `python app.py addkey NAME`)", type_="authentication_error",
                            code="missing_api_key")
-        user = accounts.user_for_key(key.strip())
+        user = accounts.user_id(accounts.user_for_key(key.strip()))
         if user is None:
             raise ApiError(401, "Incorrect API key provided", type_="authentication_error",
                            code="invalid_api_key")
@@ -232,10 +236,10 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             chat_id = _chat_header(request)
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
-            updates = _starter(service, parsed, chat_id, user)()
-            # The first update, in a worker thread (it waits for the model): refusals (too
-            # long, empty, no model) raise here, before any byte of the answer is sent.
-            first = await run_in_threadpool(next, updates)
+            # Tokenizing and the first update, in a worker thread (it waits for the model):
+            # refusals (too long, empty, no model) raise here, before any byte is sent.
+            updates, first = await run_in_threadpool(_first, _starter(service, parsed,
+                                                                      chat_id, user))
         except ApiError as exc:
             return exc.response()
         except ChatNotFound as exc:
@@ -275,6 +279,14 @@ async def _read_json(request: Request) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply") from None
+
+
+def _first(start: Callable[[], Iterator[TurnUpdate]]) -> tuple[Iterator[TurnUpdate],
+                                                                TurnUpdate]:
+    updates = start()
+    return updates, next(updates)
 
 
 def _chat_header(request: Request) -> int | None:

@@ -8,6 +8,7 @@ generated ones. The prompt of turn n+1 then starts with every token of turn n's 
 from __future__ import annotations
 
 import re
+from array import array
 from dataclasses import dataclass
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -24,9 +25,13 @@ PLAIN_TEMPLATE = (
 )
 PLAIN_STOPS = ("\nUser:", "\nAssistant:")
 
-_SENTINEL = "\x1eREAME-{}\x1e"
-PIECE_CACHE = 4096  # tokenized pieces kept per model (a piece: a user message with its template)
-_SENTINEL_RE = re.compile("\x1eREAME-(\\d+)\x1e")
+# Each message's text is rendered as a placeholder and tokenized on its own, as text: what a
+# user writes can never become a control token ("<|im_start|>system" typed in a message stays
+# those characters). The placeholder is wrapped in en spaces, which templates do not write:
+# where the template trims a message, they are gone, and the text is trimmed the same way.
+_PLACEHOLDER = "\u2002\x1eREAME-{}\x1e\u2002"
+_PLACEHOLDER_RE = re.compile("(\u2002?)\x1eREAME-(\\d+)\x1e(\u2002?)")
+CACHED_TOKENS = 1_000_000  # tokens of tokenized pieces kept per model (about 4 MB)
 
 
 @dataclass(frozen=True)
@@ -50,46 +55,56 @@ class PromptBuilder:
             bos_token=engine.token_text(engine.bos_token) if engine.bos_token >= 0 else "",
         )
         self._bos_text = self._formatter.bos_token
-        self._pieces: dict[tuple[str, bool], tuple[int, ...]] = {}
+        # (kind, scope, text, add_bos) -> tokens; the newest last. A message's text is kept per
+        # scope (cache.py): whether another user's text was tokenized before never shows.
+        self._pieces: dict[tuple, array] = {}
+        self._cached_tokens = 0
 
-    def render_text(self, system_prompt: str, turns: list[Turn]) -> str:
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        messages += [{"role": t.role, "content": t.content} for t in turns]
-        return self._formatter(messages=messages).prompt
-
-    def tokens(self, system_prompt: str, turns: list[Turn]) -> list[int]:
-        """The prompt for the next reply: the chat, then the template's assistant header."""
-        spliced = [
-            Turn(t.role, _SENTINEL.format(i), t.tokens) if t.tokens is not None else t
-            for i, t in enumerate(turns)
-        ]
-        text = self.render_text(system_prompt, spliced)
+    def tokens(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
+        """The prompt for the next reply: the chat, then the template's assistant header. The
+        template's own text may hold control tokens; the messages' text never does. Assistant
+        turns with their generated tokens are spliced in as those tokens."""
+        messages = ([Turn("system", system_prompt)] if system_prompt else []) + list(turns)
+        text = self._formatter(messages=[{"role": m.role, "content": _PLACEHOLDER.format(i)}
+                                         for i, m in enumerate(messages)]).prompt
         add_bos = self.engine.adds_bos and not (self._bos_text and text.startswith(self._bos_text))
-        pieces = _SENTINEL_RE.split(text)
+        parts = _PLACEHOLDER_RE.split(text)
         out: list[int] = []
-        # split() alternates: text, index, text, index, ..., text
-        for n, piece in enumerate(pieces):
-            if n % 2:
-                out.extend(turns[int(piece)].tokens)
+        # split() gives: template text, then (lead, index, trail, template text) per message
+        out.extend(self._piece("template", "", parts[0], add_bos))
+        for n in range(1, len(parts), 4):
+            lead, index, trail, after = parts[n:n + 4]
+            message = messages[int(index)]
+            if message.tokens is not None:
+                out.extend(message.tokens)
             else:
-                out.extend(self._piece_tokens(piece, add_bos and n == 0))
+                content = message.content if lead else message.content.lstrip()
+                content = content if trail else content.rstrip()
+                out.extend(self._piece("text", scope, content, False))
+            out.extend(self._piece("template", "", after, False))
         return out
 
-    def fixed_head(self, system_prompt: str, turns: list[Turn]) -> list[int]:
+    def fixed_head(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
         """The tokens of the prompt for turns + a next user message that no message can change
         (the next turn's header): the common prefix of the prompts for messages "a" and "b"."""
-        a = self.tokens(system_prompt, turns + [Turn("user", "a")])
-        b = self.tokens(system_prompt, turns + [Turn("user", "b")])
+        a = self.tokens(system_prompt, turns + [Turn("user", "a")], scope)
+        b = self.tokens(system_prompt, turns + [Turn("user", "b")], scope)
         return a[:common_prefix(a, b)]
 
-    def _piece_tokens(self, piece: str, add_bos: bool) -> tuple[int, ...]:
-        """A piece of the rendered chat between exact-token replies. The same pieces come back
-        every turn (each earlier user message with its template): each is tokenized once, and
-        the oldest are forgotten past PIECE_CACHE."""
-        key = (piece, add_bos)
-        tokens = self._pieces.get(key)
+    def _piece(self, kind: str, scope: str, text: str, add_bos: bool) -> array:
+        """A piece of the prompt tokenized: the template's text with its control tokens, or a
+        message's text as text. The same pieces come back every turn (each earlier message):
+        each is tokenized once, the oldest forgotten past CACHED_TOKENS; a piece longer than
+        the context is not kept (no prompt holding it can be answered)."""
+        key = (kind, scope, text, add_bos)
+        tokens = self._pieces.pop(key, None)
         if tokens is None:
-            if len(self._pieces) >= PIECE_CACHE:
-                self._pieces.pop(next(iter(self._pieces)), None)
-            tokens = self._pieces[key] = tuple(self.engine.tokenize(piece, add_bos=add_bos))
+            tokens = array("i", self.engine.tokenize(text, add_bos=add_bos,
+                                                     special=kind == "template"))
+            if len(tokens) > self.engine.n_ctx:
+                return tokens
+            self._cached_tokens += len(tokens)
+            while self._cached_tokens > CACHED_TOKENS and self._pieces:
+                self._cached_tokens -= len(self._pieces.pop(next(iter(self._pieces))))
+        self._pieces[key] = tokens
         return tokens

@@ -411,6 +411,32 @@ def test_eviction_keeps_the_disk_budget(folder, model_path):
     assert not node.kv.chat_path(chats[0].id).exists(), "the least recently used went first"
 
 
+def test_files_reame_did_not_write_are_left_alone(folder, model_path):
+    """[cache] dir may be any folder: only Reame's own files (name and magic) are deleted."""
+    kv = folder / "kv"
+    kv.mkdir()
+    foreign = {"notes.kv": b"my notes", "photo.tmp": b"jpeg", "draft.kv.tmp": b"x",
+               "chat-1-000000000000.kv": b"not a KV file at all",
+               "prefix-abc-000000000000.kv": b"nor this"}
+    for name, data in foreign.items():
+        (kv / name).write_bytes(data)
+    (kv / "reame-kv-stale.tmp").write_bytes(b"a write cut short")  # Reame's own leftover
+    node = Node(folder, model_path, max_mb=16)
+    assert not (kv / "reame-kv-stale.tmp").exists()
+    chats = [node.service.new_chat(system_prompt=f"You are assistant {n}. " + "Be kind. " * 40)
+             for n in range(6)]
+    for chat in chats:
+        node.say(chat.id, "Say hello.")
+    node.kv.flush()
+    assert node.kv.counters.evicted > 0, "the budget made room, from Reame's files only"
+    node.kv.sweep(set())
+    for chat in chats:
+        node.service.delete_chat(chat.id)
+    assert {name: (kv / name).read_bytes() for name in foreign} == foreign
+    assert [p.name for p in kv.glob("chat-*.kv")] == ["chat-1-000000000000.kv"], (
+        "Reame's own chat files went with their chats")
+
+
 def test_deleting_a_chat_deletes_its_file_and_start_up_sweeps_orphans(folder, model_path):
     node = Node(folder, model_path)
     keep, drop = node.service.new_chat(), node.service.new_chat()

@@ -142,11 +142,11 @@ def test_each_earlier_message_is_tokenized_once_and_the_prompt_is_unchanged(serv
 
     monkeypatch.setattr(service.engine, "tokenize", counting)
     first = builder.tokens(chat.system_prompt, turns)
-    assert calls == ["<|im_end|>\n<|im_start|>assistant\n"], (
-        "only the piece after the last reply is new: the others were tokenized by the turns")
-    calls.clear()
+    assert calls == [], "every piece (the template's, each message's text) was tokenized already"
     fresh = type(builder)(service.engine)
     assert fresh.tokens(chat.system_prompt, turns) == first, "the same tokens as from scratch"
-    assert len(calls) == 3, "a new builder tokenizes each piece between the two replies once"
+    assert len(calls) == len(set(calls)), "a new builder tokenizes each distinct piece once"
+    assert {chat.system_prompt, "Which planet do we live on?",
+            "What is the capital of Italy?"} <= set(calls), "each message's text on its own"
     calls.clear()
     assert fresh.tokens(chat.system_prompt, turns) == first and calls == []
