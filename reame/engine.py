@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import functools
 import hashlib
 import logging
 import os
@@ -138,6 +137,7 @@ class Engine:
         self.metadata = self.llm.metadata
         self.chat_template: str | None = self.metadata.get("tokenizer.chat_template")
         self._vocab = self.llm._model.vocab
+        self.max_token_bytes = self._longest_token()  # to refuse huge texts untokenized
         # A sliding-window model's KV can be saved and restored exactly only while the whole
         # sequence fits in its window (measured on Gemma 3: past it, the restored sequence
         # starts at the window). None: no such limit known.
@@ -191,12 +191,13 @@ class Engine:
     def adds_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
 
-    @functools.cached_property
-    def max_token_bytes(self) -> int:
-        """The longest token's text, in bytes (a bound: n bytes are at least n / this many
-        tokens)."""
+    def _longest_token(self) -> int:
+        """An upper bound of a token's length in bytes, from the vocabulary's texts (they
+        spell a byte in one to six bytes: "Ġ", "<0x0A>"), so that n bytes of text are surely
+        more than n / this many tokens. About 50 ms for 49k tokens, paid when the model loads."""
         n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        return max(len(self.token_piece(t, special=True)) for t in range(n_vocab))
+        return max(len(llama_cpp.llama_vocab_get_text(self._vocab, t) or b"")
+                   for t in range(n_vocab))
 
     def token_text(self, token: int, *, special: bool = True) -> str:
         return self.token_piece(token, special=special).decode("utf-8", errors="replace")
