@@ -23,11 +23,12 @@ from email.message import Message
 
 import pytest
 from gradio_client import Client
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from reame.prompt import Turn
 
 from .conftest import Server, write_config
+from .test_browser import browser  # noqa: F401 - the Chromium fixture, shared
 from .test_accounts import cli, v1
 
 USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22", "carol": "carol-secret-333"}
@@ -221,18 +222,6 @@ def evil_site():
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield pages, f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from .test_browser import CHROMIUM, CHROMIUM_ARGS
-    if not CHROMIUM.exists():
-        pytest.fail(f"Chromium is missing at {CHROMIUM}: run `make browser` to install it")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                             args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def raw(url: str, *, method: str = "GET", body: bytes | None = None,
