@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import gradio as gr
 
@@ -22,6 +23,17 @@ CSS = """
 .reame-stats { font-size: 0.75em; opacity: 0.65; margin-top: 0.4em; }
 .reame-window { font-size: 0.75em; opacity: 0.65; margin-top: 0.6em; padding-top: 0.3em;
                 border-top: 1px dashed currentColor; text-align: center; }
+.reame-panel { border: var(--block-border-width) solid var(--block-border-color);
+               border-radius: var(--block-radius); padding: var(--block-padding);
+               background: var(--block-background-fill); gap: var(--size-2) !important; }
+.reame-panel-toggle { justify-content: space-between !important; background: none !important;
+                      border: none !important; box-shadow: none !important; padding: 0 !important;
+                      min-height: 0 !important; color: var(--accordion-text-color) !important;
+                      font-size: var(--section-header-text-size) !important;
+                      font-weight: var(--section-header-text-weight) !important; }
+.reame-panel-toggle::after { content: "\\25BC"; transform: rotate(90deg); transition: 150ms; }
+.reame-panel[data-open=true] .reame-panel-toggle::after { transform: rotate(0); }
+.reame-panel:not([data-open=true]) .reame-panel-body { display: none !important; }
 #model-error { border: 1px solid var(--error-border-color, #f87171); border-radius: 8px;
                padding: 0.5em 1em; background: var(--error-background-fill, #fef2f2); }
 """
@@ -29,14 +41,33 @@ CSS = """
 HIDDEN = dict(api_visibility="private")
 
 
+@contextmanager
+def panel(label: str, elem_id: str) -> Iterator[None]:
+    """A closed section that the user opens and closes, its fields rendered with the page.
+
+    Not gr.Accordion(open=False): Gradio renders a closed accordion's fields on its first
+    opening, and a frame later sets them once more from the values the server last sent
+    (render_previously_invisible_children in its init.svelte.ts), which wiped a value the
+    user had typed in that moment (the stop test in tests/test_browser.py, 1 run in ~20 on
+    a busy machine). Opening and closing this one is the page's alone: no server call."""
+    with gr.Column(elem_id=elem_id, elem_classes=["reame-panel"]):
+        toggle = gr.Button(label, size="sm", elem_classes=["reame-panel-toggle"])
+        with gr.Column(elem_classes=["reame-panel-body"]):
+            yield
+    toggle.click(None, None, None, js=f"""() => {{
+        const panel = document.getElementById({elem_id!r});
+        const open = panel.dataset.open !== "true";
+        panel.dataset.open = open;
+        panel.querySelector(".reame-panel-toggle").setAttribute("aria-expanded", open);
+    }}""", **HIDDEN)
+
+
 def _panel_js(n_before: int) -> str:
     """An event's js: its last four inputs (the chat settings panel) read from the page itself.
 
     Gradio hands a number or text field's new value to its own state a moment after the
     keystroke (an effect), while a blur, or an Enter in the message box right after, sends
-    the state as it is: a value typed just before was then lost (tests/test_browser.py's stop
-    test, 1 run in a few, more on a busy machine). The fields in the page always hold what
-    the user sees."""
+    the state as it is. The fields in the page always hold what the user sees."""
     return f"""(...args) => {{
         const field = (sel) => document.querySelector(sel);
         const text = (sel, old) => field(sel) ? field(sel).value : old;
@@ -80,7 +111,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             gr.Markdown(f"### {title}")
             new_btn = gr.Button("+ New chat", variant="primary", elem_id="new-chat")
             chat_list = gr.Radio(choices=[], label="Chats", elem_id="chat-list")
-            with gr.Accordion("Rename or delete", open=False, elem_id="manage"):
+            with panel("Rename or delete", "manage"):
                 rename_box = gr.Textbox(label="New title", elem_id="rename-box", max_lines=1)
                 rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
                 delete_btn = gr.Button("Delete chat", variant="stop", elem_id="delete-btn",
@@ -110,7 +141,7 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                                      label="Message", show_label=False, lines=1, max_lines=8,
                                      submit_btn=True, stop_btn=False, elem_id="message",
                                      autofocus=True)
-                with gr.Accordion("Chat settings", open=False, elem_id="chat-settings"):
+                with panel("Chat settings", "chat-settings"):
                     system_prompt = gr.Textbox(label="System prompt", lines=2,
                                                elem_id="system-prompt")
                     with gr.Row():
