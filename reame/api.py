@@ -183,12 +183,20 @@ def register_api(service: ChatService, *, concurrency_id: str,
 
 def _register_settings(settings: Settings, *, concurrency_id: str,
                        can_configure: Callable[[str | None], bool]) -> None:
-    def get_settings() -> dict:
-        """reame.conf as the app runs it, the loaded model, and what can be changed here."""
+    def get_settings(request: gr.Request = None) -> dict:
+        """reame.conf as the app runs it, the loaded model, and what can be changed here.
+
+        With accounts, a user who is not an admin gets the loaded model's file name and the
+        defaults of new chats only: no paths, files or server settings."""
+        if not can_configure(user_of(request)):
+            return settings.public()
         return settings.current()
 
-    def list_models() -> list[dict]:
-        """Every .gguf in models/, described from its header (nothing is loaded)."""
+    def list_models(request: gr.Request = None) -> list[dict]:
+        """Every .gguf in models/, described from its header (nothing is loaded). Admins only
+        when there are accounts."""
+        if not can_configure(user_of(request)):
+            raise gr.Error("only an admin can list the model files", print_exception=False)
         return settings.models()
 
     def update_settings(changes: dict, request: gr.Request = None) -> dict:

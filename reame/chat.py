@@ -44,6 +44,10 @@ class MessageTooLong(ChatError):
     """The message alone does not fit in the model's context."""
 
 
+class TooManyChats(ChatError):
+    """The user keeps as many chats as the server allows one user."""
+
+
 class NoModel(ChatError):
     """No model is loaded; the message says why."""
 
@@ -210,8 +214,11 @@ class ChatService:
     """Everything a user can do with chats; the UI and the API are thin layers over it."""
 
     def __init__(self, store: Store, engine: Engine | None, defaults: GenerationConfig, *,
-                 cache: KVCache | None = None, load_error: str | None = None):
+                 cache: KVCache | None = None, load_error: str | None = None,
+                 max_chats: int = 5000):
         self.store = store
+        self.max_chats = max_chats  # per user
+        self._creating = threading.Lock()  # the count and the new chat, together
         self.engine = engine
         self.defaults = defaults
         self.load_error = load_error
@@ -282,14 +289,19 @@ class ChatService:
                  temperature: float | None = None, top_p: float | None = None,
                  max_tokens: int | None = None, user: str | None = None) -> Chat:
         d = self.defaults
-        return self.store.create_chat(
-            title=_checked_title(title) or DEFAULT_TITLE,
-            system_prompt=d.system_prompt if system_prompt is None else system_prompt,
-            temperature=d.temperature if temperature is None else temperature,
-            top_p=d.top_p if top_p is None else top_p,
-            max_tokens=d.max_tokens if max_tokens is None else max_tokens,
-            owner=user,
-        )
+        title = _checked_title(title) or DEFAULT_TITLE
+        with self._creating:
+            if self.store.count_chats(user) >= self.max_chats:
+                raise TooManyChats(f"you have {self.max_chats:,} chats, the most this server "
+                                   "keeps for one user: delete some to start a new one")
+            return self.store.create_chat(
+                title=title,
+                system_prompt=d.system_prompt if system_prompt is None else system_prompt,
+                temperature=d.temperature if temperature is None else temperature,
+                top_p=d.top_p if top_p is None else top_p,
+                max_tokens=d.max_tokens if max_tokens is None else max_tokens,
+                owner=user,
+            )
 
     def list_chats(self, user: str | None = None) -> list[Chat]:
         return self.store.list_chats(owner=user)

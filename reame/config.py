@@ -54,6 +54,8 @@ SETTINGS: tuple[Setting, ...] = (
             "https://example.org); empty = only the server's own page"),
     Setting("storage", "sessions_dir", Path, "sessions",
             "folder for reame.db (SQLite) and the KV files"),
+    Setting("storage", "max_chats_per_user", int, 5000,
+            "most chats one user may keep; a new one beyond is refused", 1, 10_000_000),
     Setting("cache", "enabled", bool, True, "keep each chat's KV cache on disk and restore it"),
     Setting("cache", "dir", Path, "sessions/kv", "folder of the KV files"),
     Setting("cache", "max_disk_mb", int, 4096,
@@ -115,6 +117,7 @@ class ServerConfig:
 @dataclass(frozen=True)
 class StorageConfig:
     sessions_dir: Path
+    max_chats_per_user: int
 
     @property
     def database_path(self) -> Path:

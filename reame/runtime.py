@@ -40,8 +40,10 @@ def build_service(config: Config) -> ChatService:
         engine = build_engine(config)
     except ModelLoadError as exc:
         log.error("%s", exc)
-        return ChatService(store, None, config.generation, load_error=str(exc))
+        return ChatService(store, None, config.generation, load_error=str(exc),
+                           max_chats=config.storage.max_chats_per_user)
     service = ChatService(store, engine, config.generation,
-                          cache=build_cache(config, engine, store))
+                          cache=build_cache(config, engine, store),
+                          max_chats=config.storage.max_chats_per_user)
     service.share_default_prompt()
     return service

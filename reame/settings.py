@@ -66,6 +66,17 @@ class Settings:
                 "loading": self.service.loading,
                 "loading_model": str(self.loading_model) if self.loading_model else None}
 
+    def public(self) -> dict[str, Any]:
+        """What any user may know: the model's file name, whether one loads, the defaults of
+        new chats. No path, file or server setting."""
+        engine, loading = self.service.engine, self.loading_model
+        return {"settings": {"generation": dataclasses.asdict(self.config.generation)},
+                "editable": [],
+                "loaded_model": engine.model_path.name if engine else None,
+                "load_error": None if engine or loading else "no model is loaded",
+                "loading": self.service.loading,
+                "loading_model": loading.name if loading else None}
+
     def models(self) -> list[dict]:
         kv_type = self.config.cache.kv_type
         return [choice.as_dict(kv_type) for choice in list_models(self.models_dir)]

@@ -34,11 +34,13 @@ CSS = """
 .reame-panel-toggle::after { content: "\\25BC"; transform: rotate(90deg); transition: 150ms; }
 .reame-panel[data-open=true] .reame-panel-toggle::after { transform: rotate(0); }
 .reame-panel:not([data-open=true]) .reame-panel-body { display: none !important; }
+html[data-reame-role=user] #settings-tab-button { display: none !important; }
 #model-error { border: 1px solid var(--error-border-color, #f87171); border-radius: 8px;
                padding: 0.5em 1em; background: var(--error-background-fill, #fef2f2); }
 """
 
 HIDDEN = dict(api_visibility="private")
+ROLE_JS = "(role) => { document.documentElement.dataset.reameRole = role; }"
 
 
 @contextmanager
@@ -192,7 +194,12 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
             return show(chats[0].id if chats else None, request)
 
         def on_new_chat(request: gr.Request):
-            return show(service.new_chat(user=user_of(request)).id, request)
+            try:
+                chat = service.new_chat(user=user_of(request))
+            except ChatError as exc:  # e.g. TooManyChats: the chat shown stays
+                gr.Warning(str(exc))
+                return tuple(gr.skip() for _ in view)
+            return show(chat.id, request)
 
         def loading_model():
             """The model being loaded (from the Settings tab or the API), if any."""
@@ -217,7 +224,10 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
                                print_exception=False)
             user = user_of(request)
             if chat_id is None:
-                chat_id = service.new_chat(user=user).id
+                try:
+                    chat_id = service.new_chat(user=user).id
+                except ChatError as exc:  # the text stays in the box
+                    raise gr.Error(str(exc), print_exception=False) from None
             # The chat's settings as the panel shows them: a value typed just before sending
             # counts even if its own save (on blur) has not arrived yet.
             values = (prompt, temp, top, max_tok)
@@ -346,16 +356,20 @@ def build_ui(service: ChatService, *, settings: Settings | None = None,
         view = [current, chat_list, chatbot, *chat_settings]
         # One load event for the whole page, not queued: a quick read that fills it at once
         # (tests/test_browser.py waits for its one /run/predict answer as "page ready").
-        show_settings, settings_outputs = settings_view or (lambda: (), [])
+        show_settings, settings_outputs = settings_view or (lambda request: (), [])
+        # "admin" or "user", for the page: a user who may not change the settings does not
+        # see the Settings tab (its fields stay empty for them anyway). Not gr.Tab(visible=):
+        # an inactive tab is rendered only when opened, so an update to it is not applied.
+        role = gr.Textbox(visible=False, elem_id="reame-role")
 
         def on_load_page(request: gr.Request):
             user = user_of(request)
-            return (*on_load(request),
-                    cache_markdown(service, user, whole_server=can_configure(user)),
-                    *show_settings())
+            admin = can_configure(user)
+            return (*on_load(request), cache_markdown(service, user, whole_server=admin),
+                    "admin" if admin else "user", *show_settings(request))
 
-        demo.load(on_load_page, None, [*view, cache_md, *settings_outputs], queue=False,
-                  **HIDDEN)
+        demo.load(on_load_page, None, [*view, cache_md, role, *settings_outputs], queue=False,
+                  **HIDDEN).then(None, [role], None, js=ROLE_JS, **HIDDEN)
 
         # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
         # badge over the conversation even with show_progress="hidden".

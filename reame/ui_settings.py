@@ -128,7 +128,12 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str,
             text = f"**Not applied:** {inert_html(error)}\n\n{text}"
         return text
 
-    def show():
+    def show(request: gr.Request = None):
+        if not can_configure(user_of(request)):
+            # Who may not change the settings does not see them (paths, files): the model
+            # line alone. The tab is hidden from them too; this also answers a direct call.
+            return (gr.skip(), *model_banner(service, settings.loading_model),
+                    *(gr.skip() for _ in fields))
         now = settings.current()["settings"]
         models = settings.models()
         choices = [(model_label(m), m["path"]) for m in models]
@@ -164,7 +169,7 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str,
         changes = {section: keys for section, keys in changes.items() if keys}
         if not changes:
             gr.Info("Nothing changed.")
-            yield show()
+            yield show(request)
             return
         # The update runs in a thread so that each of its steps reaches the page as it starts:
         # the status and the Chat tab say "Loading model", the bar counts the steps.
@@ -192,7 +197,7 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str,
                     yield (loading_text(value), *model_banner(service, value), *skip)
             elif step == "done":
                 gr.Info("Saved to reame.conf and applied.")
-                yield show()
+                yield show(request)
                 return
             else:
                 # A warning, not gr.Error: the status keeps the message, no "Error" badge

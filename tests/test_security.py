@@ -272,6 +272,35 @@ def test_a_page_of_another_origin_cannot_read_the_chats(browser, evil_site, open
     context.close()
 
 
+def test_only_an_admin_sees_the_servers_settings_paths_and_files(browser, bank):
+    server, _ = bank
+    folder = str(server.config.parent)
+    bob, alice = login(server, "bob"), login(server, "alice")
+    seen = bob.predict(api_name="/get_settings")
+    assert folder not in json.dumps(seen) and "users_file" not in json.dumps(seen), seen
+    assert seen["loaded_model"] == MODEL and seen["settings"]["generation"]["system_prompt"]
+    with pytest.raises(Exception, match="only an admin"):
+        bob.predict(api_name="/list_models")
+    assert folder in json.dumps(alice.predict(api_name="/get_settings"))
+    assert isinstance(alice.predict(api_name="/list_models"), list)  # no refusal
+    # In the page: the Settings tab is the admin's alone, the chat is everybody's.
+    for name, has_tab in (("bob", False), ("alice", True)):
+        context = browser.new_context()
+        try:
+            answer = context.request.post(server.url + "login",
+                                          form={"username": name, "password": USERS[name]})
+            assert answer.ok, answer.text()
+            page = context.new_page()
+            page.goto(server.url)
+            expect(page.locator("#message textarea")).to_be_editable(timeout=30_000)
+            tab = expect(page.get_by_role("tab", name="Settings"))
+            tab.to_be_visible() if has_tab else tab.to_be_hidden()
+            if not has_tab:
+                assert folder not in page.content()
+        finally:
+            context.close()
+
+
 def test_the_login_cookie_is_not_sent_by_other_sites_and_foreign_origins_are_refused(bank):
     server, _ = bank
     status, headers, _ = raw(server.url + "login", method="POST",
@@ -436,6 +465,27 @@ def test_failed_logins_are_limited(tmp_path, model_path):
             assert attempt("gina", f"guess-{n}")[0] == 400
         status, headers = attempt("gina", "gina-secret-8")
         assert status == 429 and int(headers["Retry-After"]) > 0
+    finally:
+        server.stop()
+
+
+def test_chats_per_user_are_limited_each_user_counting_their_own(tmp_path, model_path):
+    config = write_config(tmp_path, model_path=model_path, max_tokens=8,
+                          extra="max_chats_per_user = 2\n")
+    for name in ("gina", "hugo"):
+        assert cli(config, "adduser", name, password=f"{name}-secret-8").returncode == 0
+    server = Server(config, tmp_path / "server.log").start()
+    try:
+        gina, hugo = (Client(server.url, auth=(name, f"{name}-secret-8"), verbose=False)
+                      for name in ("gina", "hugo"))
+        first = gina.predict("One", api_name="/new_chat")
+        gina.predict("Two", api_name="/new_chat")
+        with pytest.raises(Exception, match="you have 2 chats, the most this server keeps"):
+            gina.predict("Three", api_name="/new_chat")
+        assert [c["title"] for c in gina.predict(api_name="/list_chats")] == ["Two", "One"]
+        assert hugo.predict("Hugo's own", api_name="/new_chat")  # his own count
+        gina.predict(first, api_name="/delete_chat")
+        assert gina.predict("Three", api_name="/new_chat")
     finally:
         server.stop()
 
