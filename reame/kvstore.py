@@ -441,6 +441,28 @@ class KVStore:
         return removed
 
 
+def check_folder(folder: Path) -> None:
+    """Refuse (ValueError, saying why) a folder that cannot hold the KV files: one that is not
+    a folder, cannot be written, or holds other files than Reame's (KV files and their
+    temporary files), so that a setting never points the cache at someone else's folder."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, not a folder")
+    if folder.is_dir():
+        foreign = sorted(p.name for p in folder.iterdir()
+                         if not (_OWN_NAME.match(p.name) or (p.name.startswith(_TMP_PREFIX)
+                                                              and p.name.endswith(".tmp"))))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+            raise ValueError(f"{folder} holds {len(foreign)} entries Reame did not write "
+                             f"({shown}): choose an empty folder, or one only Reame uses")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=_TMP_PREFIX, suffix=".tmp"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{folder} cannot be written: {exc.strerror or exc}") from None
+
+
 def _delete(path: Path) -> bool:
     """Delete a KV file, if it is one Reame wrote (its name and magic say so)."""
     if not _OWN_NAME.match(path.name):

@@ -19,6 +19,7 @@ from .catalog import ModelCheckError, check_model, list_models
 from .chat import ChatService
 from .config import SETTINGS, Config, ConfigError, update_config, validate_value
 from .engine import ModelLoadError
+from .kvstore import check_folder
 from .runtime import build_cache, build_engine
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,12 @@ class Settings:
                 typed[(section, key)] = validate_value(section, key, value, base)
             except ConfigError as exc:
                 raise SettingsError(str(exc)) from None
+        new_dir = typed.get(("cache", "dir"))
+        if new_dir is not None and new_dir != self.config.cache.dir:
+            try:
+                check_folder(new_dir)
+            except ValueError as exc:
+                raise SettingsError(f"[cache] dir: {exc}") from None
         new_config = _with(self.config, typed)
         reload = any(key in RELOAD for key in typed) and self._differs(new_config)
         if reload or self.service.engine is None:

@@ -95,6 +95,33 @@ def test_invalid_changes_are_refused_and_nothing_is_written(setup, changes, mess
     assert path.read_bytes() == before and settings.service.engine is engine
 
 
+def test_the_cache_folder_can_move_only_to_a_folder_for_reame_alone(setup, tmp_path):
+    settings, path = setup
+    service = settings.service
+    papers = tmp_path / "papers"
+    papers.mkdir()
+    (papers / "thesis.tmp").write_text("a draft")
+    (papers / "notes.kv").write_text("not a KV file")
+    (tmp_path / "a-file").write_text("")
+    before = path.read_bytes()
+    for folder, message in ((papers, "holds 2 entries Reame did not write"),
+                            (tmp_path / "a-file", "is a file, not a folder")):
+        with pytest.raises(SettingsError, match=message):
+            settings.update({"cache": {"dir": str(folder)}})
+        assert path.read_bytes() == before
+    assert sorted(p.name for p in papers.iterdir()) == ["notes.kv", "thesis.tmp"]
+
+    # A new folder, or one holding Reame's own files, is fine: the chat's KV goes there.
+    chat = service.new_chat()
+    last_turn(service, chat.id, "Which planet do we live on?")
+    settings.update({"cache": {"dir": str(tmp_path / "kv-elsewhere")}})
+    last_turn(service, chat.id, "And the next one out?")
+    service.cache.flush()
+    assert service.cache.store.chat_path(chat.id).parent == tmp_path / "kv-elsewhere"
+    assert service.cache.store.chat_path(chat.id).exists()
+    settings.update({"cache": {"dir": str(tmp_path / "sessions" / "kv")}})
+
+
 def test_a_model_that_fails_to_load_keeps_the_old_one_serving(setup, tmp_path, model_path,
                                                              monkeypatch):
     settings, path = setup
