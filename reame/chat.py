@@ -476,27 +476,42 @@ class ChatService:
         _check_seed(seed)
         self._check_length(system_prompt, *(t.content for t in turns))
         scope = user_scope(user)
-        turns = [self._known_reply(t, scope) for t in turns]
-        prompt = self.prompts.tokens(system_prompt, turns, scope)
-        if len(prompt) >= self.engine.n_ctx:
+        # Tokenized now, outside the lock (the model may be busy with another turn).
+        prompts = self.prompts
+        known, prompt = self._conversation(prompts, system_prompt, turns, scope)
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
+        return self._complete(system_prompt, turns, (prompts, known, prompt), sampling,
+                              max_tokens, stop, scope)
+
+    def _conversation(self, prompts: PromptBuilder, system_prompt: str, turns: list[Turn],
+                      scope: str) -> tuple[list[Turn], list[int]]:
+        """The turns (replies this server wrote with their exact tokens) and the prompt, in
+        the vocabulary of prompts' model; too long for its context raises MessageTooLong."""
+        known = [self._known_reply(prompts.engine, t, scope) for t in turns]
+        prompt = prompts.tokens(system_prompt, known, scope)
+        n_ctx = prompts.engine.n_ctx
+        if len(prompt) >= n_ctx:
             raise MessageTooLong(
                 f"The conversation is {len(prompt):,} tokens; the model's context holds "
-                f"{self.engine.n_ctx:,} tokens. Shorten it and send again.")
-        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
-        return self._complete(system_prompt, turns, prompt, sampling, max_tokens, stop, scope)
+                f"{n_ctx:,} tokens. Shorten it and send again.")
+        return known, prompt
 
-    def _known_reply(self, turn: Turn, scope: str) -> Turn:
+    def _known_reply(self, engine: Engine, turn: Turn, scope: str) -> Turn:
         """An assistant turn with the exact tokens this server generated for its text, in a
         reply to the same scope (another user's replies must not change this prompt)."""
         if turn.role != "assistant" or turn.tokens is not None:
             return turn
-        tokens = self._reply_tokens.get((self.engine.fingerprint, scope, turn.content))
+        tokens = self._reply_tokens.get((engine.fingerprint, scope, turn.content))
         return Turn(turn.role, turn.content, tokens) if tokens else turn
 
-    def _complete(self, system_prompt: str, turns: list[Turn], prompt: list[int],
+    def _complete(self, system_prompt: str, sent: list[Turn],
+                  tokenized: tuple[PromptBuilder, list[Turn], list[int]],
                   sampling: Sampling, max_tokens: int | None,
                   stop: tuple[str, ...], scope: str) -> Iterator[TurnUpdate]:
         with self.lock:
+            prompts, turns, prompt = tokenized
+            if prompts is not self.prompts:  # the model was switched meanwhile: its tokens
+                turns, prompt = self._conversation(self.prompts, system_prompt, sent, scope)
             engine = self.engine
             stats = TurnStats(prompt_tokens=len(prompt))
             started = time.perf_counter()

@@ -4,7 +4,9 @@ import shutil
 
 import pytest
 
+from reame.cache import user_scope
 from reame.config import load_config
+from reame.prompt import Turn
 from reame.runtime import build_service
 from reame.settings import Settings, SettingsError
 
@@ -93,6 +95,22 @@ def test_invalid_changes_are_refused_and_nothing_is_written(setup, changes, mess
     with pytest.raises(SettingsError, match=message):
         settings.update(changes)
     assert path.read_bytes() == before and settings.service.engine is engine
+
+
+def test_a_request_tokenized_before_a_model_switch_is_answered_in_the_new_models_tokens(
+        setup, gemma_path):
+    settings, _ = setup
+    service = settings.service
+    system, turns = "You are a helpful assistant.", [Turn("user", "Which planet do we live on?")]
+    on_smol = len(service.prompts.tokens(system, turns, user_scope(None)))
+    updates = service.complete(system, turns, max_tokens=8, temperature=0)  # tokenized now
+    settings.update({"model": {"model_path": gemma_path}})  # before it gets the model
+    *_, answer = updates
+    on_gemma = len(service.prompts.tokens(system, turns, user_scope(None)))
+    assert answer.stats.prompt_tokens == on_gemma != on_smol
+    # The same answer as the same request sent to Gemma now (its KV live this time).
+    *_, again = service.complete(system, turns, max_tokens=8, temperature=0)
+    assert again.text == answer.text and again.stats.reused > 0
 
 
 def test_the_cache_folder_can_move_only_to_a_folder_for_reame_alone(setup, tmp_path):
