@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,20 +42,82 @@ def _user_error(exc: Exception) -> gr.Error:
     return gr.Error(str(exc), print_exception=False)
 
 
+def _argument(name: str, value: Any, kind: str) -> Any:
+    """value as the endpoint's parameter of that annotation wants it, or a gr.Error saying
+    what was expected: a client can send any JSON, and int([]) is not a refusal."""
+    optional = kind.endswith("| None")
+    if value is None and optional:
+        return None
+    kind = kind.removesuffix("| None").strip()
+    if kind == "int":
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        elif isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63:
+            return value
+        expected = "a whole number"
+    elif kind == "float":
+        if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value)):
+            return float(value)
+        expected = "a number"
+    elif kind == "str":
+        if isinstance(value, str):
+            return value
+        expected = "a text"
+    elif kind == "dict":
+        if isinstance(value, dict):
+            return value
+        expected = "an object"
+    else:
+        return value
+    raise gr.Error(f"{name} must be {expected}{' or null' if optional else ''}",
+                   print_exception=False)
+
+
+def _checked(fn: Callable) -> Callable:
+    """fn with its arguments checked against its annotations (see _argument) first."""
+    signature = inspect.signature(fn)
+    kinds = {name: str(p.annotation) for name, p in signature.parameters.items()
+             if p.annotation is not inspect.Parameter.empty and "Request" not in str(p.annotation)}
+
+    def check(args, kwargs):
+        bound = signature.bind_partial(*args, **kwargs)
+        for name, value in bound.arguments.items():
+            if name in kinds:
+                bound.arguments[name] = _argument(name, value, kinds[name])
+        return bound.args, bound.kwargs
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args, **kwargs):
+            args, kwargs = check(args, kwargs)
+            yield from fn(*args, **kwargs)
+        return stream
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        args, kwargs = check(args, kwargs)
+        return fn(*args, **kwargs)
+    return call
+
+
 def _guarded(fn: Callable) -> Callable:
-    """fn for gr.api: an unexpected exception is logged with its traceback, and the client
-    gets INTERNAL_ERROR instead of the exception's text (SQL, paths, ...). gr.Error (what a
-    caller can act on: an unknown chat, a refusal) passes through."""
+    """fn for gr.api: its arguments checked (_checked); an unexpected exception is logged with
+    its traceback, and the client gets INTERNAL_ERROR instead of the exception's text (SQL,
+    paths, ...). gr.Error (what a caller can act on: an unknown chat, a refusal) passes."""
 
     def internal(exc: Exception) -> gr.Error:
         log.error("/%s failed", fn.__name__, exc_info=exc)
         return gr.Error(INTERNAL_ERROR, print_exception=False)
 
+    checked = _checked(fn)
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def stream(*args, **kwargs):
             try:
-                yield from fn(*args, **kwargs)
+                yield from checked(*args, **kwargs)
             except gr.Error:
                 raise
             except Exception as exc:
@@ -64,7 +127,7 @@ def _guarded(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def call(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            return checked(*args, **kwargs)
         except gr.Error:
             raise
         except Exception as exc:
@@ -78,7 +141,7 @@ def register_api(service: ChatService, *, concurrency_id: str,
     """Add the named endpoints to the Blocks being built. Each passes on the logged-in user
     (gr.Request): another user's chat is answered as if it did not exist."""
 
-    def new_chat(title: str = "", system_prompt: str | None = None,
+    def new_chat(title: str | None = "", system_prompt: str | None = None,
                  request: gr.Request = None) -> int:
         """Create a chat; an empty title becomes the first message; returns the chat id."""
         try:
@@ -110,7 +173,7 @@ def register_api(service: ChatService, *, concurrency_id: str,
         yield from _stream(lambda: service.edit_message(int(chat_id), int(message_id), message,
                                                         user=user))
 
-    def type_ahead(chat_id: int, draft: str, request: gr.Request = None) -> int:
+    def type_ahead(chat_id: int, draft: str | None, request: gr.Request = None) -> int:
         """Evaluate what a message being typed already fixes of the next prompt (the page
         does it as you type); /send then evaluates only the rest. Never waits for the
         model: 0 when it is busy. Returns the tokens evaluated."""

@@ -108,7 +108,7 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         if not isinstance(message, dict):
             raise ApiError(400, f"{where} must be an object", param=where)
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise ApiError(400, f"{where}.role must be one of {', '.join(sorted(ROLES))}, "
                            f"not {role!r}", param=f"{where}.role")
         text = _content_text(message.get("content"), f"{where}.content")

@@ -111,14 +111,20 @@ def open_app(page: Page, server: Server) -> None:
     """Open the page and wait for its load event (the chat list and the chat shown)."""
     with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
         page.goto(server.url)
-    assert loaded.value.ok, loaded.value.status
-    expect(page.locator(BOX)).to_be_editable()
+    shown_as_loaded(page, loaded.value)
 
 
 def reload(page: Page) -> None:
     with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
         page.reload()
-    assert loaded.value.ok, loaded.value.status
+    shown_as_loaded(page, loaded.value)
+
+
+def shown_as_loaded(page: Page, load) -> None:
+    """Wait until the page shows what its load event answered: every chat in the list."""
+    assert load.ok, load.status
+    chat_list = load.json()["data"][1]  # the outputs' order: see reame/ui.py, `view`
+    expect(page.locator(CHATS)).to_have_count(len(chat_list["choices"]))
     expect(page.locator(BOX)).to_be_editable()
 
 
