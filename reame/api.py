@@ -50,8 +50,11 @@ def _argument(name: str, value: Any, kind: str) -> Any:
         return None
     kind = kind.removesuffix("| None").strip()
     if kind == "int":
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            value = int(value)
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                pass
         elif isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63:

@@ -183,6 +183,12 @@ def test_the_named_api_answers_any_arguments_with_an_answer_or_a_clear_error(ser
                                                                         data)
 
 
+@pytest.mark.parametrize("value", ["--5", "\u00b2", "1e3", "9" * 5000, 2**70, True, 2.5])
+def test_a_chat_id_that_is_no_whole_number_is_refused_by_name(server, value):
+    outcome, data = call(server, "get_chat", [value])
+    assert outcome == "error" and data["error"] == "chat_id must be a whole number", data
+
+
 def test_the_server_serves_after_the_fuzzing_and_logged_no_internal_error(server):
     still_serving(server)
     log = server.log_path.read_text(errors="replace")
