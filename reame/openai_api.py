@@ -16,14 +16,16 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from .accounts import Accounts
@@ -35,7 +37,6 @@ log = logging.getLogger(__name__)
 
 CHAT_HEADER = "X-Reame-Chat"
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds
-ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOPS = 4
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
 LOADING_RETRY_S = 2
@@ -85,104 +86,127 @@ class CompletionRequest:
     include_usage: bool
 
 
+class _Body(BaseModel):
+    """Strict, as JSON means its types: true is not 1 and "5" is not 5. Fields this server does
+    not read are ignored: OpenAI's clients send many."""
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+Role = Literal["system", "developer", "user", "assistant"]
+Positive = Annotated[int, Field(ge=1)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Body):
+    role: Role
+    content: str | list[TextPart]
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ChatRequest(_Body):
+    """The body of POST /v1/chat/completions, as far as this server reads it. A null sampling
+    field means its default (some clients send every field)."""
+    model: NonEmpty
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    max_tokens: Positive | None = None
+    max_completion_tokens: Positive | None = None  # max_tokens' newer name
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stop: str | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = None
+    seed: int | None = None
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+# What each field must be, by its path with list indices as [] ("" is the body itself).
+EXPECTED = {
+    "": "a JSON object",
+    "model": "a model id (a string); see GET /v1/models",
+    "messages": f"a non-empty array of at most {MAX_MESSAGES:,} messages",
+    "messages[]": "an object with a role and content",
+    "messages[].role": f"one of {', '.join(get_args(Role))}",
+    "messages[].content": 'a string or an array of text parts, {"type": "text", "text": ...}',
+    "max_tokens": "a positive integer",
+    "max_completion_tokens": "a positive integer",
+    "temperature": "a number from 0 to 2",
+    "top_p": "a number above 0, at most 1",
+    "stop": f"a string or up to {MAX_STOPS} non-empty strings",
+    "seed": "an integer",
+    "n": "1 (one choice per request)",
+    "stream": "true or false",
+    "stream_options": 'an object, {"include_usage": true or false}',
+    "stream_options.include_usage": "true or false",
+}
+
+
 def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
     """Validate a /v1/chat/completions body; ApiError (400/404) says what is wrong."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' is required (a string); see GET /v1/models", param="model")
-    if model not in model_ids:
-        raise ApiError(404, f"The model '{model}' does not exist; this server has: "
+    try:
+        request = ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _refusal(exc) from None
+    if request.model not in model_ids:
+        raise ApiError(404, f"The model '{request.model}' does not exist; this server has: "
                        f"{', '.join(model_ids) or 'none loaded'}", param="model",
                        code="model_not_found")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty array", param="messages")
-    if len(messages) > MAX_MESSAGES:
-        raise ApiError(400, f"at most {MAX_MESSAGES:,} messages in a request",
-                       param="messages")
+    system, turns = _conversation(request.messages)
+    stop = request.stop or ()
+    return CompletionRequest(
+        request.model, "\n\n".join(system), turns,
+        request.max_completion_tokens or request.max_tokens,
+        1.0 if request.temperature is None else request.temperature,
+        1.0 if request.top_p is None else request.top_p,
+        (stop,) if isinstance(stop, str) else tuple(stop), request.seed, request.stream,
+        request.stream_options is not None and request.stream_options.include_usage)
+
+
+def _refusal(exc: ValidationError) -> ApiError:
+    """The first of pydantic's errors in this API's words: the field's path as the client wrote
+    it ("messages[2].role") and what it must be. Pydantic's own text names its internals (class
+    names, a union's branches)."""
+    error = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+    param = ""
+    for part in error["loc"]:  # down to the deepest field: not into a union's branches
+        longer = f"{param}[{part}]" if isinstance(part, int) else f"{param}.{part}".lstrip(".")
+        if _key(longer) not in EXPECTED:  # e.g. "stop.list[constrained-str]"
+            break
+        param = longer
+    name, expected = f"'{param}'" if param else "the request body", EXPECTED[_key(param)]
+    verb = "is required:" if error["type"] == "missing" else "must be"
+    return ApiError(400, f"{name} {verb} {expected}", param=param or None)
+
+
+def _key(param: str) -> str:
+    return re.sub(r"\[\d+\]", "[]", param)  # messages[2].role -> messages[].role
+
+
+def _conversation(messages: list[Message]) -> tuple[list[str], list[Turn]]:
+    """The system texts and the turns, in the order a chat template can render."""
     system, turns = [], []
     for n, message in enumerate(messages):
-        where = f"messages[{n}]"
-        if not isinstance(message, dict):
-            raise ApiError(400, f"{where} must be an object", param=where)
-        role = message.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise ApiError(400, f"{where}.role must be one of {', '.join(sorted(ROLES))}, "
-                           f"not {role!r}", param=f"{where}.role")
-        text = _content_text(message.get("content"), f"{where}.content")
-        if role in ("system", "developer"):
-            if turns:
-                raise ApiError(400, f"{where}: system messages go before the conversation",
-                               param=where)
-            system.append(text)
+        content = message.content
+        text = content if isinstance(content, str) else "".join(part.text for part in content)
+        if message.role not in ("system", "developer"):
+            turns.append(Turn(message.role, text))
+        elif turns:
+            raise ApiError(400, f"messages[{n}]: system messages go before the conversation",
+                           param=f"messages[{n}]")
         else:
-            turns.append(Turn(role, text))
+            system.append(text)
     if not turns or turns[-1].role != "user":
         raise ApiError(400, "the last message must be the user's", param="messages")
     if not turns[-1].content.strip():
         raise ApiError(400, "the last user message is empty", param="messages")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
-        raise ApiError(400, "'max_tokens' must be a positive integer", param="max_tokens")
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0:
-        raise ApiError(400, "'top_p' must be above 0", param="top_p")
-    stop = body.get("stop")
-    if stop is None:
-        stop = ()
-    elif isinstance(stop, str):
-        stop = (stop,)
-    elif (isinstance(stop, list) and len(stop) <= MAX_STOPS
-          and all(isinstance(s, str) and s for s in stop)):
-        stop = tuple(stop)
-    else:
-        raise ApiError(400, f"'stop' must be a string or up to {MAX_STOPS} non-empty strings",
-                       param="stop")
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise ApiError(400, "'seed' must be an integer", param="seed")
-    n = body.get("n", 1)
-    if n != 1:
-        raise ApiError(400, "only n = 1 is supported", param="n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be true or false", param="stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ApiError(400, "'stream_options' must be an object", param="stream_options")
-    return CompletionRequest(model, "\n\n".join(system), turns, max_tokens, temperature, top_p,
-                             stop, seed, stream, bool(options.get("include_usage")))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(body: dict, key: str, default: float, low: float, high: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ApiError(400, f"'{key}' must be a number from {low:g} to {high:g}", param=key)
-    return float(value)
-
-
-def _content_text(content: Any, where: str) -> str:
-    """A message's text: a string, or an array of {"type": "text", "text": ...} parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                    part.get("text"), str):
-                raise ApiError(400, f"{where}: only text parts are supported", param=where)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise ApiError(400, f"{where} must be a string or an array of text parts", param=where)
+    return system, turns
 
 
 def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:

@@ -196,6 +196,55 @@ def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
     assert ok == 200 and "Paris" in fine["choices"][0]["message"]["content"]
 
 
+HI = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"max_tokens": True}, "max_tokens"),
+    ({"max_completion_tokens": "5"}, "max_completion_tokens"),
+    ({"temperature": True}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"seed": 1.0}, "seed"),
+    ({"n": True}, "n"),
+    ({"n": 2}, "n"),
+    ({"stream": "true"}, "stream"),
+    ({"stream": None}, "stream"),
+    ({"stream_options": []}, "stream_options"),
+    ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"stop": ["a", ""]}, "stop"),
+    ({"messages": ["hi"]}, "messages[0]"),
+    ({"messages": [HI, {"role": "bot", "content": "hi"}]}, "messages[1].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content"),
+    ({"messages": [HI, {"role": "system", "content": "Be brief."}, HI]}, "messages[1]"),
+], ids=["max-tokens-bool", "max-completion-tokens-string", "temperature-bool", "top-p-zero",
+        "seed-float", "n-bool", "n-two", "stream-string", "stream-null", "stream-options-array",
+        "include-usage-int", "stop-empty", "message-not-object", "role", "image-part",
+        "system-late"])
+def test_a_refusal_names_the_field_by_its_path_and_types_are_strict(server, change, param):
+    """JSON's types as they are (true is not 1, "5" is not 5), and a refusal that says which
+    field, where, in this API's words, not the validator's."""
+    got, answer = post(server, {"model": model_id(server), "messages": [HI], **change})
+    assert got == 400, answer
+    assert answer["error"]["param"] == param
+    message = answer["error"]["message"]
+    assert param in message
+    assert not [word for word in ("Input should", "pydantic", "ChatRequest", "TextPart",
+                                  "StreamOptions", "list[") if word in message], message
+
+
+def test_fields_this_server_does_not_read_are_ignored_and_null_means_the_default(server):
+    """OpenAI's clients send many fields, some of them null."""
+    status, answer = post(server, {
+        "model": model_id(server), "max_tokens": 2, "temperature": None, "top_p": None,
+        "seed": None, "stop": None, "stream_options": None, "frequency_penalty": 0,
+        "logit_bias": {}, "user": "someone", "tools": [], "response_format": {"type": "text"},
+        "messages": [{"role": "developer", "content": "Be brief.", "name": "rules"},
+                     {"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}]}]})
+    assert status == 200, answer
+    assert answer["usage"]["completion_tokens"] <= 2
+
+
 def test_malformed_and_oversized_bodies_are_refused(server):
     status, answer = post(server, None, raw=b'{"model": "x", "messages": [')
     assert status == 400 and "not valid JSON" in answer["error"]["message"]
