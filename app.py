@@ -13,28 +13,37 @@ from reame.accounts import AccountError, Accounts
 from reame.accounts_cli import COMMANDS, give_ids, run_command
 from reame.chat import ChatService
 from reame.config import Config, ConfigError, load_config
-from reame.guard import Guard
 from reame.runtime import build_service
 from reame.settings import Settings
-from reame.ui import CSS, build_ui
-from reame.web_login import WebLogins
+from reame.web.guard import Guard
+from reame.web.login import WebLogins
+from reame.web.named_api import register_api
+from reame.web.page import build_page
+from reame.web.page_parts import CSS
 
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
 MAX_REQUEST_BYTES = 2 << 20  # any request body (the page, the Gradio API, /v1)
+GENERATE = "generate"  # one concurrency group for every event that runs the model
 
 
 def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     """One ASGI app: /v1 (OpenAI-compatible) and the Gradio page and API at /, behind the
-    Guard (host names, origins, body sizes, cookies: reame/guard.py)."""
+    Guard (host names, origins, body sizes, cookies: reame/web/guard.py)."""
     import gradio as gr
     from fastapi import FastAPI
 
-    from reame.openai_api import build_router, internal_error
+    from reame.web.openai_api import build_router, internal_error
 
-    demo = build_ui(service, settings=Settings(config, service), title="Reame",
-                    can_configure=(lambda user: accounts.is_admin(accounts.name_of(user)))
-                    if accounts is not None else lambda user: True)
+    settings = Settings(config, service)
+    can_configure = ((lambda user: accounts.is_admin(accounts.name_of(user)))
+                     if accounts is not None else lambda user: True)
+    with gr.Blocks(title="Reame", analytics_enabled=False, fill_height=True) as demo:
+        # The API first, so that its endpoint names stay exactly as documented.
+        register_api(service, concurrency_id=GENERATE, settings=settings,
+                     can_configure=can_configure)
+        build_page(demo, service, concurrency_id=GENERATE, settings=settings, title="Reame",
+                   can_configure=can_configure)
     demo.queue(default_concurrency_limit=8)
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
     if accounts is not None:

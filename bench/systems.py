@@ -233,24 +233,19 @@ class ServiceSystem(System):
         return self.folder / "kv"
 
     def _start(self) -> None:
-        from reame.cache import KVCache
-        from reame.chat import ChatService
         from reame.config import GenerationConfig
         from reame.engine import Engine
-        from reame.kvstore import KVStore
-        from reame.store import Store
+        from reame.runtime import service_over
 
         self.engine = Engine(self.model, n_ctx=self.n_ctx, kv_type=self.kv_type,
                              n_threads=self.threads)
         if not self.shift:
             self.engine.can_shift = False
-        self.store = Store(self.folder / "reame.db")
-        self.kv = (KVStore(self.kv_dir, fingerprint=self.engine.kv_fingerprint,
-                           max_bytes=1 << 40) if self.cache_on else None)
         defaults = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.0,
                                     max_tokens=self.max_tokens)
-        self.service = ChatService(self.store, self.engine, defaults,
-                                   cache=KVCache(self.engine, self.kv))
+        self.service = service_over(self.folder, self.engine, defaults, cache=self.cache_on,
+                                    max_disk_bytes=1 << 40, kv_dir=self.kv_dir)
+        self.store, self.kv = self.service.store, self.service.cache.files
 
     def open_chat(self, chat_id: int) -> float:
         """What the page does when a chat is opened (restore its KV ahead); the seconds taken."""

@@ -19,23 +19,19 @@ whatever users do: made when the model loads, and pinned against eviction).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from .batches import CHUNK, Batch, cold_prefix, resume_point
+from .batches import CHUNK, cold_prefix, resume_point
 from .engine import Engine, common_prefix
+from .kvindex import SHARED, FileIndex, prompt_key
 from .kvstore import BLOCK, KVStore, block_hashes
 
 log = logging.getLogger(__name__)
 
 MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
-PER_BLOCK = 4  # files the index keeps per block hash (the newest)
-CANDIDATES = 16  # files a lookup peeks at, at most
-SHARED = "shared"  # the scope of the prefix every user may reuse (see the module's doc)
 
 
 def user_scope(user: str | None) -> str:
@@ -57,6 +53,23 @@ class Restored:
     restore_ms: float = 0.0
     shifted: int = 0  # tokens dropped from the KV by a context shift (nothing recomputed)
     recomputed: bool = False  # a drop the KV could not follow: the kept window is re-evaluated
+    typed: tuple[int, int] | None = None  # prompt tokens [start, end) evaluated while typed
+
+    def typed_ahead(self, reused: int) -> int:
+        """How many of the reused tokens were evaluated while the message was typed."""
+        return max(0, min(reused, self.typed[1]) - self.typed[0]) if self.typed else 0
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """Work done for a chat before its turn, which the turn reports as its own: its KV file
+    restored when the chat was opened (warm), its next message evaluated while typed."""
+
+    chat_id: int
+    source: str  # where the history came from: disk / prefix, else live
+    restore_ms: float
+    counted: bool  # its restore is in the lookup counts already (done by a prepare)
+    typed: tuple[int, int] | None = None  # Restored.typed
 
 
 @dataclass(frozen=True)
@@ -72,20 +85,22 @@ class Drop:
 class KVCache:
     """Puts the right KV into the engine before a turn, and saves it after."""
 
-    def __init__(self, engine: Engine, store: KVStore | None):
+    def __init__(self, engine: Engine, files: KVStore | None):
         self.engine = engine
-        self.store = store  # None: the cache is off, only the live context is reused
+        self.files = files  # None: the cache is off, only the live context is reused
         self.prefill_rate = 0.0  # tokens/s, measured on this machine and model
         self.counts: dict[str, Counts] = {}  # per scope
         self.scope: str | None = None  # whose KV is live (None: nobody's yet)
-        self._warmed: tuple[int, Restored] | None = None  # (chat id, what warm() restored)
-        self._live_chat: int | None = None  # the chat whose turn last used the live KV
-        self._missed: int | None = None  # a chat whose own file warm() found unusable
-        self._index: dict[str, list[Path]] | None = None  # see _block_index
+        # The engine's state ahead of a turn, owned here: what was done for the next turn,
+        # the chat whose KV is live, a chat whose own file warm() found unusable.
+        self._ahead: Ahead | None = None
+        self._live_chat: int | None = None
+        self._missed: int | None = None
+        self.index = FileIndex(files) if files is not None else None
 
     @property
     def enabled(self) -> bool:
-        return self.store is not None
+        return self.files is not None
 
     def serve(self, scope: str) -> None:
         """Let the live KV serve scope: another scope's KV is cleared first (never reused)."""
@@ -93,7 +108,7 @@ class KVCache:
             return
         self.engine.clear()
         self.scope = scope
-        self._warmed = self._live_chat = self._missed = None
+        self._ahead = self._live_chat = self._missed = None
 
     def _count(self) -> Counts:
         return self.counts.setdefault(self.scope, Counts())
@@ -130,18 +145,19 @@ class KVCache:
         usable = len(prompt) - 1  # the last token is always evaluated, for its logits
         live = engine.resume_point(prompt)
         live_chat, self._live_chat = self._live_chat, chat_id
-        warmed, self._warmed = self._warmed, None
+        ahead, self._ahead = self._ahead, None
         missed, self._missed = self._missed, None
-        if warmed is not None and warmed[0] == chat_id and live:
-            # Restored when the chat was opened or while the turn built its prompt: count it
-            # as this turn's restore (up to where the prompt differs, after an edit).
-            counts = self._count()
-            counts.lookups += 1
-            counts.hits += 1
-            counts.tokens_saved += live
-            return Restored(live, warmed[1].source, warmed[1].restore_ms)
+        if ahead is not None and ahead.chat_id == chat_id and live:
+            # Restored when the chat was opened or while the turn built its prompt, or typed
+            # ahead: this turn's own work (up to where the prompt differs, after an edit).
+            if not ahead.counted:
+                counts = self._count()
+                counts.lookups += 1
+                counts.hits += 1
+                counts.tokens_saved += live
+            return Restored(live, ahead.source, ahead.restore_ms, typed=ahead.typed)
         # The live KV is this chat's own (its file holds the same tokens): nothing to look up.
-        if self.store is None or live >= usable or (
+        if self.files is None or live >= usable or (
                 live and chat_id is not None and live_chat == chat_id):
             return Restored(live, "live" if live else "none")
         counts = self._count()
@@ -166,10 +182,10 @@ class KVCache:
     def warm(self, chat_id: int, scope: str = "") -> Restored | None:
         """Restore the chat's KV file now, ahead of its next turn; None if there is nothing
         to restore or the live context already holds it. scope: the chat's owner's."""
-        if self.store is None:
+        if self.files is None:
             return None
         self.serve(scope)
-        tokens = self.store.peek(self.store.chat_path(chat_id))
+        tokens = self.files.peek(self.files.chat_path(chat_id))
         if not tokens:
             self._missed = chat_id
             return None
@@ -181,9 +197,19 @@ class KVCache:
             self._missed = chat_id
         if restored is not None:
             restored.restore_ms = (time.perf_counter() - started) * 1000
-            self._warmed = (chat_id, restored)
+            self._ahead = Ahead(chat_id, restored.source, restored.restore_ms, counted=False)
             self._live_chat = chat_id
         return restored
+
+    def typed(self, chat_id: int, restored: Restored, end: int) -> None:
+        """Note that chat's next prompt was evaluated up to end while its message was typed
+        (restored: how its prepare found the history); the chat's turn reports it."""
+        start = restored.reused if restored.typed is None else min(restored.typed[0],
+                                                                   restored.reused)
+        found = restored.source in ("disk", "prefix")
+        self._ahead = Ahead(chat_id, restored.source if found else "live",
+                            restored.restore_ms if found else 0.0, counted=True,
+                            typed=(start, end))
 
     def _restore(self, chat_id: int, prompt: list[int], live: int, *,
                  own: bool = True) -> Restored | None:
@@ -192,10 +218,10 @@ class KVCache:
         engine = self.engine
         ranked = []  # (reach, order, source, path): the farthest first, then the own file
         farthest = live
-        for order, (source, path, bound) in enumerate(self._candidates(chat_id, prompt, own=own)):
+        for order, (source, path, bound) in enumerate(self.index.candidates(chat_id, prompt, self.scope, own=own)):
             if farthest >= bound:
                 break  # no file from here on shares more of the prompt
-            head = self.store.head(path)
+            head = self.files.head(path)
             if head is None or not self._readable(head.scope, source):
                 continue
             reach = resume_point(head.batches, head.tokens, prompt)
@@ -203,7 +229,7 @@ class KVCache:
                 ranked.append((reach, -order, source, path))
                 farthest = max(farthest, reach)
         for reach, _, source, path in sorted(ranked, reverse=True):
-            entry = self.store.read(path)
+            entry = self.files.read(path)
             if entry is None:
                 continue
             with entry:
@@ -212,10 +238,10 @@ class KVCache:
                 ok = engine.restore(entry.tokens, entry.state, entry.batches)
                 if not entry.verified():
                     engine.clear()
-                    self.store.reject(path, "checksum mismatch (corrupt or truncated)")
+                    self.files.reject(path, "checksum mismatch (corrupt or truncated)")
                     continue
             if not ok:
-                self.store.reject(path, "llama.cpp did not take the state back exactly")
+                self.files.reject(path, "llama.cpp did not take the state back exactly")
                 continue
             if not engine.truncate(reach):
                 log.warning("KV of %s cannot be cut at %d tokens (sliding window or recurrent "
@@ -227,62 +253,6 @@ class KVCache:
     def _readable(self, scope: str, source: str) -> bool:
         """Whether a file of scope may serve the live scope: its own, or SHARED (a prefix)."""
         return scope == self.scope or (scope == SHARED and source == "prefix")
-
-    def _candidates(self, chat_id: int | None, prompt: list[int], *, own: bool = True):
-        """The chat's own file, then files whose tokens start like prompt, longest shared
-        block first: snapshots by name, other files through the index of their block hashes
-        (the newest few holding each block), at most CANDIDATES in all. Each comes with a
-        bound: no file from it on can give more than that many of prompt's tokens."""
-        whole = len(prompt) - 1  # the prompt's last token is always evaluated again
-        own_path = self.store.chat_path(chat_id) if chat_id is not None else None
-        if own_path is not None and own:
-            yield "disk", own_path, whole
-        index = self._block_index()
-        seen = {own_path}
-        # Files whose KV holds this very prompt before a reply (the same request again).
-        for path in reversed(index.get(_prompt_key(prompt, self.scope), ())):
-            if path not in seen and path.exists():
-                seen.add(path)
-                yield "prefix", path, whole
-        levels = zip(block_hashes(prompt, self.scope), block_hashes(prompt, SHARED))
-        for n, hashes in reversed(list(enumerate(levels, 1))):
-            # Files first found at n blocks do not hold block n + 1 (they would be listed
-            # there: the index keeps the newest holders of each block, and every holder of
-            # a block holds the ones before it); snapshots end before the next block too.
-            bound = min(whole, (n + 1) * BLOCK - 1)
-            paths = [path for block_hash in hashes
-                     for path in [*reversed(index.get(block_hash, ())),
-                                  self.store.prefix_path(block_hash)]]
-            for path in paths:
-                if path not in seen and path.exists():
-                    seen.add(path)
-                    yield "prefix", path, bound
-                    if len(seen) > CANDIDATES:
-                        return
-
-    def _block_index(self) -> dict[str, list[Path]]:
-        """Block hash -> the newest files (up to PER_BLOCK, newest last) whose tokens hold that
-        block (built on first use from the files' heads, then kept up to date by every save)."""
-        if self._index is None:
-            self._index = {}
-            for path in sorted(self.store.own_files(), key=_mtime):
-                head = self.store.head(path, report=False)
-                if head and head.tokens:
-                    self._add_to_index(path, *head)
-        return self._index
-
-    def _add_to_index(self, path: Path, tokens: list[int], batches: list[Batch],
-                      scope: str) -> None:
-        if self._index is not None:
-            # Where a prompt of it ended: a fresh batch followed by a generated token.
-            ends = [_prompt_key(tokens[:b.end], scope) for b, after in zip(batches, batches[1:])
-                    if not b.kept and after.kept]
-            for block_hash in block_hashes(tokens, scope) + ends:
-                holders = self._index.setdefault(block_hash, [])
-                if path in holders:
-                    holders.remove(path)
-                holders.append(path)
-                del holders[:-PER_BLOCK]
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= MIN_RATE_SAMPLE and seconds > 0:
@@ -304,13 +274,13 @@ class KVCache:
         """Whether prompt[:length] is worth a snapshot that is not on disk yet. Snapshots are
         found by the chained hash of their last whole block, and hold every token up to length.
         shared: of the SHARED scope (the default system prompt's opening), else the live one."""
-        if self.store is None or length < BLOCK or not self.restorable(length):
+        if self.files is None or length < BLOCK or not self.restorable(length):
             return False
-        head = self.store.head(self._snapshot_path(prompt[:length], shared))
+        head = self.files.head(self._snapshot_path(prompt[:length], shared))
         return head is None or head.tokens != prompt[:length]
 
     def _snapshot_path(self, prefix: list[int], shared: bool) -> Path:
-        return self.store.prefix_path(block_hashes(prefix, SHARED if shared else self.scope)[-1])
+        return self.files.prefix_path(block_hashes(prefix, SHARED if shared else self.scope)[-1])
 
     def save_snapshot(self, prompt: list[int], length: int, *, shared: bool = False) -> bool:
         """Save the live KV as a prefix snapshot, if it is exactly prompt[:length] as a fresh
@@ -322,60 +292,80 @@ class KVCache:
         path = self._snapshot_path(prompt[:length], shared)
         scope = SHARED if shared else self.scope
         if shared:
-            self.store.pinned = {path}  # only the current default system prompt's
-        self.store.write_later(path, prompt[:length], engine.state(), list(engine.batches),
+            self.files.pinned = {path}  # only the current default system prompt's
+        self.files.write_later(path, prompt[:length], engine.state(), list(engine.batches),
                                scope)
-        self._add_to_index(path, prompt[:length], list(engine.batches), scope)
+        self.index.add(path, prompt[:length], list(engine.batches), scope)
         return True
+
+    def share(self, opening: list[int]) -> None:
+        """Make sure the KV of opening (the default system prompt's, as whole chunks) is on
+        disk as the SHARED snapshot every user may reuse, and keep it from eviction: made when
+        the model loads, so that whether it is there never depends on what users did."""
+        head = opening[:len(opening) - len(opening) % CHUNK]
+        if self.pin_shared(head):
+            return
+        self.serve(SHARED)
+        self.engine.prefill_head(head)
+        self.save_snapshot(head, len(head), shared=True)
 
     def pin_shared(self, prefix: list[int]) -> bool:
         """Keep the SHARED snapshot of prefix (whole chunks) from eviction; False if it is
         not on disk (then it is to be made)."""
-        if self.store is None or len(prefix) < BLOCK or not self.restorable(len(prefix)):
+        if self.files is None or len(prefix) < BLOCK or not self.restorable(len(prefix)):
             return True  # nothing to keep
         path = self._snapshot_path(prefix, True)
-        head = self.store.head(path)
+        head = self.files.head(path)
         if head is None or head.tokens != prefix or head.scope != SHARED:
             return False
-        self.store.pinned = {path}
+        self.files.pinned = {path}
         return True
 
-    def save(self, chat_id: int) -> float:
-        """Queue the chat's KV file with the exact tokens the KV holds; return the ms the turn
-        spent on it (copying the state out of llama.cpp; the write is in the background)."""
-        if self.store is None or not self.engine.tokens:
+    def save(self, chat_id: int | None) -> float:
+        """Queue the chat's KV file with the exact tokens the KV holds (chat_id None: a
+        stateless conversation's); return the ms the turn spent on it (copying the state out
+        of llama.cpp; the write is in the background)."""
+        if chat_id is None:
+            return self._save_conversation()
+        if self.files is None or not self.engine.tokens:
             return 0.0
         self._missed = None
         if not self.restorable(len(self.engine.tokens)):
             # Past a sliding window the state would not come back exactly. The chat's older,
             # shorter file (if any) stays: its tokens are still a valid prefix.
             return 0.0
-        return self._save_live(self.store.chat_path(chat_id))
+        return self._save_live(self.files.chat_path(chat_id))
 
-    def save_conversation(self) -> float:
+    def _save_conversation(self) -> float:
         """Save the live KV of a stateless conversation, found later by its tokens (named by
         a hash of all of them: two conversations that end in the same block are two files)."""
         tokens = self.engine.tokens
-        if self.store is None or len(tokens) < BLOCK or not self.restorable(len(tokens)):
+        if self.files is None or len(tokens) < BLOCK or not self.restorable(len(tokens)):
             return 0.0
-        key = _prompt_key(tokens, self.scope)
-        return self._save_live(self.store.prefix_path(key[len("prompt:"):]))
+        key = prompt_key(tokens, self.scope)
+        return self._save_live(self.files.prefix_path(key[len("prompt:"):]))
 
     def _save_live(self, path: Path) -> float:
         started = time.perf_counter()
         tokens, batches = list(self.engine.tokens), list(self.engine.batches)
-        self.store.write_later(path, tokens, self.engine.state(), batches, self.scope)
-        self._add_to_index(path, tokens, batches, self.scope)
+        self.files.write_later(path, tokens, self.engine.state(), batches, self.scope)
+        self.index.add(path, tokens, batches, self.scope)
         return (time.perf_counter() - started) * 1000
+
+    def set_disk_budget(self, max_bytes: int) -> None:
+        """Keep the KV files within max_bytes from now on (the oldest go first, at once)."""
+        if self.files is not None:
+            self.files.max_bytes = max_bytes
+            self.files.evict()
 
     def flush(self) -> None:
         """Wait until the queued KV files are written."""
-        if self.store is not None:
-            self.store.flush()
+        if self.files is not None:
+            self.files.flush()
 
     def forget(self, chat_id: int) -> None:
-        if self.store is not None:
-            self.store.delete_chat(chat_id)
+        if self.files is not None:
+            self.files.delete_chat(chat_id)
 
     def stats(self, scope: str | None = None) -> dict:
         """Lookups, hits and tokens restored: of one scope, or (None) of the whole server with
@@ -390,25 +380,12 @@ class KVCache:
                "hit_rate": round(hits / lookups, 3) if lookups else None,
                "tokens_restored": saved,
                "time_saved_s": round(saved / self.prefill_rate, 2) if self.prefill_rate else 0.0}
-        if self.store is not None and scope is None:
-            files = self.store.files()
+        if self.files is not None and scope is None:
+            files = self.files.files()
             out.update(files=len(files), disk_bytes=sum(_size(p) for p in files),
-                       max_disk_bytes=self.store.max_bytes, dir=str(self.store.folder),
-                       counters=self.store.counters.as_dict())
+                       max_disk_bytes=self.files.max_bytes, dir=str(self.files.folder),
+                       counters=self.files.counters.as_dict())
         return out
-
-
-def _prompt_key(tokens: list[int], scope: str) -> str:
-    """The index key of a whole prompt's tokens (a file whose KV holds them before a reply)."""
-    data = (f"{scope}\0".encode() if scope else b"") + array("i", tokens).tobytes()
-    return "prompt:" + hashlib.blake2b(data, digest_size=12).hexdigest()
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0
 
 
 def _size(path: Path) -> int:

@@ -13,21 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .chat_settings import FIELDS, ChatSettings
+from .setting import Setting
+
 
 class ConfigError(Exception):
     """reame.conf cannot be read or holds a bad value."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    section: str
-    key: str
-    kind: type
-    default: Any
-    help: str
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] | None = None
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -35,11 +26,8 @@ SETTINGS: tuple[Setting, ...] = (
             "GGUF model file; relative to this file's folder"),
     Setting("model", "n_ctx", int, 4096, "context window in tokens (prompt + reply)", 256, 131072),
     Setting("model", "n_threads", int, 0, "CPU threads for inference; 0 = all cores", 0, 512),
-    Setting("generation", "system_prompt", str, "You are a helpful assistant.",
-            "system prompt of new chats"),
-    Setting("generation", "temperature", float, 0.7, "sampling temperature; 0 = greedy", 0.0, 2.0),
-    Setting("generation", "top_p", float, 0.95, "nucleus sampling threshold", 0.0, 1.0),
-    Setting("generation", "max_tokens", int, 512, "longest reply in tokens", 1, 32768),
+    # The defaults of new chats: a chat's own settings, declared in chat_settings.py.
+    *FIELDS,
     Setting("server", "host", str, "127.0.0.1", "address to listen on"),
     Setting("server", "port", int, 7860, "port to listen on", 1, 65535),
     Setting("server", "users_file", str, "",
@@ -72,12 +60,7 @@ class ModelConfig:
     n_threads: int
 
 
-@dataclass(frozen=True)
-class GenerationConfig:
-    system_prompt: str
-    temperature: float
-    top_p: float
-    max_tokens: int
+GenerationConfig = ChatSettings  # [generation]: the settings of new chats
 
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -195,10 +178,10 @@ def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
 def check_range(setting: Setting, value: float) -> None:
     """Raise ConfigError naming the allowed range when value is outside it."""
     low, high = setting.minimum, setting.maximum
-    if (low is not None and value < low) or (high is not None and value > high):
+    if not setting.in_range(value):
         raise ConfigError(
             f"[{setting.section}] {setting.key} = {value}: allowed range is {low} to {high}"
-        )
+            + (f", {low} excluded" if setting.low_open else ""))
 
 
 def setting(section: str, key: str) -> Setting:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 import re
 
-from .chat import TurnStats
 from .store import Message
+from .turn import TurnStats
 
 # Fenced code blocks and inline code spans: markdown shows their content literally already.
 _CODE = re.compile(r"(```.*?(?:```|\Z)|`[^`\n]+`)", re.DOTALL)
@@ -36,12 +36,37 @@ def reply_markdown(text: str, stats: dict | TurnStats | None = None) -> str:
 
 
 def stats_line(stats: dict | TurnStats | None) -> str:
+    """The stats line as the page shows it under a reply (stats as stored, or of a turn)."""
     if not stats:
         return ""
     if isinstance(stats, dict):
-        known = set(TurnStats.__dataclass_fields__)
-        stats = TurnStats(**{k: v for k, v in stats.items() if k in known})
-    return f'\n\n<div class="reame-stats">{html.escape(stats.line())}</div>'
+        stats = TurnStats.from_dict(stats)
+    return f'\n\n<div class="reame-stats">{html.escape(stats_text(stats))}</div>'
+
+
+def stats_text(stats: TurnStats) -> str:
+    """The small line shown under a reply: where its history came from, and how fast."""
+    history = stats.reused - stats.typed_ahead  # reused before the message was typed
+    if stats.source in ("disk", "prefix"):
+        where = "from disk" if stats.source == "disk" else "from a shared prefix"
+        head = f"restored {history:,} tokens {where} in {stats.restore_ms:,.0f} ms"
+    elif history:
+        head = f"reused {history:,} tokens in memory"
+    else:
+        head = "no cached history"
+    parts = [head] + ([f"{stats.typed_ahead:,} evaluated while typing"]
+                      if stats.typed_ahead else []) + [
+             f"prefilled {stats.prefilled:,} in {stats.prefill_ms:,.0f} ms",
+             f"first token {stats.first_token_s:.2f} s",
+             f"{stats.generated} tokens at {stats.tokens_per_s:.1f} tok/s"]
+    if stats.shifted:
+        parts.append(f"context shifted: {stats.shifted:,} oldest tokens dropped, "
+                     "nothing recomputed")
+    elif stats.window_recomputed:
+        parts.append("context full: oldest messages dropped, kept window re-evaluated")
+    if stats.stopped:
+        parts.append("stopped")
+    return " · ".join(parts)
 
 
 WINDOW_MARKER = ('\n\n<div class="reame-window">⋯ earlier messages are outside the model\'s '

@@ -1,11 +1,17 @@
-"""Build the running parts from a Config: the store, the engine and its KV cache, the service."""
+"""Build the running parts: the store, the engine and its KV cache, the service.
+
+build_service makes them from a Config (the app); service_over makes them over a folder with an
+engine already loaded (tests and the benchmark): one way to assemble the service either way.
+"""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from .cache import KVCache
 from .chat import ChatService
+from .chat_settings import ChatSettings
 from .config import Config
 from .engine import Engine, ModelLoadError
 from .kvstore import KVStore
@@ -21,29 +27,45 @@ def build_engine(config: Config) -> Engine:
                   models_dir=config.base_dir / "models")
 
 
-def build_cache(config: Config, engine: Engine, store: Store) -> KVCache:
-    """The engine's KV cache: files on disk when enabled, else only the live context."""
-    if not config.cache.enabled:
+def build_cache(engine: Engine, kv_dir: Path | None, max_bytes: int,
+                store: Store | None = None) -> KVCache:
+    """The engine's KV cache: files in kv_dir (None: only the live context is reused). With
+    the store, the files of chats that no longer exist are deleted first."""
+    if kv_dir is None:
         return KVCache(engine, None)
-    kv = KVStore(config.cache.dir, fingerprint=engine.kv_fingerprint,
-                 max_bytes=config.cache.max_disk_mb * 1024 * 1024)
-    swept = kv.sweep(store.chat_ids())
+    files = KVStore(kv_dir, fingerprint=engine.kv_fingerprint, max_bytes=max_bytes)
+    swept = files.sweep(store.chat_ids()) if store is not None else 0
     if swept:
         log.info("deleted %d KV files of chats that no longer exist", swept)
-    return KVCache(engine, kv)
+    return KVCache(engine, files)
+
+
+def config_cache(config: Config, engine: Engine, store: Store) -> KVCache:
+    """The KV cache reame.conf asks for."""
+    cache = config.cache
+    return build_cache(engine, cache.dir if cache.enabled else None,
+                       cache.max_disk_mb * 1024 * 1024, store)
 
 
 def build_service(config: Config) -> ChatService:
     """Everything a chat needs. A model that cannot load leaves the service up, saying why."""
     store = Store(config.storage.database_path)
+    limit = config.storage.max_chats_per_user
     try:
         engine = build_engine(config)
     except ModelLoadError as exc:
         log.error("%s", exc)
-        return ChatService(store, None, config.generation, load_error=str(exc),
-                           max_chats=config.storage.max_chats_per_user)
+        return ChatService(store, None, config.generation, load_error=str(exc), max_chats=limit)
     service = ChatService(store, engine, config.generation,
-                          cache=build_cache(config, engine, store),
-                          max_chats=config.storage.max_chats_per_user)
+                          cache=config_cache(config, engine, store), max_chats=limit)
     service.share_default_prompt()
     return service
+
+
+def service_over(folder: Path, engine: Engine, defaults: ChatSettings, *, cache: bool = True,
+                 max_disk_bytes: int = 1 << 30, kv_dir: Path | None = None) -> ChatService:
+    """A service over folder (reame.db, and the KV files in kv_dir or folder/kv unless cache
+    is off) with an engine already loaded."""
+    kv = (kv_dir or folder / "kv") if cache else None
+    return ChatService(Store(folder / "reame.db"), engine, defaults,
+                       cache=build_cache(engine, kv, max_disk_bytes))

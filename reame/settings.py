@@ -20,7 +20,7 @@ from .chat import ChatService
 from .config import SETTINGS, Config, ConfigError, update_config, validate_value
 from .engine import ModelLoadError
 from .kvstore import check_folder
-from .runtime import build_cache, build_engine
+from .runtime import build_engine, config_cache
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +113,11 @@ class Settings:
         new_config = _with(self.config, typed)
         reload = any(key in RELOAD for key in typed) and self._differs(new_config)
         if reload or self.service.engine is None:
-            self.service.loading_model = new_config.model.model_path
-            try:
+            with self.service.loading_from(new_config.model.model_path):
                 step("checking", new_config.model.model_path)
                 self._check(new_config)
                 step("loading", new_config.model.model_path)
                 self._load(new_config)
-            finally:
-                self.service.loading_model = None
         self._apply_light(new_config)
         if self.config.path is not None:
             step("saving", self.config.path)
@@ -146,7 +143,7 @@ class Settings:
 
         def load():
             engine = build_engine(config)
-            return engine, build_cache(config, engine, store)
+            return engine, config_cache(config, engine, store)
 
         try:
             self.service.replace_engine(load)
@@ -155,10 +152,8 @@ class Settings:
 
     def _apply_light(self, config: Config) -> None:
         self.service.set_defaults(config.generation)
-        kv = self.service.cache.store if self.service.cache else None
-        if kv is not None:
-            kv.max_bytes = config.cache.max_disk_mb * 1024 * 1024
-            kv.evict()
+        if self.service.cache is not None:
+            self.service.cache.set_disk_budget(config.cache.max_disk_mb * 1024 * 1024)
 
     def _save(self, config: Config, typed: dict, flat: dict) -> Config:
         if self.config.path is None:

@@ -11,6 +11,8 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Field, Session, SQLModel, create_engine, delete, func, select
 
+from .chat_settings import FIELD
+
 
 def _storable_id(chat_id: int) -> bool:
     """Whether chat_id fits SQLite's integer (a larger one would raise OverflowError)."""
@@ -33,10 +35,11 @@ class ChatNotFound(LookupError):
 class Chat(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     title: str
+    # The chat's own settings (chat_settings.ChatSettings).
     system_prompt: str = ""
-    temperature: float = 0.7
-    top_p: float = 0.95
-    max_tokens: int = 512
+    temperature: float = FIELD["temperature"].default
+    top_p: float = FIELD["top_p"].default
+    max_tokens: int = FIELD["max_tokens"].default
     # Position of the first message the model still sees: the ones before it no longer fit
     # in its context (they stay here and in the page).
     window_start: int = 0

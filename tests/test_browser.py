@@ -19,7 +19,9 @@ from gradio_client import Client
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from reame.batches import CHUNK
-from reame.chat import TurnStats, title_from
+from reame.chat import title_from
+from reame.render import stats_text
+from reame.turn import TurnStats
 
 from .conftest import ROOT, Server, write_config
 
@@ -123,7 +125,7 @@ def reload(page: Page) -> None:
 def shown_as_loaded(page: Page, load) -> None:
     """Wait until the page shows what its load event answered: every chat in the list."""
     assert load.ok, load.status
-    chat_list = load.json()["data"][1]  # the outputs' order: see reame/ui.py, `view`
+    chat_list = load.json()["data"][1]  # the outputs' order: see reame/web/page.py, `view`
     expect(page.locator(CHATS)).to_have_count(len(chat_list["choices"]))
     expect(page.locator(BOX)).to_be_editable()
 
@@ -200,10 +202,9 @@ def current_chat(server: Server, title: str) -> dict:
     return client.predict(matches[0]["id"], api_name="/get_chat")
 
 
-def stats_text(stats: dict) -> str:
+def stored_stats_text(stats: dict) -> str:
     """The stats line the page shows for a reply's stored stats."""
-    known = set(TurnStats.__dataclass_fields__)
-    return TurnStats(**{k: v for k, v in stats.items() if k in known}).line()
+    return stats_text(TurnStats.from_dict(stats))
 
 
 def words(text: str) -> list[str]:
@@ -517,7 +518,7 @@ def test_retry_replaces_the_last_reply_and_reuses_the_history(page, server):
     assert [m["role"] for m in after] == ["user", "assistant", "user", "assistant"]
 
     # The page shows the new reply with its own stats line, and nothing else changed.
-    line = stats_text(new_reply["stats"])
+    line = stored_stats_text(new_reply["stats"])
     expect(page.locator(STATS).last).to_have_text(line, timeout=REPLY_TIMEOUT)
     wait_for_reply_done(page, 2)
     expect(page.locator(USER)).to_have_text([CAPITAL, PLANET])
@@ -537,7 +538,7 @@ def test_retry_replaces_the_last_reply_and_reuses_the_history(page, server):
 
     reload(page)
     expect(page.locator(USER)).to_have_text([CAPITAL, PLANET])
-    expect(page.locator(STATS)).to_have_text([stats_text(after[1]["stats"]), line])
+    expect(page.locator(STATS)).to_have_text([stored_stats_text(after[1]["stats"]), line])
 
 
 def test_editing_an_earlier_message_replaces_what_followed_it(page, server):
@@ -573,7 +574,7 @@ def test_editing_an_earlier_message_replaces_what_followed_it(page, server):
     assert [(m["role"], m["content"]) for m in stored[:1]] == [("user", edited)]
     assert [m["role"] for m in stored] == ["user", "assistant"]
     assert words(stored[1]["content"]) == words(without_stats(reply))
-    assert line == stats_text(stored[1]["stats"])
+    assert line == stored_stats_text(stored[1]["stats"])
 
     # After a reload the page shows the chat as stored: the edited text, the old one gone.
     reload(page)

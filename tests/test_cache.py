@@ -11,12 +11,12 @@ import time
 import pytest
 
 from reame.batches import CHUNK
-from reame.cache import KVCache
-from reame.chat import ChatService
 from reame.engine import Engine, common_prefix
 from reame.kvstore import BLOCK, KVStore
 from reame.prompt import Turn
-from reame.store import Store
+from reame.render import stats_text
+from reame.runtime import service_over
+from reame.window import turns_of
 
 from .conftest import GREEDY
 
@@ -29,11 +29,9 @@ class Node:
     def __init__(self, folder, model_path, *, enabled=True, kv_type="f16", max_mb=4096,
                  n_ctx=2048):
         self.engine = Engine(model_path, n_ctx=n_ctx, kv_type=kv_type)
-        self.store = Store(folder / "reame.db")
-        self.kv = (KVStore(folder / "kv", fingerprint=self.engine.kv_fingerprint,
-                           max_bytes=max_mb * 1024 * 1024) if enabled else None)
-        self.service = ChatService(self.store, self.engine, GREEDY,
-                                   cache=KVCache(self.engine, self.kv))
+        self.service = service_over(folder, self.engine, GREEDY, cache=enabled,
+                                    max_disk_bytes=max_mb * 1024 * 1024)
+        self.store, self.kv = self.service.store, self.service.cache.files
 
     def say(self, chat_id, text):
         return self.finish(self.service.send(chat_id, text))
@@ -78,7 +76,8 @@ def close_to_cold(node, chat_id, text, model_path):
     """The first-token logits after the cache's restore vs after a cold prefill of the prompt."""
     service = node.service
     chat = service.get_chat(chat_id)
-    turns = service._turns(node.store.messages(chat_id)) + [Turn("user", text)]
+    turns = turns_of(node.store.messages(chat_id), service.engine.fingerprint) + [
+        Turn("user", text)]
     prompt = service.prompts.tokens(chat.system_prompt, turns)
     restored = service.cache.prepare(chat_id, prompt)
     node.engine.prefill(prompt)
@@ -121,7 +120,7 @@ def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, model_path):
     assert last.text == sitting(folder / "ref", model_path, [
         "Which planet do we live on?", "What is the capital city of France? Answer in one word.",
         "Say hello."])[-1]
-    assert "restored" in last.stats.line() and "from disk" in last.stats.line()
+    assert "restored" in stats_text(last.stats) and "from disk" in stats_text(last.stats)
     again = second.say(chat.id, "Thank you!")
     assert again.stats.source == "live"
     stats = second.service.cache_stats()
@@ -248,7 +247,7 @@ def test_edit_reuses_the_kv_up_to_the_edited_message(folder, model_path):
     later = Node(folder, model_path)
     edited = later.finish(later.service.edit_message(chat.id, second_user.id, "Say goodbye."))
     prompt_before = len(later.service.prompts.tokens(
-        GREEDY.system_prompt, later.service._turns(messages[:2])))
+        GREEDY.system_prompt, turns_of(messages[:2], later.service.engine.fingerprint)))
     assert edited.stats.source == "disk"
     assert edited.stats.reused >= prompt_before - 1
     assert_only_new_tokens_evaluated(edited)
@@ -531,7 +530,7 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     assert last.stats.prefilled == 0, "the typed prompt's logits were live: nothing evaluated"
     assert last.stats.prefilled == last.stats.prompt_tokens - last.stats.reused
     assert "Paris" in last.text
-    line = last.stats.line()
+    line = stats_text(last.stats)
     assert f"restored {len(saved):,} tokens from disk" in line
     assert f"{last.stats.typed_ahead} evaluated while typing" in line
 

@@ -4,6 +4,7 @@ import pytest
 
 from reame.chat import ChatService, EmptyMessage, MessageTooLong, NoModel
 from reame.store import ChatNotFound
+from reame.window import turns_of
 
 from .conftest import GREEDY
 
@@ -131,7 +132,7 @@ def test_each_earlier_message_is_tokenized_once_and_the_prompt_is_unchanged(serv
     chat = service.new_chat()
     for text in ("Which planet do we live on?", "What is the capital of Italy?"):
         reply(service, chat.id, text)
-    turns = service._turns(service.messages(chat.id))
+    turns = turns_of(service.messages(chat.id), service.engine.fingerprint)
     builder = service.prompts
     calls = []
     tokenize = service.engine.tokenize

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from reame.api import INTERNAL_ERROR as API_INTERNAL_ERROR
-from reame.openai_api import INTERNAL_ERROR as V1_INTERNAL_ERROR
+from reame.web.named_api import INTERNAL_ERROR as API_INTERNAL_ERROR
+from reame.web.openai_api import INTERNAL_ERROR as V1_INTERNAL_ERROR
 
 from .conftest import Server, write_config
 

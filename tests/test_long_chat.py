@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from reame.api import message_dict
-from reame.cache import KVCache
-from reame.chat import ChatService, MessageTooLong
+from reame.web.named_api import message_dict
+from reame.chat import MessageTooLong
 from reame.config import GenerationConfig
 from reame.engine import Engine
-from reame.kvstore import KVStore
-from reame.render import to_chatbot
-from reame.store import Store
+from reame.render import stats_text, to_chatbot
+from reame.runtime import service_over
 
 N_CTX = 1024
 SETTINGS = GenerationConfig(system_prompt="You are a helpful assistant.", temperature=0.0,
@@ -35,11 +33,8 @@ class Node:
 
     def __init__(self, folder, model_path):
         self.engine = Engine(model_path, n_ctx=N_CTX)
-        self.store = Store(folder / "reame.db")
-        self.kv = KVStore(folder / "kv", fingerprint=self.engine.kv_fingerprint,
-                          max_bytes=1 << 30)
-        self.service = ChatService(self.store, self.engine, SETTINGS,
-                                   cache=KVCache(self.engine, self.kv))
+        self.service = service_over(folder, self.engine, SETTINGS)
+        self.store, self.kv = self.service.store, self.service.cache.files
 
     def turn(self, chat_id, n):
         """Ask question n (cycling) after the filler; return the last update, with the tokens
@@ -79,7 +74,7 @@ def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_p
             overflows.append(last)
             assert last.stats.reused > 0 and last.stats.source in ("live", "disk")
             assert_only_new_tokens(last)
-            assert "context shifted" in last.stats.line()
+            assert "context shifted" in stats_text(last.stats)
             if len(overflows) == 1 and not restarted:
                 node.close()  # restart: the shifted KV comes back from its file
                 node, restarted = Node(tmp_path, model_path), True
@@ -119,7 +114,7 @@ def test_gemma3_cannot_shift_and_re_evaluates_the_kept_window(tmp_path, gemma_pa
         pytest.fail("the window never overflowed")
     s = last.stats
     assert s.window_recomputed and s.shifted == 0
-    assert "kept window re-evaluated" in s.line()
+    assert "kept window re-evaluated" in stats_text(s)
     assert s.prefilled == s.prompt_tokens - s.reused and s.prefilled > 200
     assert_answers(last, n)
     again = node.turn(chat.id, n + 1)  # and the next turn reuses the new window

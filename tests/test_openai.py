@@ -212,6 +212,7 @@ HI = {"role": "user", "content": "hi"}
     ({"stream_options": []}, "stream_options"),
     ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
     ({"stop": ["a", ""]}, "stop"),
+    ({"stop": ""}, "stop"),
     ({"messages": ["hi"]}, "messages[0]"),
     ({"messages": [HI, {"role": "bot", "content": "hi"}]}, "messages[1].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
@@ -219,8 +220,8 @@ HI = {"role": "user", "content": "hi"}
     ({"messages": [HI, {"role": "system", "content": "Be brief."}, HI]}, "messages[1]"),
 ], ids=["max-tokens-bool", "max-completion-tokens-string", "temperature-bool", "top-p-zero",
         "seed-float", "n-bool", "n-two", "stream-string", "stream-null", "stream-options-array",
-        "include-usage-int", "stop-empty", "message-not-object", "role", "image-part",
-        "system-late"])
+        "include-usage-int", "stop-empty", "stop-empty-string", "message-not-object", "role",
+        "image-part", "system-late"])
 def test_a_refusal_names_the_field_by_its_path_and_types_are_strict(server, change, param):
     """JSON's types as they are (true is not 1, "5" is not 5), and a refusal that says which
     field, where, in this API's words, not the validator's."""

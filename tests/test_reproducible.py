@@ -17,13 +17,10 @@ import shutil
 import pytest
 
 from reame.batches import plan
-from reame.cache import KVCache
-from reame.chat import ChatService
 from reame.config import GenerationConfig
 from reame.engine import Engine
-from reame.kvstore import KVStore
 from reame.prompt import Turn
-from reame.store import Store
+from reame.runtime import service_over
 
 OPENING = ("You answer questions for the visitors of a small natural history museum. Keep "
            "each answer short and friendly, name the hall where the answer can be seen, and "
@@ -68,11 +65,7 @@ class Node:
 
     def __init__(self, folder, model_path, *, cache=True):
         self.engine = Engine(model_path, n_ctx=2048)
-        store = Store(folder / "reame.db")
-        kv = (KVStore(folder / "kv", fingerprint=self.engine.kv_fingerprint,
-                      max_bytes=1 << 30) if cache else None)
-        self.service = ChatService(store, self.engine, DEFAULTS,
-                                   cache=KVCache(self.engine, kv))
+        self.service = service_over(folder, self.engine, DEFAULTS, cache=cache)
 
     def ask(self, question: str, sampling: str, history: tuple = ()):
         """A stateless request (the /v1 path): the reply, the first token's logits digest,

@@ -22,7 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.routing import Mount
 
-from .accounts import Accounts
+from ..accounts import Accounts
 
 MAX_FAILURES = 10  # failed logins per address, and per name, within FAILURE_WINDOW_S
 FAILURE_WINDOW_S = 600
@@ -106,7 +106,7 @@ class WebLogins:
             self._stamps[token] = (name, self.accounts.session_stamp(name))
             gradio.tokens[token] = user_id
         response = JSONResponse({"success": True})
-        # Gradio's cookie names (its pages and API read them); SameSite=Lax (reame/guard.py).
+        # Gradio's cookie names (its pages and API read them); SameSite=Lax (guard.py).
         response.set_cookie(f"access-token-{gradio.cookie_id}", token, httponly=True,
                             samesite="lax", secure=True)
         response.set_cookie(f"access-token-unsecure-{gradio.cookie_id}", token, httponly=True,

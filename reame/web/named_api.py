@@ -11,9 +11,11 @@ from typing import Any
 
 import gradio as gr
 
-from .chat import ChatError, ChatNotFound, ChatService
-from .settings import Settings, SettingsError
-from .store import Chat, Message
+from ..chat import ChatError, ChatNotFound, ChatService
+from ..chat_settings import ChatSettings
+from ..settings import Settings, SettingsError
+from ..store import Chat, Message
+from .user import user_of
 
 
 def chat_summary(chat: Chat) -> dict[str, Any]:
@@ -202,9 +204,7 @@ def register_api(service: ChatService, *, concurrency_id: str,
             chat, messages = service.chat_and_messages(int(chat_id), user)
         except ChatNotFound as exc:
             raise _user_error(exc) from None
-        return {**chat_summary(chat), "system_prompt": chat.system_prompt,
-                "temperature": chat.temperature, "top_p": chat.top_p,
-                "max_tokens": chat.max_tokens,
+        return {**chat_summary(chat), **ChatSettings.of(chat).as_dict(),
                 "messages": [message_dict(m, chat.window_start) for m in messages]}
 
     def rename_chat(chat_id: int, title: str, request: gr.Request = None) -> dict:
@@ -221,13 +221,10 @@ def register_api(service: ChatService, *, concurrency_id: str,
         try:
             chat = service.update_settings(
                 int(chat_id), system_prompt=system_prompt, temperature=temperature,
-                top_p=top_p, max_tokens=int(max_tokens) if max_tokens is not None else None,
-                user=user_of(request))
+                top_p=top_p, max_tokens=max_tokens, user=user_of(request))
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
-        return {**chat_summary(chat), "system_prompt": chat.system_prompt,
-                "temperature": chat.temperature, "top_p": chat.top_p,
-                "max_tokens": chat.max_tokens}
+        return {**chat_summary(chat), **ChatSettings.of(chat).as_dict()}
 
     def delete_chat(chat_id: int, request: gr.Request = None) -> bool:
         """Delete a chat and its messages."""
@@ -285,8 +282,3 @@ def _register_settings(settings: Settings, *, concurrency_id: str,
     # Loading a model waits for replies in progress, and replies wait for it.
     gr.api(_guarded(update_settings), api_name="update_settings",
            concurrency_id=concurrency_id, concurrency_limit=1)
-
-
-def user_of(request: gr.Request | None) -> str | None:
-    """The logged-in user of a request (None when the app runs without accounts)."""
-    return getattr(request, "username", None) if request is not None else None

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from .api import user_of
-from .chat import ChatService
-from .render import inert_html
-from .settings import Settings, SettingsError
+from ..chat import ChatService
+from ..chat_settings import FIELD
+from ..render import inert_html
+from ..settings import Settings, SettingsError
+from .user import user_of
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,12 @@ def model_label(model: dict) -> str:
             f"{model['context_length'] or '?':,}, chat template "
             f"{'yes' if model['chat_template'] else 'no'}, KV {kv / 1024:,.1f} KB/token"
             if kv else f"{model['file']} — {model['architecture']}, {model['quantization']}")
+
+
+def _ranged(label: str, name: str) -> str:
+    """A chat setting's label with its range, e.g. "Temperature (0–2)"."""
+    field = FIELD[name]
+    return f"{label} ({field.minimum:g}–{field.maximum:g})"
 
 
 def loading_text(path: Path | str) -> str:
@@ -109,9 +116,11 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str,
     gr.Markdown("Defaults for new chats")
     system_prompt = gr.Textbox(label="System prompt", lines=2, elem_id="default-system-prompt")
     with gr.Row():
-        temperature = gr.Number(label="Temperature (0–2)", elem_id="default-temperature")
-        top_p = gr.Number(label="Top p (0–1)", elem_id="default-top-p")
-        max_tokens = gr.Number(label="Max tokens", precision=0, elem_id="default-max-tokens")
+        temperature = gr.Number(label=_ranged("Temperature", "temperature"),
+                                elem_id="default-temperature")
+        top_p = gr.Number(label=_ranged("Top p", "top_p"), elem_id="default-top-p")
+        max_tokens = gr.Number(label=_ranged("Max tokens", "max_tokens"), precision=0,
+                               elem_id="default-max-tokens")
     apply = gr.Button("Apply and save to reame.conf", variant="primary", elem_id="apply-settings")
     fields = [picker, other_path, n_ctx, n_threads, kv_type, cache_enabled, max_disk,
               system_prompt, temperature, top_p, max_tokens]

@@ -1,0 +1,37 @@
+"""What a chat action can refuse, with a message for the person who asked, and the checks of
+a turn's inputs.
+
+(ChatNotFound, a chat that does not exist or is not the asker's, is the store's: store.py.)
+"""
+
+MAX_SEED = 2**32 - 2  # llama.cpp's seeds are 32-bit; 2**32 - 1 means "random"
+
+
+class ChatError(Exception):
+    """A turn or chat action that cannot be done as asked."""
+
+
+class EmptyMessage(ChatError):
+    """The message is empty or only whitespace."""
+
+
+class MessageTooLong(ChatError):
+    """The message alone does not fit in the model's context."""
+
+
+class TooManyChats(ChatError):
+    """The user keeps as many chats as the server allows one user."""
+
+
+class NoModel(ChatError):
+    """No model is loaded; the message says why."""
+
+
+def check_seed(seed: int | None) -> None:
+    if seed is not None and not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+        raise ChatError(f"a seed is an integer from 0 to {MAX_SEED}")
+
+
+def check_text(text: str) -> None:
+    if not text or not text.strip():
+        raise EmptyMessage("the message is empty")

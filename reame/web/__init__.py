@@ -1,0 +1,2 @@
+"""The web layer: the page and its Settings tab, the named API, /v1, logins and the guard in
+front of them. app.py composes them side by side; nothing outside this folder imports it."""
