@@ -7,7 +7,8 @@ import logging
 from .cache import KVCache
 from .chat import ChatService
 from .config import Config
-from .engine import Engine, ModelLoadError
+from .engine import Engine
+from .model_file import ModelLoadError
 from .kvstore import KVStore
 from .store import Store
 
