@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -95,6 +96,14 @@ def warn_of_ownerless_chats(store) -> None:
                     ownerless, "" if ownerless == 1 else "s", "s" if ownerless == 1 else "")
 
 
+def end_after_writes(service: ChatService, sig: int) -> None:
+    """End the process as sig says, once the KV files queued for writing are on disk."""
+    if service.cache is not None:
+        service.cache.flush()
+    signal.signal(sig, signal.SIG_DFL)
+    signal.raise_signal(sig)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO,
@@ -132,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("Reame on http://%s:%d%s", config.server.host, config.server.port,
              " (accounts on)" if accounts is not None else "")
-    # uvicorn stops on SIGTERM as on Ctrl-C; the KV files still being written in the
-    # background are then finished by an atexit flush before the process ends.
+    # uvicorn stops on SIGTERM as on Ctrl-C, then raises the signal again for the handler it
+    # found; the default one would end the process before the KV files still being written
+    # in the background land (after Ctrl-C, the interpreter's exit waits for them).
+    signal.signal(signal.SIGTERM, lambda sig, _frame: end_after_writes(service, sig))
     uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning",
                 timeout_graceful_shutdown=5)
     return 0

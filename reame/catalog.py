@@ -10,7 +10,7 @@ from pathlib import Path
 import llama_cpp
 import psutil
 
-from .engine import gguf_files
+from .model_file import gguf_files
 from .gguf_info import GGUFInfo, NotGGUF, read_gguf_info
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import hashlib
 import logging
 import os
 import time
@@ -23,68 +22,15 @@ from llama_cpp import Llama
 from llama_cpp._internals import LlamaSampler
 
 from .batches import CHUNK, Batch, common_prefix, plan, resume_point, shifted, truncated, valid
+from .model_file import ModelLoadError, check_model_file, model_fingerprint
 
 log = logging.getLogger(__name__)
 
-GGUF_MAGIC = b"GGUF"
-_FINGERPRINT_SPAN = 1 << 20  # bytes hashed from the head and from the tail of the model file
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
-
-
-class ModelLoadError(Exception):
-    """The model file is missing, is not a GGUF, or llama.cpp cannot load it."""
 
 
 class ContextOverflow(ValueError):
     """The tokens to evaluate do not fit in the context window."""
-
-
-def gguf_files(folder: Path) -> list[Path]:
-    """The .gguf files under folder, sorted; empty when the folder does not exist."""
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.rglob("*.gguf") if p.is_file())
-
-
-def _listing(models_dir: Path) -> str:
-    found = gguf_files(models_dir)
-    if not found:
-        return f"No .gguf files found in {models_dir}."
-    names = ", ".join(str(p.relative_to(models_dir)) for p in found)
-    return f".gguf files in {models_dir}: {names}."
-
-
-def check_model_file(path: Path, models_dir: Path) -> None:
-    """Raise ModelLoadError, naming the path tried and what models_dir holds, unless path is
-    a GGUF."""
-    if not path.exists():
-        raise ModelLoadError(
-            f"Model file not found: {path} (No such file or directory). {_listing(models_dir)} "
-            f"Set [model] model_path in reame.conf to one of them."
-        )
-    if not path.is_file():
-        raise ModelLoadError(f"Model path is not a file: {path}. {_listing(models_dir)}")
-    try:
-        with path.open("rb") as handle:
-            magic = handle.read(4)
-    except OSError as exc:
-        raise ModelLoadError(f"Cannot read model file {path}: {exc.strerror}.") from None
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(
-            f"Not a GGUF model file: {path} (it starts with {magic!r}, not b'GGUF'). "
-            f"{_listing(models_dir)}"
-        )
-
-
-def model_fingerprint(path: Path) -> str:
-    """Size plus a hash of the head and tail of the file: cheap, and enough to tell models apart."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with path.open("rb") as handle:
-        digest.update(handle.read(_FINGERPRINT_SPAN))
-        handle.seek(max(0, size - _FINGERPRINT_SPAN))
-        digest.update(handle.read(_FINGERPRINT_SPAN))
-    return f"{size}-{digest.hexdigest()[:16]}"
 
 
 @dataclass(frozen=True)

@@ -1,108 +1,40 @@
-"""KV files on disk: one per chat and model, plus shared-prefix snapshots.
+"""The folder of KV files: one per chat and model, plus shared-prefix snapshots.
 
-File layout (little-endian):
-    magic b"REAMEKV\\0" | u32 format version | u32 header length | header (JSON, utf-8)
-    | tokens (int32 x n_tokens) | state (state_bytes) | u64 xxh3-64 of everything before it
+What one file holds and how it is read and written is kvfile.py; this module names the files,
+finds them, writes them in the background, and keeps the folder under its disk budget. Any
+file that cannot be read back exactly is a miss, counted and logged, never an error. The
+block hashes that find files by their tokens are salted with the scope (whose tokens made
+them: cache.py).
 
-The header holds the fingerprint (model file, KV type, flash attention, llama-cpp-python
-version): a file whose fingerprint differs is not restored. It holds the decodes that made
-the KV (batches.py): a restored KV is reused only where it gives the same reply. And it holds
-the file's scope, whose tokens made it (cache.py: a user's KV serves only that user); the
-block hashes that find files by their tokens are salted with the scope. Writes
-go to a temp file, fsync, os.replace: a reader sees the old file or the new one, never a
-partial one. Any file that cannot be read back exactly is a miss, never an error.
-
-Speed (see bench/restore_profile.py): a file is mapped, not copied, and its checksum (xxh3-64,
-three times as fast as zlib's crc32, so it ends before llama.cpp's copy does) runs in a
-second thread while llama.cpp loads the state (both release the GIL); the caller checks it with
-`KVEntry.verified()` before trusting the KV. Writes happen on one background thread, so a turn
-pays only for copying the state out of llama.cpp; any read first waits for pending writes.
+Writes happen on a background thread, each store's own (_Writer), so a turn pays only for
+copying the state out of llama.cpp; a read of a file first waits for its pending write.
 """
 
 from __future__ import annotations
 
-import atexit
 import hashlib
-import json
 import logging
-import mmap
 import os
 import re
-import struct
 import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import NamedTuple
 
-import xxhash
-
-from . import batches as batch_plan
+from . import kvfile
 from .batches import Batch
+from .kvfile import MAGIC, TMP_PREFIX, Head, KVEntry, Unusable, checksum
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"REAMEKV\0"
-FORMAT_VERSION = 3  # 1: crc32 checksum; 2: no batches
-_PREAMBLE = struct.Struct("<8sII")
-_SUM = struct.Struct("<Q")
 BLOCK = 64  # tokens per block of the shared-prefix chained hash
 # The files Reame writes in the folder: anything else there is left alone, whatever its name
 # ([cache] dir may be any folder). A .kv file is deleted only if its name and magic say so.
 _OWN_NAME = re.compile(r"^(chat-\d+|prefix-[0-9a-f]+)-[0-9a-f]{12}\.kv$")
-_TMP_PREFIX = "reame-kv-"
-
-
-class Head(NamedTuple):
-    """What a file holds, from its head only."""
-
-    tokens: list[int]
-    batches: list[Batch]
-    scope: str
-
-
-def checksum(data) -> int:
-    """The file's checksum: xxh3-64 (releases the GIL on large buffers)."""
-    return xxhash.xxh3_64_intdigest(data)
-
-
-class KVEntry:
-    """A mapped KV file: its tokens, its state, and its checksum being verified meanwhile.
-
-    Use it as a context manager (the mapping is closed on exit) and call verified() before
-    trusting anything loaded from `state`."""
-
-    def __init__(self, data: mmap.mmap, tokens: list[int], batches: list[Batch], scope: str,
-                 body: memoryview, state: memoryview, stored_sum: int):
-        self.tokens = tokens
-        self.batches = batches
-        self.scope = scope
-        self.state = state  # writable (a private mapping), so ctypes takes it without a copy
-        self._data, self._body, self._stored_sum = data, body, stored_sum
-        self._sum: list[int] = []
-        self._checker = threading.Thread(target=lambda: self._sum.append(checksum(body)),
-                                         name="kv-checksum", daemon=True)
-        self._checker.start()
-
-    def verified(self) -> bool:
-        """Whether the file's checksum matches (waits for the check to finish)."""
-        self._checker.join()
-        return self._sum == [self._stored_sum]
-
-    def close(self) -> None:
-        self._checker.join()
-        for view in (self.state, self._body):
-            view.release()
-        self._data.close()
-
-    def __enter__(self) -> "KVEntry":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 @dataclass
@@ -121,25 +53,28 @@ class CacheCounters:
 
 
 class _Writer:
-    """One background thread that writes KV files in order; a newer write of a path replaces
-    an older one still queued. Shared by every KVStore of the process, so that a reader in
-    any of them can wait for a file's pending write."""
+    """A background thread that writes KV files in order; a newer write of a path replaces
+    an older one still queued. The thread runs while there is work, and is not a daemon: a
+    normal exit (Ctrl-C included) waits for it, so every queued write lands. (SIGTERM's default
+    ends the process at once: app.py flushes first.)"""
 
     def __init__(self):
         self._cond = threading.Condition()
-        self._queue: list[tuple] = []  # (seq, store, path, tokens, state, batches, scope)
+        self._queue: list[tuple[int, Path, Callable[[], object]]] = []
         self._latest: dict[Path, int] = {}  # path -> newest write queued or in progress
         self._seq = 0
         self._thread: threading.Thread | None = None
 
-    def submit(self, store: "KVStore", path: Path, tokens: Sequence[int], state,
-               batches: Sequence[Batch] | None, scope: str) -> None:
+    def submit(self, path: Path, write: Callable[[], object]) -> None:
+        """Queue write(), which writes path."""
         with self._cond:
             self._seq += 1
             self._latest[path] = self._seq
-            self._queue.append((self._seq, store, path, tokens, state, batches, scope))
+            self._queue.append((self._seq, path, write))
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="kv-writer", daemon=True)
+                # not a daemon even when a daemon thread submits (it would pass that on)
+                self._thread = threading.Thread(target=self._run, name="kv-writer",
+                                                daemon=False)
                 self._thread.start()
             self._cond.notify_all()
 
@@ -158,13 +93,14 @@ class _Writer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                seq, store, path, tokens, state, batches, scope = self._queue.pop(0)
+                if not self._queue:
+                    self._thread = None  # nothing to do: the next submit starts a thread
+                    return
+                seq, path, write = self._queue.pop(0)
                 if self._latest.get(path) != seq:
                     continue  # a newer write of the same file is queued
             try:
-                store.write(path, tokens, state, batches, scope)
+                write()
             except Exception:  # never let the writer die: the file is simply not there
                 log.exception("KV file %s not written", path.name)
             finally:
@@ -172,15 +108,6 @@ class _Writer:
                     if self._latest.get(path) == seq:
                         del self._latest[path]
                     self._cond.notify_all()
-
-
-_writer = _Writer()
-atexit.register(_writer.flush)
-
-
-def flush_writes() -> None:
-    """Wait for every KV file queued for writing in this process."""
-    _writer.flush()
 
 
 def block_hashes(tokens: Sequence[int], scope: str = "", block: int = BLOCK) -> list[str]:
@@ -202,7 +129,10 @@ def _salt(scope: str) -> bytes:
 
 
 class KVStore:
-    """KV files under one folder, kept under a disk budget (least recently used go first)."""
+    """KV files under one folder, kept under a disk budget (least recently used go first).
+
+    Each store writes on its own background thread, and its reads wait for its own writes:
+    flush() one store before another reads the same folder (a new model's, a restart's)."""
 
     def __init__(self, folder: Path, *, fingerprint: str, max_bytes: int):
         self.folder = folder
@@ -212,8 +142,9 @@ class KVStore:
         self.counters = CacheCounters()
         self.pinned: set[Path] = set()  # never evicted (the shared prefix every user gets)
         self._lock = threading.Lock()
+        self._writer = _Writer()
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(f"{_TMP_PREFIX}*.tmp"):
+        for stale in folder.glob(f"{TMP_PREFIX}*.tmp"):
             stale.unlink(missing_ok=True)
 
     # names
@@ -234,100 +165,23 @@ class KVStore:
 
     def head(self, path: Path, *, report: bool = True) -> Head | None:
         """The tokens a file holds, the batches that made their KV and its scope."""
-        _writer.wait(path)
+        self._writer.wait(path)
         try:
-            with path.open("rb") as f:
-                header_len = self._preamble(path, f.read(_PREAMBLE.size), report)
-                if header_len is None:
-                    return None
-                header = self._header(path, f.read(header_len), report)
-                if header is None:
-                    return None
-                raw = f.read(4 * header["n_tokens"])
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            return self.reject(path, f"cannot read: {exc.strerror}", report)
-        if len(raw) != 4 * header["n_tokens"]:
-            return self.reject(path, "truncated", report)
-        tokens = array("i")
-        tokens.frombytes(raw)
-        return Head(tokens.tolist(), header["batches"], header["scope"])
-
-    def _preamble(self, path: Path, raw: bytes | memoryview, report: bool = True) -> int | None:
-        """The header's length, if raw starts a file of this format."""
-        if len(raw) < _PREAMBLE.size:
-            return self.reject(path, "truncated", report)
-        magic, version, header_len = _PREAMBLE.unpack_from(raw)
-        if magic != MAGIC:
-            return self.reject(path, "not a Reame KV file", report)
-        if version != FORMAT_VERSION:
-            return self.reject(path, f"format version {version}, expected {FORMAT_VERSION}", report)
-        return header_len
-
-    def _header(self, path: Path, raw: bytes, report: bool = True) -> dict | None:
-        try:
-            header = json.loads(raw)
-            for key in ("n_tokens", "state_bytes"):
-                header[key] = int(header[key])
-            fingerprint = header["fingerprint"]
-            header["batches"] = batch_plan.decode(header["batches"])
-            header["scope"] = header.get("scope", "")
-            if not isinstance(header["scope"], str):
-                raise TypeError("scope")
-        except (ValueError, KeyError, TypeError):
-            return self.reject(path, "unreadable header", report)
-        if header["batches"] is None or not batch_plan.valid(header["batches"],
-                                                             header["n_tokens"]):
-            return self.reject(path, "unreadable header", report)
-        if fingerprint != self.fingerprint:
-            return self.reject(path, "made with another model or KV settings", report)
-        return header
+            return kvfile.read_head(path, self.fingerprint)
+        except Unusable as exc:
+            return self.reject(path, str(exc), report)
 
     def read(self, path: Path) -> KVEntry | None:
         """The file mapped, its header checked and its checksum started; None (counted, logged)
         if it is not usable. The caller closes the entry and must check entry.verified()."""
-        _writer.wait(path)
+        self._writer.wait(path)
         try:
-            with path.open("rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < _PREAMBLE.size + _SUM.size:
-                    return self.reject(path, "truncated")
-                # Private and writable: llama.cpp gets the bytes without a copy, and files are
-                # only ever replaced (os.replace), never rewritten in place under a mapping.
-                data = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
-                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            return self.reject(path, f"cannot read: {getattr(exc, 'strerror', None) or exc}")
-        entry = self._parse(path, data)
-        if entry is None:
-            data.close()
-            return None
-        os.utime(path)  # recently used: the last to be evicted
+            entry = kvfile.load(path, self.fingerprint)
+        except Unusable as exc:
+            return self.reject(path, str(exc))
+        if entry is not None:
+            os.utime(path)  # recently used: the last to be evicted
         return entry
-
-    def _parse(self, path: Path, data: mmap.mmap) -> KVEntry | None:
-        header_len = self._preamble(path, data)
-        if header_len is None:
-            return None
-        end = len(data) - _SUM.size
-        if _PREAMBLE.size + header_len > end:
-            return self.reject(path, "truncated")
-        header = self._header(path, data[_PREAMBLE.size:_PREAMBLE.size + header_len])
-        if header is None:
-            return None
-        n_tokens, state_bytes = header["n_tokens"], header["state_bytes"]
-        start = _PREAMBLE.size + header_len
-        if start + 4 * n_tokens + state_bytes != end:
-            return self.reject(path, "sizes do not add up (truncated?)")
-        tokens = array("i")
-        tokens.frombytes(data[start:start + 4 * n_tokens])
-        (stored,) = _SUM.unpack_from(data, end)
-        body = memoryview(data)[:end]
-        return KVEntry(data, tokens.tolist(), header["batches"], header["scope"], body,
-                       body[start + 4 * n_tokens:], stored)
 
     def reject(self, path: Path, why: str, report: bool = True) -> None:
         """Count and log an unusable file; it is a miss, and the next save replaces it."""
@@ -342,51 +196,27 @@ class KVStore:
     def write_later(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
                     batches: Sequence[Batch] | None = None, scope: str = "") -> None:
         """Queue write(): it happens on the background writer; state must not change after."""
-        _writer.submit(self, path, list(tokens), state, batches, scope)
+        self._writer.submit(path, partial(self.write, path, list(tokens), state, batches, scope))
 
     def flush(self) -> None:
         """Wait until every queued write is done."""
-        _writer.flush()
+        self._writer.flush()
 
     def write(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
               batches: Sequence[Batch] | None = None, scope: str = "") -> bool:
         """Atomically replace path; False (logged, counted) if the disk refused. batches: the
         decodes that made the KV (None: unknown, reusable only as a whole); scope: whose."""
         started = time.perf_counter()
-        if batches is None:
-            batches = [Batch(0, len(tokens), True)] if tokens else []
-        header = json.dumps({"fingerprint": self.fingerprint, "n_tokens": len(tokens),
-                             "state_bytes": len(state),
-                             "batches": batch_plan.encode(batches),
-                             "scope": scope}).encode()
-        token_bytes = array("i", tokens).tobytes()
-        preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header))
-        digest = xxhash.xxh3_64()
-        for part in (preamble, header, token_bytes, state):
-            digest.update(part)
-        tmp = None
         try:
-            with tempfile.NamedTemporaryFile(dir=self.folder, prefix=_TMP_PREFIX, suffix=".tmp",
-                                             delete=False) as f:
-                tmp = Path(f.name)
-                f.write(preamble)
-                f.write(header)
-                f.write(token_bytes)
-                f.write(state)
-                f.write(_SUM.pack(digest.intdigest()))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            written = kvfile.write(path, self.fingerprint, tokens, state, batches, scope)
         except OSError as exc:
             self.counters.write_errors += 1
             log.warning("KV file %s not written: %s", path.name, exc)
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
             return False
         finally:
             self.counters.write_ms += (time.perf_counter() - started) * 1000
         self.counters.writes += 1
-        self.counters.bytes_written += len(state) + len(token_bytes) + len(header)
+        self.counters.bytes_written += written
         self.evict()
         return True
 
@@ -428,7 +258,7 @@ class KVStore:
 
     def delete_chat(self, chat_id: int) -> None:
         """Every file of the chat, whatever model made it."""
-        _writer.flush()  # or a queued write would bring one back
+        self._writer.flush()  # or a queued write would bring one back
         for p in self.folder.glob(f"chat-{chat_id}-*.kv"):
             _delete(p)
 
@@ -449,7 +279,7 @@ def check_folder(folder: Path) -> None:
         raise ValueError(f"{folder} is a file, not a folder")
     if folder.is_dir():
         foreign = sorted(p.name for p in folder.iterdir()
-                         if not (_OWN_NAME.match(p.name) or (p.name.startswith(_TMP_PREFIX)
+                         if not (_OWN_NAME.match(p.name) or (p.name.startswith(TMP_PREFIX)
                                                               and p.name.endswith(".tmp"))))
         if foreign:
             shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
@@ -457,7 +287,7 @@ def check_folder(folder: Path) -> None:
                              f"({shown}): choose an empty folder, or one only Reame uses")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=_TMP_PREFIX, suffix=".tmp"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=TMP_PREFIX, suffix=".tmp"):
             pass
     except OSError as exc:
         raise ValueError(f"{folder} cannot be written: {exc.strerror or exc}") from None
@@ -480,3 +310,8 @@ def _delete(path: Path) -> bool:
 def fingerprint_tag(fingerprint: str) -> str:
     """A short, file-name-safe tag of a fingerprint."""
     return hashlib.blake2b(fingerprint.encode(), digest_size=6).hexdigest()
+
+
+# checksum is kvfile's; named here too, as the store's users have always imported it.
+__all__ = ["BLOCK", "CacheCounters", "KVStore", "block_hashes", "check_folder", "checksum",
+           "fingerprint_tag"]

@@ -13,7 +13,8 @@ from .cache import KVCache
 from .chat import ChatService
 from .chat_settings import ChatSettings
 from .config import Config
-from .engine import Engine, ModelLoadError
+from .engine import Engine
+from .model_file import ModelLoadError
 from .kvstore import KVStore
 from .store import Store
 

@@ -24,7 +24,10 @@ LONG_SYSTEM = ("You are a meticulous assistant for a public library. " * 30).str
 
 
 class Node:
-    """One 'process': its own engine (an empty context), store, KV store and service."""
+    """One 'process': its own engine (an empty context), store, KV store and service.
+
+    Its KV store writes in the background, on a thread of its own: before another node reads
+    the folder, flush it (the files a process queued land at its exit)."""
 
     def __init__(self, folder, model_path, *, enabled=True, kv_type="f16", max_mb=4096,
                  n_ctx=2048):
@@ -111,6 +114,7 @@ def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, model_path):
     saved = kv_tokens(first.kv, chat.id)
     assert saved == first.engine.tokens, "the file holds exactly the tokens the KV holds"
 
+    first.kv.flush()
     second = Node(folder, model_path)  # a new process: nothing live
     last = second.say(chat.id, "Say hello.")
     assert last.stats.source == "disk"
@@ -125,6 +129,7 @@ def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, model_path):
     assert again.stats.source == "live"
     stats = second.service.cache_stats()
     assert (stats["lookups"], stats["hits"]) == (1, 1), "a continued chat needs no disk lookup"
+    second.kv.flush()
     third = Node(folder, model_path)
     assert close_to_cold(third, chat.id, "Thank you!", model_path).source == "disk"
 
@@ -153,6 +158,7 @@ def test_opening_a_chat_restores_its_kv_before_the_next_message(folder, model_pa
     node.say(chat.id, "Which planet do we live on?")
     saved = kv_tokens(node.kv, chat.id)
 
+    node.kv.flush()
     later = Node(folder, model_path)  # a restart, then the user opens the chat
     assert later.service.warm(chat.id)
     assert later.engine.tokens == saved and later.engine.evaluated == 0
@@ -178,6 +184,7 @@ def test_a_turn_restores_its_file_while_it_tokenizes_the_prompt(folder, model_pa
     first.say(chat.id, "Which planet do we live on?")
     saved = kv_tokens(first.kv, chat.id)
 
+    first.kv.flush()
     later = Node(folder, model_path)  # a restart; the chat was not opened (an API client)
     events = []
     restore, tokenize = later.engine.restore, later.engine.tokenize
@@ -229,6 +236,7 @@ def test_regenerate_recomputes_only_the_reply(folder, model_path):
     assert again.text == first.text, "greedy: the same prompt, the same decodes, the same reply"
     messages = node.store.messages(chat.id)
     assert [m.role for m in messages] == ["user", "assistant"]
+    node.kv.flush()
     # After a restart too: the reply is recomputed from the file, as in one sitting.
     later = Node(folder, model_path)
     third = later.finish(later.service.regenerate(chat.id))
@@ -242,6 +250,7 @@ def test_edit_reuses_the_kv_up_to_the_edited_message(folder, model_path):
     node.say(chat.id, "Which planet do we live on?")
     node.say(chat.id, "Say hello.")
     node.say(chat.id, "Thank you!")
+    node.kv.flush()
     messages = node.store.messages(chat.id)
     second_user = messages[2]
     later = Node(folder, model_path)
@@ -279,6 +288,7 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     # its last chunk (evaluated again, as a cold start does).
     last_chunk = (last.stats.prompt_tokens - 1) % CHUNK + 1
     assert last.stats.reused == last.stats.prompt_tokens - last_chunk >= shared - shared % CHUNK
+    later.kv.flush()
     fresh = Node(folder, model_path)  # nothing live: only the snapshot shares this much
     other = fresh.service.new_chat(system_prompt=LONG_SYSTEM)
     planet = fresh.say(other.id, "Which planet do we live on?")
@@ -291,6 +301,7 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     # The same prompt, the same decodes: chat one's reply, word for word.
     assert last.text == reference
     assert planet.text.strip()
+    fresh.kv.flush()
     three = later.service.new_chat(system_prompt=LONG_SYSTEM)
     assert close_to_cold(Node(folder, model_path), three.id, "Which planet do we live on?",
                          model_path).source == "prefix"
@@ -388,7 +399,7 @@ def test_a_failed_write_delivers_the_reply_and_leaves_no_partial_file(folder, mo
     def disk_full(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("reame.kvstore.os.fsync", disk_full)
+    monkeypatch.setattr("reame.kvfile.os.fsync", disk_full)
     last = node.say(chat.id, "Which planet do we live on?")
     assert "Earth" in last.text
     node.kv.flush()
@@ -470,6 +481,7 @@ def test_gemma3_sliding_window_restores_short_chats_and_recomputes_long_ones(fol
     assert len(node.engine.tokens) > 512
     assert node.kv.peek(node.kv.chat_path(long.id)) is None, "no file past the window"
 
+    node.kv.flush()
     later = Node(folder, gemma_path)
     # The restored chat gives the uninterrupted chat's reply (its kept KV, the same decodes);
     # the recomputed one gives a cold recomputation's (from position 0, the same plan).
@@ -505,6 +517,7 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     first.say(chat.id, "Which planet do we live on?")
     saved = kv_tokens(first.kv, chat.id)
 
+    first.kv.flush()
     later = Node(folder, model_path)  # a restart; the page opens the chat, the user types
     service = later.service
     assert service.warm(chat.id)

@@ -1,7 +1,8 @@
 import pytest
 
 from reame.batches import CHUNK, plan
-from reame.engine import Engine, ModelLoadError, Sampling, check_model_file, model_fingerprint
+from reame.engine import Engine, Sampling
+from reame.model_file import ModelLoadError, check_model_file, model_fingerprint
 from reame.render import inert_html
 
 
