@@ -96,14 +96,14 @@ class ChatService:
         """Switch to the engine load() builds. Turns wait meanwhile; if it fails, the current
         engine keeps serving and the error propagates."""
         with self.lock:
+            if self.cache is not None:  # the old files complete before a new store reads them
+                self.cache.flush()
             self._loading = True
             try:
                 engine, cache = load()
             finally:
                 self._loading = False
             old = self.engine
-            if self.cache is not None:
-                self.cache.flush()  # the old model's last files are complete on disk
             self.engine, self.cache = engine, cache
             self.prompts = PromptBuilder(engine)
             self.load_error = None

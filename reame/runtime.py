@@ -14,8 +14,8 @@ from .chat import ChatService
 from .chat_settings import ChatSettings
 from .config import Config
 from .engine import Engine
-from .model_file import ModelLoadError
 from .kvstore import KVStore
+from .model_file import ModelLoadError
 from .store import Store
 
 log = logging.getLogger(__name__)

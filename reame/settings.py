@@ -18,8 +18,8 @@ from typing import Any
 from .catalog import ModelCheckError, check_model, list_models
 from .chat import ChatService
 from .config import SETTINGS, Config, ConfigError, update_config, validate_value
-from .model_file import ModelLoadError
 from .kvstore import check_folder
+from .model_file import ModelLoadError
 from .runtime import build_engine, config_cache
 
 log = logging.getLogger(__name__)
