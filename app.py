@@ -96,12 +96,20 @@ def warn_of_ownerless_chats(store) -> None:
                     ownerless, "" if ownerless == 1 else "s", "s" if ownerless == 1 else "")
 
 
-def end_after_writes(service: ChatService, sig: int) -> None:
-    """End the process as sig says, once the KV files queued for writing are on disk."""
-    if service.cache is not None:
-        service.cache.flush()
-    signal.signal(sig, signal.SIG_DFL)
-    signal.raise_signal(sig)
+def finish_writes_on_sigterm(service: ChatService) -> None:
+    """On SIGTERM, end the process only once the KV files queued for writing are on disk.
+
+    uvicorn stops on SIGTERM as on Ctrl-C, then raises the signal again for the handler it
+    found at start: the default one would end the process before the files still being
+    written in the background land (after Ctrl-C, the interpreter's exit waits for them)."""
+
+    def end_after_writes(sig: int, _frame) -> None:
+        if service.cache is not None:
+            service.cache.flush()
+        signal.signal(sig, signal.SIG_DFL)
+        signal.raise_signal(sig)
+
+    signal.signal(signal.SIGTERM, end_after_writes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("Reame on http://%s:%d%s", config.server.host, config.server.port,
              " (accounts on)" if accounts is not None else "")
-    # uvicorn stops on SIGTERM as on Ctrl-C, then raises the signal again for the handler it
-    # found; the default one would end the process before the KV files still being written
-    # in the background land (after Ctrl-C, the interpreter's exit waits for them).
-    signal.signal(signal.SIGTERM, lambda sig, _frame: end_after_writes(service, sig))
+    finish_writes_on_sigterm(service)
     uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning",
                 timeout_graceful_shutdown=5)
     return 0

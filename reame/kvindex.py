@@ -44,7 +44,7 @@ class FileIndex:
         own_path = self.files.chat_path(chat_id) if chat_id is not None else None
         if own_path is not None and own:
             yield "disk", own_path, whole
-        index = self._built()
+        index = self.build()
         seen = {own_path}
         # Files whose KV holds this very prompt before a reply (the same request again).
         for path in reversed(index.get(prompt_key(prompt, scope), ())):
@@ -81,7 +81,8 @@ class FileIndex:
             holders.append(path)
             del holders[:-PER_BLOCK]
 
-    def _built(self) -> dict[str, list[Path]]:
+    def build(self) -> dict[str, list[Path]]:
+        """The index, built from every file's head if it is not yet (once per process)."""
         if self._index is None:
             self._index = {}
             for path in sorted(self.files.own_files(), key=_mtime):

@@ -314,7 +314,7 @@ def test_a_lookup_opens_only_files_that_could_give_more(folder, model_path, monk
                for q in questions]
     node.kv.flush()
     later = Node(folder, model_path)  # a restart: found by tokens only, through the index
-    later.service.cache._block_index()  # built once per process from every file's head
+    later.service.cache.index.build()  # once per process, from every file's head
     peeked = []
     head = later.kv.head
     monkeypatch.setattr(later.kv, "head", lambda path, **kw: peeked.append(path) or head(path, **kw))
