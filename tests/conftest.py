@@ -126,16 +126,29 @@ class Server:
         return self.start()
 
 
+def start_server(folder: Path, **config) -> Server:
+    """A server started on a reame.conf written into folder (made if missing), its log beside."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return Server(write_config(folder, **config), folder / "server.log").start()
+
+
+@pytest.fixture(scope="session")
+def page_server(tmp_path_factory, model_path) -> Server:
+    """One server for the page tests whose chats don't interfere (the `server` of
+    tests/browser_helpers.py, shared by tests/test_page_*.py); replies of at most 64 tokens."""
+    server = start_server(tmp_path_factory.mktemp("browser"), model_path=model_path,
+                          max_tokens=64)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def server_factory(tmp_path):
     servers: list[Server] = []
 
     def make(**config_options) -> Server:
-        folder = tmp_path / f"server{len(servers)}"
-        folder.mkdir()
-        server = Server(write_config(folder, **config_options), folder / "server.log")
-        servers.append(server)
-        return server.start()
+        servers.append(start_server(tmp_path / f"server{len(servers)}", **config_options))
+        return servers[-1]
 
     yield make
     for server in servers:

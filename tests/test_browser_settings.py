@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import Server
-from .test_browser import (  # noqa: F401 - browser and page are fixtures
+from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
     BOT, BOX, CAPITAL, ERROR_BADGE, PLANET, REPLY_TIMEOUT, STATS, STATS_TAIL, TOAST, USER, api,
-    browser, new_chat, open_app, page, send, start_server, without_stats)
+    browser, new_chat, open_app, page, send, without_stats)
+from .conftest import Server, start_server
 
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
 STATUS = "#settings-status"

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from reame.web.named_api import INTERNAL_ERROR as API_INTERNAL_ERROR
 from reame.web.openai_api import INTERNAL_ERROR as V1_INTERNAL_ERROR
 
-from .conftest import Server, write_config
+from .conftest import Server, start_server
 
 FUZZ = settings(max_examples=80, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow,
@@ -32,9 +32,7 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_path) -> Server:
-    folder = tmp_path_factory.mktemp("fuzz")
-    server = Server(write_config(folder, model_path=model_path, max_tokens=4),
-                    folder / "server.log").start()
+    server = start_server(tmp_path_factory.mktemp("fuzz"), model_path=model_path, max_tokens=4)
     for n in range(3):
         assert call(server, "new_chat", [f"Chat {n + 1}", None]) == ("complete", [n + 1])
     yield server

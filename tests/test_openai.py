@@ -15,7 +15,7 @@ import pytest
 from gradio_client import Client
 from openai import APIStatusError, OpenAI
 
-from .conftest import Server, write_config
+from .conftest import Server, start_server
 
 CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
@@ -24,9 +24,8 @@ STORY = "Write a long story about a dragon who learns to cook, chapter by chapte
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_path) -> Server:
-    folder = tmp_path_factory.mktemp("openai")
-    server = Server(write_config(folder, model_path=model_path, max_tokens=32),
-                    folder / "server.log").start()
+    server = start_server(tmp_path_factory.mktemp("openai"), model_path=model_path,
+                          max_tokens=32)
     yield server
     server.stop()
 
@@ -315,7 +314,7 @@ def test_an_unexpected_error_says_so_without_internals_and_the_server_keeps_serv
 
 
 def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_path, gemma_path):
-    server = Server(write_config(tmp_path, model_path=model_path), tmp_path / "server.log").start()
+    server = start_server(tmp_path, model_path=model_path)
     try:
         # A long streamed reply holds the model; the switch waits for it, loading all the while.
         chunks = []

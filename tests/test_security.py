@@ -27,8 +27,8 @@ from playwright.sync_api import expect
 
 from reame.prompt import Turn
 
-from .conftest import Server, write_config
-from .test_browser import browser  # noqa: F401 - the Chromium fixture, shared
+from .browser_helpers import browser  # noqa: F401 - the Chromium fixture, shared
+from .conftest import Server, start_server, write_config
 from .test_accounts import cli, v1
 
 USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22", "carol": "carol-secret-333"}
@@ -195,9 +195,7 @@ EVIL_PAGE = """<!doctype html><title>loading</title><script>
 @pytest.fixture(scope="module")
 def open_server(tmp_path_factory, model_path):
     """The default set-up: no accounts, on 127.0.0.1."""
-    folder = tmp_path_factory.mktemp("open")
-    server = Server(write_config(folder, model_path=model_path, max_tokens=8),
-                    folder / "server.log").start()
+    server = start_server(tmp_path_factory.mktemp("open"), model_path=model_path, max_tokens=8)
     yield server
     server.stop()
 

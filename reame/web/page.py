@@ -301,7 +301,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, concurrency_id: str,
 
     view = [current, chat_list, chatbot, *chat_settings]
     # One load event for the whole page, not queued: a quick read that fills it at once
-    # (tests/test_browser.py waits for its one /run/predict answer as "page ready").
+    # (tests/browser_helpers.py waits for its one /run/predict answer as "page ready").
     show_settings, settings_outputs = settings_view or (lambda request: (), [])
     # "admin" or "user", for the page: a user who may not change the settings does not
     # see the Settings tab (its fields stay empty for them anyway). Not gr.Tab(visible=):

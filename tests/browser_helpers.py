@@ -1,0 +1,213 @@
+"""What the page tests share: Debian's Chromium driven by Playwright, the page's selectors and
+prompts, and helpers that act in the page and read what the server stored.
+
+The page's tests: tests/test_page_send.py (sending, the reply streaming, stop, refusals),
+test_page_chats.py (the chat list) and test_page_history.py (a chat kept across reloads and
+restarts, retried, edited; the window marker); tests/test_browser_settings.py is the Settings
+tab. The first three share one server (`server` here, `page_server` in tests/conftest.py),
+each test working in chats of its own; a test that needs another set-up starts its own. Every
+wait is on a condition; the model's replies get generous timeouts because the 2-core machine
+may be busy with other work.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from reame.render import stats_text
+from reame.turn import TurnStats
+
+from .conftest import ROOT, Server
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-gpu"]
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+VIEWPORT = {"width": 1280, "height": 800}
+
+REPLY_TIMEOUT = 90_000  # ms: a whole reply of up to 64 tokens on a busy machine
+UI_TIMEOUT = 15_000  # ms: a quick UI event
+expect.set_options(timeout=UI_TIMEOUT)
+
+BOX = "#message textarea"
+USER = "#chatbot [data-testid=user]"
+BOT = "#chatbot [data-testid=bot]"
+STATS = "#chatbot .reame-stats"
+STOP = "#message [data-testid=stop-button]"
+SUBMIT = "#message [data-testid=submit-button]"
+TOAST = ".toast-body"
+# Gradio's "Error" pill over an output (it stays in the page, hidden, once used).
+ERROR_BADGE = "[data-testid=status-tracker]:not(.hide) .error"
+CHATS = "#chat-list label"
+# The Chatbot's buttons (its own aria-labels): retry under the last reply, edit on each message
+# of the user, and the edit box with its submit button.
+RETRY = "#chatbot button[aria-label=Retry]"
+EDIT = "#chatbot button[aria-label=Edit]"
+EDIT_BOX = "#chatbot textarea.edit-textarea"
+EDIT_SUBMIT = "#chatbot button[aria-label=Submit]"
+
+CAPITAL = "What is the capital city of France? Answer in one word."
+PLANET = "Which planet do we live on? Answer in one word."
+ITALY = "What is the capital of Italy?"
+STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")
+# The head of a stats line when the history's KV was reused, from the context or from a file.
+REUSED = re.compile(r"^(?:reused ([\d,]+) tokens in memory|restored ([\d,]+) tokens from disk "
+                    r"in [\d,]+ ms) · prefilled ([\d,]+) in ")
+
+
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def browser() -> Browser:
+    if not CHROMIUM.exists():
+        pytest.fail(f"Chromium is missing at {CHROMIUM}: run `make browser` to install it")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                             args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser) -> Page:
+    """A fresh page (its own context: no cookies, storage or Gradio session shared)."""
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(UI_TIMEOUT)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+@pytest.fixture
+def server(page_server) -> Server:
+    """The server the page tests share (see `page_server` in tests/conftest.py)."""
+    return page_server
+
+
+# helpers
+
+
+def api(server: Server) -> Client:
+    return Client(server.url, verbose=False)
+
+
+def open_app(page: Page, server: Server) -> None:
+    """Open the page and wait for its load event (the chat list and the chat shown)."""
+    with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
+        page.goto(server.url)
+    shown_as_loaded(page, loaded.value)
+
+
+def reload(page: Page) -> None:
+    with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
+        page.reload()
+    shown_as_loaded(page, loaded.value)
+
+
+def shown_as_loaded(page: Page, load) -> None:
+    """Wait until the page shows what its load event answered: every chat in the list."""
+    assert load.ok, load.status
+    chat_list = load.json()["data"][1]  # the outputs' order: see reame/web/page.py, `view`
+    expect(page.locator(CHATS)).to_have_count(len(chat_list["choices"]))
+    expect(page.locator(BOX)).to_be_editable()
+
+
+def new_chat(page: Page) -> None:
+    """Click "New chat" and wait until it is the chat shown: selected, empty."""
+    before = page.locator(CHATS).count()
+    page.click("#new-chat")
+    expect(page.locator(CHATS)).to_have_count(before + 1)
+    expect(page.locator("#chat-list input:checked")).to_have_count(1)
+    assert selected_title(page) == "New chat"
+    expect(page.locator(USER)).to_have_count(0)
+
+
+def open_panel_and_type(page: Page, panel: str, field: str, value: str) -> None:
+    """Open a closed panel of the page and type into one of its fields in the first frame the
+    field shows: as quick as a user could ever be (the page must not lose that value)."""
+    page.evaluate("""([panel, field, value]) => new Promise(resolve => {
+        document.querySelector(`${panel} .reame-panel-toggle`).click();
+        const typeIn = () => {
+            const input = document.querySelector(field);
+            if (!input || !input.checkVisibility()) return requestAnimationFrame(typeIn);
+            input.focus();
+            input.value = value;
+            input.dispatchEvent(new Event("input", {bubbles: true}));
+            resolve();
+        };
+        typeIn();
+    })""", [panel, field, value])
+
+
+def selected_title(page: Page) -> str:
+    return page.locator(CHATS).filter(has=page.locator("input:checked")).inner_text().strip()
+
+
+def wait_for_reply_done(page: Page, n_replies: int) -> None:
+    """The n-th reply of the chat shown has its stats line, and the textbox is ready again."""
+    expect(page.locator(STATS)).to_have_count(n_replies, timeout=REPLY_TIMEOUT)
+    expect(page.locator(STOP)).to_have_count(0)
+    expect(page.locator(SUBMIT)).to_be_visible()
+
+
+def send(page: Page, text: str) -> str:
+    """Send text with Enter and wait for the whole reply; return the reply's text as shown."""
+    replies = page.locator(STATS).count()
+    box = page.locator(BOX)
+    box.fill(text)
+    box.press("Enter")
+    wait_for_reply_done(page, replies + 1)
+    return page.locator(BOT).last.inner_text()
+
+
+def typed_ahead_call(response, text: str) -> bool:
+    """Whether response answers the page's type-ahead call made with all of text typed (the
+    page calls as the box changes, always with the latest text once a call is answered)."""
+    if "/run/predict" not in response.url:
+        return False
+    try:
+        data = json.loads(response.request.post_data or "{}").get("data") or []
+    except ValueError:
+        return False
+    return text in data
+
+
+def without_stats(shown: str) -> str:
+    return shown.rsplit("\n", 1)[0].strip() if STATS_TAIL.search(shown) else shown.strip()
+
+
+def current_chat(server: Server, title: str) -> dict:
+    """The chat with this title, with its messages, as the server has it."""
+    client = api(server)
+    matches = [c for c in client.predict(api_name="/list_chats") if c["title"] == title]
+    assert len(matches) == 1, f"expected one chat titled {title!r}, got {matches}"
+    return client.predict(matches[0]["id"], api_name="/get_chat")
+
+
+def stored_stats_text(stats: dict) -> str:
+    """The stats line the page shows for a reply's stored stats."""
+    return stats_text(TurnStats.from_dict(stats))
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"\w+", text)
+
+
+def wait_until(condition, message: str, timeout: float = UI_TIMEOUT / 1000) -> None:
+    """Poll a server-side condition (the page has no event for it)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(message)
+        time.sleep(0.1)

@@ -1,0 +1,199 @@
+"""A chat's history in a real browser: kept across a reload and a server restart (then a
+message typed ahead), its last reply retried with the history reused, an earlier message
+edited; and a long chat's marker where the model's memory ends. Also writes
+docs/screenshots/chat.png and long-chat.png.
+
+The reload-and-restart test comes before the retry test: both start a chat with the same
+question, and the first looks its chat up by that title on the shared server.
+Helpers and fixtures: tests/browser_helpers.py (the shared server is `page_server` in
+tests/conftest.py; the long-chat test starts its own).
+"""
+
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import expect
+
+from reame.batches import CHUNK
+from reame.chat import title_from
+
+from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
+    BOT, BOX, CAPITAL, CHATS, EDIT, EDIT_BOX, EDIT_SUBMIT, ITALY, PLANET, REPLY_TIMEOUT, RETRY,
+    REUSED, SCREENSHOTS, STATS, STATS_TAIL, USER, api, browser, current_chat, new_chat, open_app,
+    page, reload, selected_title, send, server, stored_stats_text, typed_ahead_call,
+    wait_for_reply_done, wait_until, without_stats, words)
+
+
+def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
+    open_app(page, server)
+    new_chat(page)
+    first = send(page, CAPITAL)
+    assert "Paris" in first
+    second = send(page, "Name three primary colors.")
+    expected_users = [CAPITAL, "Name three primary colors."]
+    expected_bots = [first, second]
+
+    def check_shown():
+        assert selected_title(page) == title_from(CAPITAL)
+        expect(page.locator(USER)).to_have_text(expected_users)
+        expect(page.locator(BOT)).to_have_text(expected_bots)
+        expect(page.locator(STATS)).to_have_count(2)
+
+    reload(page)
+    check_shown()
+    server.restart()
+    reload(page)
+    check_shown()
+    stored = current_chat(server, title_from(CAPITAL))["messages"]
+    assert [m["content"] for m in stored[::2]] == expected_users
+    assert [words(m["content"]) for m in stored[1::2]] == [words(without_stats(b))
+                                                            for b in expected_bots]
+    # Continuing after the restart restores the chat's KV from its file, and what is typed is
+    # evaluated while it is typed: sending leaves only the message's end to evaluate.
+    box = page.locator(BOX)
+    with page.expect_response(lambda r: typed_ahead_call(r, ITALY), timeout=60_000):
+        box.press_sequentially(ITALY, delay=40)  # the page's call with all of it has answered
+    box.press("Enter")
+    wait_for_reply_done(page, 3)
+    line = page.locator(STATS).last.inner_text()
+    typed = re.match(r"restored [\d,]+ tokens from disk in \d+ ms · (\d+) evaluated while typing "
+                     r"· prefilled (\d+) ", line)
+    assert typed, line
+    assert int(typed[1]) >= 4 and int(typed[2]) <= 8, line
+    assert "Rome" in page.locator(BOT).last.inner_text()
+    expect(page.locator("#cache-stats")).to_contain_text("1 of 1 lookups")
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "chat.png", full_page=True)
+
+
+def test_retry_replaces_the_last_reply_and_reuses_the_history(page, server):
+    open_app(page, server)
+    new_chat(page)
+    assert "Paris" in send(page, CAPITAL)
+    assert "Earth" in send(page, PLANET)
+    client = api(server)
+    chat_id = client.predict(api_name="/list_chats")[0]["id"]  # the chat shown: the latest
+    before = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [m["content"] for m in before[::2]] == [CAPITAL, PLANET]
+    old_reply = before[-1]
+    # Only the last reply has a retry button.
+    expect(page.locator(RETRY)).to_have_count(1)
+
+    page.locator(RETRY).click()
+
+    def replaced():
+        last = client.predict(chat_id, api_name="/get_chat")["messages"][-1]
+        # (SQLite may give the new row the deleted one's id: compare creation times.)
+        return (last["role"] == "assistant" and last["created_at"] > old_reply["created_at"]
+                and last["stats"])
+
+    wait_until(replaced, "the retried reply was not stored", timeout=REPLY_TIMEOUT / 1000)
+    after = client.predict(chat_id, api_name="/get_chat")["messages"]
+    new_reply = after[-1]
+    # The last reply was replaced, not added to: the same two questions, two replies.
+    assert [m["id"] for m in after[:-1]] == [m["id"] for m in before[:-1]]
+    assert [m["role"] for m in after] == ["user", "assistant", "user", "assistant"]
+
+    # The page shows the new reply with its own stats line, and nothing else changed.
+    line = stored_stats_text(new_reply["stats"])
+    expect(page.locator(STATS).last).to_have_text(line, timeout=REPLY_TIMEOUT)
+    wait_for_reply_done(page, 2)
+    expect(page.locator(USER)).to_have_text([CAPITAL, PLANET])
+    expect(page.locator(BOT)).to_have_count(2)
+    assert "Earth" in without_stats(page.locator(BOT).last.inner_text())
+    assert words(new_reply["content"]) == words(without_stats(page.locator(BOT).last.inner_text()))
+
+    # It reused the whole history (the same prompt as the replaced reply's) instead of
+    # recomputing it: only the prompt's last decode (one chunk at most) was evaluated again.
+    stats = new_reply["stats"]
+    assert stats["prompt_tokens"] == old_reply["stats"]["prompt_tokens"], (stats, old_reply)
+    match = REUSED.match(line)
+    assert match, line
+    reused = int((match[1] or match[2]).replace(",", ""))
+    assert reused == stats["reused"] and reused + stats["prefilled"] == stats["prompt_tokens"]
+    assert stats["prefilled"] <= CHUNK, stats  # the prompt's last decode, evaluated again
+
+    reload(page)
+    expect(page.locator(USER)).to_have_text([CAPITAL, PLANET])
+    expect(page.locator(STATS)).to_have_text([stored_stats_text(after[1]["stats"]), line])
+
+
+def test_editing_an_earlier_message_replaces_what_followed_it(page, server):
+    open_app(page, server)
+    new_chat(page)
+    first = "What is the capital city of Germany? Answer in one word."
+    assert "Berlin" in send(page, first)
+    hello = send(page, "Say hello.")
+    chat_id = api(server).predict(api_name="/list_chats")[0]["id"]  # the chat shown
+    # Each of the user's messages can be edited, and only those.
+    expect(page.locator(EDIT)).to_have_count(2)
+
+    edited = "Which planet do we live on?"
+    page.locator(EDIT).first.click()
+    box = page.locator(EDIT_BOX)
+    expect(box).to_have_value(first)
+    box.fill(edited)
+    page.locator(EDIT_SUBMIT).click()
+
+    # The edited message stays, everything after it is replaced by the answer to it.
+    expect(page.locator(USER)).to_have_text([edited])
+    wait_for_reply_done(page, 1)
+    expect(page.locator(BOT)).to_have_count(1)
+    reply = page.locator(BOT).inner_text()
+    assert "Earth" in without_stats(reply), reply
+    chat_view = page.locator("#chatbot")
+    for gone in (first, "Berlin", "Say hello.", without_stats(hello)):
+        expect(chat_view).not_to_contain_text(gone)
+    line = page.locator(STATS).inner_text()
+    assert STATS_TAIL.search(line), line
+
+    stored = api(server).predict(chat_id, api_name="/get_chat")["messages"]
+    assert [(m["role"], m["content"]) for m in stored[:1]] == [("user", edited)]
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert words(stored[1]["content"]) == words(without_stats(reply))
+    assert line == stored_stats_text(stored[1]["stats"])
+
+    # After a reload the page shows the chat as stored: the edited text, the old one gone.
+    reload(page)
+    page.locator(CHATS).filter(has_text=title_from(first)).click()
+    expect(page.locator(USER)).to_have_text([edited])
+    expect(page.locator(BOT)).to_have_text([reply])
+    for gone in (first, "Berlin", "Say hello."):
+        expect(chat_view).not_to_contain_text(gone)
+
+
+def test_a_long_chat_marks_where_the_model_s_memory_ends_and_keeps_every_message(
+        page, server_factory, model_path):
+    from .test_long_chat import ANSWERS, FILLER, QUESTIONS
+
+    server = server_factory(model_path=model_path, n_ctx=1024, max_tokens=32)
+    open_app(page, server)
+    new_chat(page)
+    marker = page.locator("#chatbot .reame-window")
+    sent = []
+    while not marker.count():
+        assert len(sent) < 12, "the 1,024-token window should overflow within 12 turns"
+        n = len(sent)
+        sent.append(FILLER + QUESTIONS[n % 2])
+        reply = send(page, sent[-1])
+        assert ANSWERS[n % 2] in reply, reply
+    line = page.locator(STATS).last.inner_text()
+    assert "context shifted" in line and "nothing recomputed" in line, line
+    expect(marker).to_have_count(1)
+    expect(marker).to_have_text("⋯ earlier messages are outside the model's memory ⋯")
+
+    def check_marker_place():
+        messages = current_chat(server, selected_title(page))["messages"]
+        inside = [m["in_window"] for m in messages]
+        assert inside == sorted(inside) and not inside[0] and inside[-1]
+        last_outside_reply = inside.index(True) // 2 - 1  # index among the replies
+        expect(page.locator(BOT).nth(last_outside_reply).locator(".reame-window")).to_have_count(1)
+        expect(page.locator(USER)).to_have_count(len(sent)), "every message is still shown"
+
+    check_marker_place()
+    reload(page)
+    check_marker_place()
+    page.locator("#chatbot .reame-window").scroll_into_view_if_needed()
+    page.screenshot(path=SCREENSHOTS / "long-chat.png")
