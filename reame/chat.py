@@ -69,7 +69,9 @@ class ChatService:
         self.defaults = defaults
         self.load_error = load_error
         self.prompts = PromptBuilder(engine) if engine else None
-        # Without a KV store, only the live context is reused (what plain servers do).
+        # Without KV files, only the live context is reused (what plain servers do); without
+        # an engine there is no cache at all (None), and every path that uses it checks the
+        # engine first.
         self.cache = cache or (KVCache(engine, None) if engine else None)
         self.lock = threading.Lock()
         self._loading = False
@@ -183,7 +185,7 @@ class ChatService:
     def warm(self, chat_id: int, user: str | None = None) -> bool:
         """Restore the chat's KV from disk ahead of its next turn (called when a chat is
         opened), unless the engine stays busy. True if something was restored."""
-        if self.engine is None or self.cache is None or not self.cache.enabled:
+        if self.engine is None or not self.cache.enabled:
             return False
         chat = self.get_chat(chat_id, user)
         # A turn about to end (e.g. the reply being stopped by this very switch) is waited
@@ -200,7 +202,7 @@ class ChatService:
         decodes the send makes: sent as it stands, its reply starts from these logits; typed
         on, only its last chunk and what follows are evaluated again. Never waits: when a turn
         (or another draft) holds the model, nothing is done. The tokens evaluated."""
-        if self.engine is None or not draft.strip() or self.cache is None:
+        if self.engine is None or not draft.strip():
             return 0
         chat = self.get_chat(chat_id, user)
         if not self.lock.acquire(blocking=False):
@@ -333,7 +335,7 @@ class ChatService:
         """Start restoring the chat's KV file (as when a chat is opened) while the turn reads
         the database and tokenizes the prompt: llama.cpp's copy and the tokenizer both
         release the GIL. The caller joins the thread before the engine is used again."""
-        if self.cache is None or not self.cache.enabled or self.cache.holds(chat.id):
+        if not self.cache.enabled or self.cache.holds(chat.id):
             return None
 
         def restore() -> None:
