@@ -218,7 +218,8 @@ class KVCache:
         engine = self.engine
         ranked = []  # (reach, order, source, path): the farthest first, then the own file
         farthest = live
-        for order, (source, path, bound) in enumerate(self.index.candidates(chat_id, prompt, self.scope, own=own)):
+        candidates = self.index.candidates(chat_id, prompt, self.scope, own=own)
+        for order, (source, path, bound) in enumerate(candidates):
             if farthest >= bound:
                 break  # no file from here on shares more of the prompt
             head = self.files.head(path)

@@ -192,7 +192,7 @@ class TurnRunner:
             restored.reused, restored.source, restored.restore_ms)
         if job.drop is not None:
             stats.shifted = restored.shifted
-            stats.window_recomputed = not restored.shifted
+            stats.window_recomputed = restored.recomputed
         started = time.perf_counter()
         before = engine.evaluated
         self._snapshot_opening(job, restored)
