@@ -97,6 +97,10 @@ class Engine:
         self.batches: list[Batch] = []  # the decodes that made the live KV (batches.py)
         self._logits_for = -1  # len(tokens) right after the last decode: its logits are live
         self.evaluated = 0
+        self.seq = 0  # the sequence this engine's KV is (issue 15: several)
+        # One decode's tokens (a plan's decodes are at most CHUNK), built here rather than by
+        # Llama.eval, which knows only sequence 0.
+        self._batch = llama_cpp.llama_batch_init(CHUNK, 0, 1)
         log.info("loaded %s (n_ctx %d, %d threads) in %.2f s", model_path.name, self.n_ctx,
                  threads, time.perf_counter() - started)
 
@@ -113,6 +117,9 @@ class Engine:
     def close(self) -> None:
         """Free the model and its context now rather than at garbage collection."""
         self.llm.close()
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
         self.tokens = []
         self.batches = []
 
@@ -231,9 +238,19 @@ class Engine:
             raise ContextOverflow(
                 f"{len(self.tokens) + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
             )
+        if len(tokens) > CHUNK:
+            raise ValueError(f"a decode of {len(tokens)} tokens: the plan makes at most {CHUNK}")
         start = len(self.tokens)
-        self.llm.n_tokens = start
-        self.llm.eval(tokens)
+        batch = self._batch
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
+            batch.seq_id[i][0] = self.seq
+            batch.logits[i] = i == len(tokens) - 1  # only the last token's logits are read
+        batch.n_tokens = len(tokens)
+        status = llama_cpp.llama_decode(self.llm._ctx.ctx, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode returned {status}")
+        self.llm.n_tokens = start + len(tokens)
         self.tokens.extend(tokens)
         self.batches.append(Batch(start, len(self.tokens), kept))
         self._logits_for = len(self.tokens)
