@@ -25,7 +25,7 @@ from reame.web.page_parts import CSS
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
 MAX_REQUEST_BYTES = 2 << 20  # any request body (the page, the Gradio API, /v1)
-GENERATE = "generate"  # one concurrency group for every event that runs the model
+SETTINGS = "settings"  # one settings change at a time (turns: the scheduler bounds them)
 
 
 def build_app(config: Config, service: ChatService, accounts: Accounts | None):
@@ -41,9 +41,9 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
                      if accounts is not None else lambda user: True)
     with gr.Blocks(title="Reame", analytics_enabled=False, fill_height=True) as demo:
         # The API first, so that its endpoint names stay exactly as documented.
-        register_api(service, concurrency_id=GENERATE, settings=settings,
+        register_api(service, settings_group=SETTINGS, settings=settings,
                      can_configure=can_configure)
-        build_page(demo, service, concurrency_id=GENERATE, settings=settings, title="Reame",
+        build_page(demo, service, settings_group=SETTINGS, settings=settings, title="Reame",
                    can_configure=can_configure)
     demo.queue(default_concurrency_limit=8)
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)

@@ -63,7 +63,7 @@ def split(data) -> tuple[list[int], memoryview, memoryview, int]:
 
 def set_state(engine, tokens: list[int], state: memoryview, *, zero_kv: bool) -> bool:
     """llama_state_seq_set_data into an emptied context, then the position checks."""
-    ctx = engine.llm._ctx.ctx
+    ctx = engine.context
     mem = llama_cpp.llama_get_memory(ctx)
     llama_cpp.llama_memory_clear(mem, zero_kv)
     buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
@@ -101,7 +101,7 @@ def profile(engine, kv, path: Path, reps: int) -> dict:
         "crc32 of the file (zlib; format 1's checksum)": lambda: zlib.crc32(body),
         "xxh3-64 of the file (xxhash; the checksum now)": lambda: checksum(body),
         "llama_memory_clear(data=True): zeroes all n_ctx cells": lambda: llama_cpp.llama_memory_clear(
-            llama_cpp.llama_get_memory(engine.llm._ctx.ctx), True),
+            llama_cpp.llama_get_memory(engine.context), True),
         "llama_state_seq_set_data (after a metadata-only clear)": lambda: _must(
             set_state(engine, tokens, state, zero_kv=False)),
         BEFORE: lambda: _must(restore_before(engine, path)),

@@ -534,7 +534,7 @@ def kv_bytes_per_token(ctx: Context) -> dict:
             engine.extend(tokens[n1:n2])
             size2 = len(engine.state())
         finally:
-            engine.llm.close()
+            engine.close()
         per_token = (size2 - size1) / (n2 - n1)
         rows.append({"kv_type": kv_type, "bytes_per_token": per_token,
                      "fixed_bytes": size2 - per_token * n2,

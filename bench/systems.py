@@ -262,7 +262,7 @@ class ServiceSystem(System):
 
     def _close(self) -> None:
         self.service.cache.flush()  # a restart keeps every file a turn queued
-        self.engine.llm.close()
+        self.engine.close()
         self.store.engine.dispose()
         self.engine = self.store = self.kv = self.service = None
 

@@ -72,6 +72,18 @@ class Ahead:
     typed: tuple[int, int] | None = None  # Restored.typed
 
 
+@dataclass
+class Live:
+    """What the cache knows of one engine sequence's live KV, beyond its tokens: whose it is,
+    the chat it was last made for, what was done ahead of that chat's next turn, and a chat
+    whose own file warm() found unusable."""
+
+    scope: str | None = None  # None: nobody's yet
+    chat: int | None = None
+    ahead: Ahead | None = None
+    missed: int | None = None
+
+
 @dataclass(frozen=True)
 class Drop:
     """Messages just dropped from the front of a chat's window: the prompt they would have
@@ -90,25 +102,28 @@ class KVCache:
         self.files = files  # None: the cache is off, only the live context is reused
         self.prefill_rate = 0.0  # tokens/s, measured on this machine and model
         self.counts: dict[str, Counts] = {}  # per scope
-        self.scope: str | None = None  # whose KV is live (None: nobody's yet)
-        # The engine's state ahead of a turn, owned here: what was done for the next turn,
-        # the chat whose KV is live, a chat whose own file warm() found unusable.
-        self._ahead: Ahead | None = None
-        self._live_chat: int | None = None
-        self._missed: int | None = None
+        self._live: dict[int, Live] = {}  # per engine sequence
         self.index = FileIndex(files) if files is not None else None
 
     @property
     def enabled(self) -> bool:
         return self.files is not None
 
+    @property
+    def live(self) -> Live:
+        """What is known of the KV of the engine's current sequence."""
+        return self._live.setdefault(self.engine.seq.id, Live())
+
+    @property
+    def scope(self) -> str | None:
+        return self.live.scope
+
     def serve(self, scope: str) -> None:
         """Let the live KV serve scope: another scope's KV is cleared first (never reused)."""
-        if scope == self.scope:
+        if scope == self.live.scope:
             return
         self.engine.clear()
-        self.scope = scope
-        self._ahead = self._live_chat = self._missed = None
+        self._live[self.engine.seq.id] = Live(scope)
 
     def _count(self) -> Counts:
         return self.counts.setdefault(self.scope, Counts())
@@ -144,9 +159,10 @@ class KVCache:
         engine = self.engine
         usable = len(prompt) - 1  # the last token is always evaluated, for its logits
         live = engine.resume_point(prompt)
-        live_chat, self._live_chat = self._live_chat, chat_id
-        ahead, self._ahead = self._ahead, None
-        missed, self._missed = self._missed, None
+        state = self.live
+        live_chat, state.chat = state.chat, chat_id
+        ahead, state.ahead = state.ahead, None
+        missed, state.missed = state.missed, None
         if ahead is not None and ahead.chat_id == chat_id and live:
             # Restored when the chat was opened or while the turn built its prompt, or typed
             # ahead: this turn's own work (up to where the prompt differs, after an edit).
@@ -177,7 +193,7 @@ class KVCache:
 
     def holds(self, chat_id: int) -> bool:
         """Whether the live KV is this chat's (its last turn, or its restore on opening)."""
-        return self._live_chat == chat_id and bool(self.engine.tokens)
+        return self.live.chat == chat_id and bool(self.engine.tokens)
 
     def warm(self, chat_id: int, scope: str = "") -> Restored | None:
         """Restore the chat's KV file now, ahead of its next turn; None if there is nothing
@@ -187,18 +203,19 @@ class KVCache:
         self.serve(scope)
         tokens = self.files.peek(self.files.chat_path(chat_id))
         if not tokens:
-            self._missed = chat_id
+            self.live.missed = chat_id
             return None
         if self.engine.common_prefix(tokens) == len(tokens):
             return None
         started = time.perf_counter()
         restored = self._restore(chat_id, tokens + [-1], 0)
         if restored is None or restored.source != "disk":
-            self._missed = chat_id
+            self.live.missed = chat_id
         if restored is not None:
             restored.restore_ms = (time.perf_counter() - started) * 1000
-            self._ahead = Ahead(chat_id, restored.source, restored.restore_ms, counted=False)
-            self._live_chat = chat_id
+            self.live.ahead = Ahead(chat_id, restored.source, restored.restore_ms,
+                                    counted=False)
+            self.live.chat = chat_id
         return restored
 
     def typed(self, chat_id: int, restored: Restored, end: int) -> None:
@@ -207,9 +224,9 @@ class KVCache:
         start = restored.reused if restored.typed is None else min(restored.typed[0],
                                                                    restored.reused)
         found = restored.source in ("disk", "prefix")
-        self._ahead = Ahead(chat_id, restored.source if found else "live",
-                            restored.restore_ms if found else 0.0, counted=True,
-                            typed=(start, end))
+        self.live.ahead = Ahead(chat_id, restored.source if found else "live",
+                                restored.restore_ms if found else 0.0, counted=True,
+                                typed=(start, end))
 
     def _restore(self, chat_id: int, prompt: list[int], live: int, *,
                  own: bool = True) -> Restored | None:
@@ -330,7 +347,7 @@ class KVCache:
             return self._save_conversation()
         if self.files is None or not self.engine.tokens:
             return 0.0
-        self._missed = None
+        self.live.missed = None
         if not self.restorable(len(self.engine.tokens)):
             # Past a sliding window the state would not come back exactly. The chat's older,
             # shorter file (if any) stays: its tokens are still a valid prefix.

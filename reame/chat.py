@@ -3,7 +3,9 @@
 A stored chat's turn: its window of messages (window.py) becomes a Job for the TurnRunner
 (turn.py), and the reply is kept as the chat's message and KV file (ChatKeeper). A stateless
 conversation (the OpenAI route) is the same run with another Job and Keeper (conversation.py).
-The engine is not thread-safe: a turn holds one lock from restore to the last token.
+Turns run on the engine's thread (scheduler.py), several at once, each on its own slot; two
+turns of one chat take turns (the second sees the first's reply). A model switch waits for the
+turns under way (gate.py).
 """
 
 from __future__ import annotations
@@ -20,20 +22,20 @@ from .cache import SHARED, KVCache, user_scope
 from .chat_settings import ChatSettings
 from .conversation import ConversationKeeper, ReplyMemory
 from .engine import Engine, Sampling
-from .errors import (ChatError, EmptyMessage, MessageTooLong, NoModel, TooManyChats,
-                     check_seed, check_text)
+from .errors import (ChatError, EmptyMessage, MessageTooLong, NoModel, ServerBusy,
+                     TooManyChats, check_seed, check_text)
 from .prompt import PromptBuilder, Turn
 from .store import Chat, ChatNotFound, Message, Store
 from .titles import DEFAULT_TITLE, checked_title, title_from
+from .gate import Gate
+from .scheduler import Scheduler, Waiting
 from .turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
 from .window import Window, fit
 
 log = logging.getLogger(__name__)
 
-WARM_WAIT_S = 2.0
-
 __all__ = ["ChatService", "ChatError", "ChatNotFound", "EmptyMessage", "MessageTooLong",
-           "NoModel", "TooManyChats", "TurnStats", "TurnUpdate", "title_from"]
+           "NoModel", "ServerBusy", "TooManyChats", "TurnStats", "TurnUpdate", "title_from"]
 
 
 class ChatKeeper:
@@ -61,7 +63,7 @@ class ChatService:
 
     def __init__(self, store: Store, engine: Engine | None, defaults: ChatSettings, *,
                  cache: KVCache | None = None, load_error: str | None = None,
-                 max_chats: int = 5000):
+                 max_chats: int = 5000, max_waiting: int = 16):
         self.store = store
         self.max_chats = max_chats  # per user
         self._creating = threading.Lock()  # the count and the new chat, together
@@ -73,7 +75,11 @@ class ChatService:
         # an engine there is no cache at all (None), and every path that uses it checks the
         # engine first.
         self.cache = cache or (KVCache(engine, None) if engine else None)
-        self.lock = threading.Lock()
+        self.max_waiting = max_waiting  # turns waiting for a slot, at most
+        self.scheduler = self._scheduler()
+        self.gate = Gate()  # turns together, a model switch alone
+        self._chat_locks: dict[int, threading.Lock] = {}
+        self._chat_locks_guard = threading.Lock()
         self._loading = False
         # The model a settings change is checking and loading (loading_from); turns wait for
         # it, API clients are told to come back.
@@ -97,18 +103,25 @@ class ChatService:
     def replace_engine(self, load: Callable[[], tuple[Engine, KVCache]]) -> None:
         """Switch to the engine load() builds. Turns wait meanwhile; if it fails, the current
         engine keeps serving and the error propagates."""
-        with self.lock:
-            if self.cache is not None:  # the old files complete before a new store reads them
-                self.cache.flush()
-            self._loading = True
-            try:
-                engine, cache = load()
-            finally:
-                self._loading = False
-            old = self.engine
-            self.engine, self.cache = engine, cache
-            self.prompts = PromptBuilder(engine)
-            self.load_error = None
+        self._loading = True
+        try:
+            with self.gate.switch():
+                if self.scheduler is not None:
+                    self.scheduler.stop()  # idle: the gate let no turn in
+                if self.cache is not None:  # the old files complete before a new store reads
+                    self.cache.flush()
+                try:
+                    engine, cache = load()
+                except BaseException:
+                    self.scheduler = self._scheduler()  # the current engine serves on
+                    raise
+                old = self.engine
+                self.engine, self.cache = engine, cache
+                self.prompts = PromptBuilder(engine)
+                self.scheduler = self._scheduler()
+                self.load_error = None
+        finally:
+            self._loading = False
         if old is not None:
             old.close()
         log.info("now serving %s", engine.name)
@@ -121,10 +134,34 @@ class ChatService:
 
     def share_default_prompt(self) -> None:
         """Put the default system prompt's opening on disk for every user (KVCache.share)."""
-        if self.engine is not None and self.cache.enabled:
-            with self.lock:
-                self.cache.share(self.prompts.fixed_head(self.defaults.system_prompt, [],
-                                                         SHARED))
+        if self.engine is None or not self.cache.enabled:
+            return
+        opening = self.prompts.fixed_head(self.defaults.system_prompt, [], SHARED)
+
+        def share() -> Iterator[None]:
+            self.cache.share(opening)
+            yield
+
+        with self.gate.turn():
+            self.scheduler.run(share, scope=SHARED)
+
+    def close(self) -> None:
+        """Finish the turns under way and stop the engine's thread (the engine stays open)."""
+        if self.scheduler is not None:
+            self.scheduler.stop()
+
+    def _scheduler(self) -> Scheduler | None:
+        if self.engine is None:
+            return None
+        return Scheduler(self.engine, self.cache, max_waiting=self.max_waiting).start()
+
+    @contextmanager
+    def _chat_turn(self, chat_id: int) -> Iterator[None]:
+        """One turn of a chat at a time: the next reads the history the last one left."""
+        with self._chat_locks_guard:
+            lock = self._chat_locks.setdefault(chat_id, threading.Lock())
+        with lock:
+            yield
 
     # chats
     #
@@ -188,14 +225,16 @@ class ChatService:
         if self.engine is None or not self.cache.enabled:
             return False
         chat = self.get_chat(chat_id, user)
-        # A turn about to end (e.g. the reply being stopped by this very switch) is waited
-        # for a little; a long one is not.
-        if not self.lock.acquire(timeout=WARM_WAIT_S):
-            return False
-        try:
-            return self.cache.warm(chat_id, _scope(chat)) is not None
-        finally:
-            self.lock.release()
+        scope = _scope(chat)
+
+        def warm() -> Iterator[bool]:
+            yield self.cache.warm(chat_id, scope) is not None
+
+        with self.gate.try_turn() as entered:
+            if not entered:
+                return False
+            started, restored = self.scheduler.try_run(warm, chat_id=chat_id, scope=scope)
+        return bool(started and restored)
 
     def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
         """Evaluate the prompt a send of the message being typed would make, by the very
@@ -205,22 +244,29 @@ class ChatService:
         if self.engine is None or not draft.strip():
             return 0
         chat = self.get_chat(chat_id, user)
-        if not self.lock.acquire(blocking=False):
-            return 0
-        try:
+        with self.gate.try_turn() as entered:
+            if not entered or self.scheduler.busy:
+                return 0
             try:
                 window = fit(self.prompts, chat, _scope(chat), self.store.messages(chat.id),
                              Turn("user", draft), None)
             except MessageTooLong:
                 return 0
-            if window.dropped_now or self.engine.ready_for(window.prompt):
-                return 0  # the turn will move the window (leave it to the turn), or done
-            stats = TurnStats()
-            restored = self._runner().prefill(self._job(chat, window, None), stats)
-            self.cache.typed(chat.id, restored, len(window.prompt))
-            return stats.prefilled
-        finally:
-            self.lock.release()
+            if window.dropped_now:
+                return 0  # the turn will move the window: leave it to the turn
+            job, runner = self._job(chat, window, None), self._runner()
+
+            def type_ahead() -> Iterator[int | None]:
+                if self.engine.ready_for(job.prompt):
+                    return  # done already
+                stats = TurnStats()
+                restored = yield from runner.prefill_steps(job, stats)
+                self.cache.typed(chat.id, restored, len(job.prompt))
+                yield stats.prefilled
+
+            _, prefilled = self.scheduler.try_run(type_ahead, chat_id=chat.id,
+                                                  scope=job.scope, background=True)
+        return prefilled or 0
 
     def cache_stats(self, user: str | None = None, *, whole_server: bool = True) -> dict:
         """The KV cache's figures: the whole server's and its files (for an administrator),
@@ -294,12 +340,16 @@ class ChatService:
     def _turn(self, chat: Chat, text: str | None, *, cut_at: int | None = None,
               seed: int | None, max_tokens: int | None = None,
               stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
-        with self.lock:
-            restoring = self._restore_meanwhile(chat)
+        with self._chat_turn(chat.id), self.gate.turn():
+            if self.engine is None:
+                raise NoModel(self.load_error or "no model is loaded")
+            scope = _scope(chat)
+            place = self.scheduler.reserve(chat_id=chat.id, scope=scope)  # or ServerBusy
             try:
+                chat = self.get_chat(chat.id, chat.owner)  # as the chat's last turn left it
                 history = self.store.messages(chat.id)
                 kept = [m for m in history if cut_at is None or m.position < cut_at]
-                window = fit(self.prompts, chat, _scope(chat), kept,
+                window = fit(self.prompts, chat, scope, kept,
                              Turn("user", text) if text is not None else None, cut_at)
                 if cut_at is not None:
                     self.store.delete_messages_from(chat.id, cut_at)
@@ -310,13 +360,25 @@ class ChatService:
                     user_message_id = self.store.add_message(chat.id, "user", text).id
                     if chat.title == DEFAULT_TITLE and not kept:
                         self.store.update_chat(chat.id, title=title_from(text))
-            finally:
-                if restoring is not None:
-                    restoring.join()
+            except BaseException:
+                self.scheduler.cancel(place)
+                raise
             job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
                             user_message_id=user_message_id)
             keeper = ChatKeeper(self.store, chat.id, self.engine.fingerprint)
-            yield from self._runner().run(job, keeper)
+            runner = self._runner()
+            yield from self._updates(self.scheduler.results(place, lambda: runner.run(
+                job, keeper)), job)
+
+    @staticmethod
+    def _updates(results: Iterator[object], job: Job) -> Iterator[TurnUpdate]:
+        """A turn's updates; while it waits for a slot, its place in line."""
+        for item in results:
+            if isinstance(item, Waiting):
+                yield TurnUpdate("", queued=item.position, chat_id=job.chat_id,
+                                 user_message_id=job.user_message_id)
+            else:
+                yield item
 
     def _job(self, chat: Chat, window: Window, seed: int | None, *,
              max_tokens: int | None = None, stop: tuple[str, ...] = (),
@@ -330,23 +392,6 @@ class ChatService:
 
     def _runner(self) -> TurnRunner:
         return TurnRunner(self.engine, self.cache, self.prompts)
-
-    def _restore_meanwhile(self, chat: Chat) -> threading.Thread | None:
-        """Start restoring the chat's KV file (as when a chat is opened) while the turn reads
-        the database and tokenizes the prompt: llama.cpp's copy and the tokenizer both
-        release the GIL. The caller joins the thread before the engine is used again."""
-        if not self.cache.enabled or self.cache.holds(chat.id):
-            return None
-
-        def restore() -> None:
-            try:
-                self.cache.warm(chat.id, _scope(chat))
-            except Exception:  # a failed restore is a miss: the turn looks up again
-                log.exception("restoring chat %d's KV ahead of its turn failed", chat.id)
-
-        thread = threading.Thread(target=restore, name="kv-restore", daemon=True)
-        thread.start()
-        return thread
 
     # stateless completions (the OpenAI route): nothing stored, the KV cache still used
 
@@ -373,7 +418,9 @@ class ChatService:
                   tokenized: tuple[list[Turn], list[int]], sampling: Sampling,
                   max_tokens: int | None, stop: tuple[str, ...],
                   scope: str) -> Iterator[TurnUpdate]:
-        with self.lock:
+        with self.gate.turn():
+            if self.engine is None:
+                raise NoModel(self.load_error or "no model is loaded")
             turns, prompt = tokenized
             if prompts is not self.prompts:  # the model was switched meanwhile: its tokens
                 turns, prompt = self.replies.tokenize(self.prompts, system_prompt, sent, scope)
@@ -381,7 +428,9 @@ class ChatService:
                       max_tokens or self.defaults.max_tokens, stop,
                       shared_opening=system_prompt == self.defaults.system_prompt)
             keeper = ConversationKeeper(self.replies, self.engine.fingerprint, scope)
-            yield from self._runner().run(job, keeper)
+            runner = self._runner()
+            yield from self._updates(self.scheduler.stream(
+                lambda: runner.run(job, keeper), scope=scope, prompt=prompt), job)
 
 
 def kept_on_regenerate(messages: list[Message]) -> list[Message]:

@@ -26,6 +26,10 @@ SETTINGS: tuple[Setting, ...] = (
             "GGUF model file; relative to this file's folder"),
     Setting("model", "n_ctx", int, 4096, "context window in tokens (prompt + reply)", 256, 131072),
     Setting("model", "n_threads", int, 0, "CPU threads for inference; 0 = all cores", 0, 512),
+    Setting("model", "slots", int, 4, "replies written at once, each with n_ctx tokens of KV "
+            "in memory; more people wait in line", 1, 64),
+    Setting("model", "kv_ram_mb", int, 2048, "memory the slots' KV may take in MB; fewer "
+            "slots are used if they do not fit", 16, 10_000_000),
     # The defaults of new chats: a chat's own settings, declared in chat_settings.py.
     *FIELDS,
     Setting("server", "host", str, "127.0.0.1", "address to listen on"),
@@ -40,6 +44,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "allowed_origins", str, "",
             "other web origins whose pages may call the server (comma-separated, e.g. "
             "https://example.org); empty = only the server's own page"),
+    Setting("server", "max_waiting", int, 16, "turns that may wait for a free slot; beyond, "
+            "/v1 answers 429 and the page says the server is full", 0, 100_000),
     Setting("storage", "sessions_dir", Path, "sessions",
             "folder for reame.db (SQLite) and the KV files"),
     Setting("storage", "max_chats_per_user", int, 5000,
@@ -58,6 +64,8 @@ class ModelConfig:
     model_path: Path
     n_ctx: int
     n_threads: int
+    slots: int
+    kv_ram_mb: int
 
 
 GenerationConfig = ChatSettings  # [generation]: the settings of new chats
@@ -78,6 +86,7 @@ class ServerConfig:
     allow_anonymous: bool
     allowed_hosts: str
     allowed_origins: str
+    max_waiting: int
 
     @property
     def local_only(self) -> bool:

@@ -27,6 +27,14 @@ class NoModel(ChatError):
     """No model is loaded; the message says why."""
 
 
+class ServerBusy(ChatError):
+    """Every slot is busy and the line of waiting turns is full: come back later."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds
+
+
 def check_seed(seed: int | None) -> None:
     if seed is not None and not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
         raise ChatError(f"a seed is an integer from 0 to {MAX_SEED}")

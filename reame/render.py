@@ -6,7 +6,7 @@ import html
 import re
 
 from .store import Message
-from .turn import TurnStats
+from .turn import TurnStats, TurnUpdate
 
 # Fenced code blocks and inline code spans: markdown shows their content literally already.
 _CODE = re.compile(r"(```.*?(?:```|\Z)|`[^`\n]+`)", re.DOTALL)
@@ -33,6 +33,21 @@ def reply_markdown(text: str, stats: dict | TurnStats | None = None) -> str:
             len(unclosed[-1]) < 6 or not unclosed[-1].endswith("```")):
         shown += "\n```"
     return shown + stats_line(stats)
+
+
+def shown_reply(update: TurnUpdate) -> str:
+    """A streamed update as the page shows it: the reply so far (with its stats line once
+    done), or, while the turn waits for a free slot, its place in line."""
+    if update.queued:
+        return (f'<span class="reame-queued">Waiting for a free slot: '
+                f"{ordinal(update.queued)} in line…</span>")
+    return reply_markdown(update.text, update.stats if update.done else None)
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def stats_line(stats: dict | TurnStats | None) -> str:

@@ -23,9 +23,10 @@ log = logging.getLogger(__name__)
 
 def build_engine(config: Config) -> Engine:
     """Load the configured model; ModelLoadError says why it cannot be."""
-    return Engine(config.model.model_path, n_ctx=config.model.n_ctx,
-                  n_threads=config.model.n_threads, kv_type=config.cache.kv_type,
-                  models_dir=config.base_dir / "models")
+    model = config.model
+    return Engine(model.model_path, n_ctx=model.n_ctx, n_threads=model.n_threads,
+                  kv_type=config.cache.kv_type, models_dir=config.base_dir / "models",
+                  slots=model.slots, kv_budget_bytes=model.kv_ram_mb * 2**20)
 
 
 def build_cache(engine: Engine, kv_dir: Path | None, max_bytes: int,
@@ -51,22 +52,24 @@ def config_cache(config: Config, engine: Engine, store: Store) -> KVCache:
 def build_service(config: Config) -> ChatService:
     """Everything a chat needs. A model that cannot load leaves the service up, saying why."""
     store = Store(config.storage.database_path)
-    limit = config.storage.max_chats_per_user
+    limits = {"max_chats": config.storage.max_chats_per_user,
+              "max_waiting": config.server.max_waiting}
     try:
         engine = build_engine(config)
     except ModelLoadError as exc:
         log.error("%s", exc)
-        return ChatService(store, None, config.generation, load_error=str(exc), max_chats=limit)
+        return ChatService(store, None, config.generation, load_error=str(exc), **limits)
     service = ChatService(store, engine, config.generation,
-                          cache=config_cache(config, engine, store), max_chats=limit)
+                          cache=config_cache(config, engine, store), **limits)
     service.share_default_prompt()
     return service
 
 
 def service_over(folder: Path, engine: Engine, defaults: ChatSettings, *, cache: bool = True,
-                 max_disk_bytes: int = 1 << 30, kv_dir: Path | None = None) -> ChatService:
+                 max_disk_bytes: int = 1 << 30, kv_dir: Path | None = None,
+                 max_waiting: int = 16) -> ChatService:
     """A service over folder (reame.db, and the KV files in kv_dir or folder/kv unless cache
     is off) with an engine already loaded."""
     kv = (kv_dir or folder / "kv") if cache else None
     return ChatService(Store(folder / "reame.db"), engine, defaults,
-                       cache=build_cache(engine, kv, max_disk_bytes))
+                       cache=build_cache(engine, kv, max_disk_bytes), max_waiting=max_waiting)

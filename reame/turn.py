@@ -6,14 +6,15 @@ their Job (the prompt and how to sample it) and their Keeper (what is kept after
 chat's message and KV file, or a stateless conversation's KV file and reply tokens). Each step
 happens once, here, and is timed once.
 
-The caller holds the engine's lock for the whole turn (the engine is not thread-safe).
+`run` and `prefill_steps` are generators of steps (scheduler.py): they yield None between two
+decodes, so that other people's replies take their turns there, and run on the engine's thread.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,6 +66,7 @@ class TurnUpdate:
     user_message_id: int | None = None
     finish_reason: str | None = None  # on the last update: "stop" or "length"
     chat_id: int | None = None
+    queued: int = 0  # waiting for a free slot: its place in line (1: next), no text yet
 
 
 @dataclass
@@ -160,7 +162,7 @@ class TurnRunner:
         the stream (closing the generator)."""
         started = time.perf_counter()
         stats = TurnStats(prompt_tokens=len(job.prompt), dropped_messages=job.outside)
-        self.prefill(job, stats)
+        yield from self.prefill_steps(job, stats)
         limit = min(job.max_tokens, self.engine.n_ctx - len(job.prompt))
         decoding = Decoding(self.engine, job.sampling, limit, self.prompts.stops + job.stops,
                             started)
@@ -183,9 +185,10 @@ class TurnRunner:
                          user_message_id=job.user_message_id, chat_id=job.chat_id,
                          finish_reason=decoding.finish_reason)
 
-    def prefill(self, job: Job, stats: TurnStats) -> Restored:
+    def prefill_steps(self, job: Job, stats: TurnStats) -> Generator[None, None, Restored]:
         """Restore what the cache has for the prompt, snapshot its opening if that is new,
-        evaluate the rest; the restore as the cache reported it."""
+        evaluate the rest; the restore as the cache reported it. A step after the restore and
+        between two decodes; none after the last decode (its logits are to be sampled)."""
         engine, cache, prompt = self.engine, self.cache, job.prompt
         restored = cache.prepare(job.chat_id, prompt, job.drop, scope=job.scope)
         stats.reused, stats.source, stats.restore_ms = (
@@ -193,19 +196,20 @@ class TurnRunner:
         if job.drop is not None:
             stats.shifted = restored.shifted
             stats.window_recomputed = restored.recomputed
-        started = time.perf_counter()
-        before = engine.evaluated
-        self._snapshot_opening(job, restored)
-        if engine.prefill(prompt) == len(prompt):  # typed ahead: its logits are live
+        if not engine.ready_for(prompt):
+            yield  # the restore was this step (typed ahead: its logits are to be sampled)
+        seq = engine.seq
+        started, busy, before = time.perf_counter(), seq.decode_s, seq.evaluated
+        yield from self._snapshot_opening(job, restored)
+        if (yield from engine.prefill_steps(prompt)) == len(prompt):  # typed ahead: live
             stats.reused = len(prompt)
         stats.typed_ahead = restored.typed_ahead(stats.reused)
-        seconds = time.perf_counter() - started
-        stats.prefilled = engine.evaluated - before
-        stats.prefill_ms = seconds * 1000
-        cache.record_prefill(stats.prefilled, seconds)
+        stats.prefilled = seq.evaluated - before
+        stats.prefill_ms = (time.perf_counter() - started) * 1000  # others' steps included
+        cache.record_prefill(stats.prefilled, seq.decode_s - busy)  # its own decodes
         return restored
 
-    def _snapshot_opening(self, job: Job, restored: Restored) -> None:
+    def _snapshot_opening(self, job: Job, restored: Restored) -> Iterator[None]:
         """Save the KV of the prompt's opening (its system prompt, whole chunks) as a prefix
         snapshot, if it is not on disk yet: another conversation with the same opening starts
         from it."""
@@ -215,8 +219,10 @@ class TurnRunner:
         length = self.cache.prefix_length(opening, job.prompt)
         if restored.reused < length and self.cache.wants_snapshot(
                 length, job.prompt, shared=job.shared_opening):
-            self.engine.prefill_head(job.prompt[:length])  # whole chunks: the plan is unchanged
+            # Whole chunks: the plan is unchanged.
+            yield from self.engine.prefill_head_steps(job.prompt[:length])
             self.cache.save_snapshot(job.prompt, length, shared=job.shared_opening)
+            yield
 
     def _prefill_next_head(self, job: Job, generated: list[int]) -> int:
         """Evaluate now what the next prompt will hold whatever the user writes (e.g.

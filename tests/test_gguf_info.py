@@ -1,6 +1,5 @@
 import pytest
 
-from reame.engine import Engine
 from reame.gguf_info import NotGGUF, read_gguf_info
 
 
@@ -8,7 +7,7 @@ def test_describes_the_default_model_without_loading_it(model_path, engine):
     info = read_gguf_info(model_path)
     assert (info.architecture, info.quantization) == ("llama", "Q4_1")
     assert info.has_chat_template and info.context_length == 8192
-    assert info.parameters == engine.llm._model.n_params()
+    assert info.parameters == engine.n_params
     # The KV size predicted from the header is what llama.cpp really stores per token.
     engine.clear()
     engine.prefill(engine.tokenize("one two three four five six seven eight nine ten " * 20))

@@ -140,7 +140,7 @@ def _guarded(fn: Callable) -> Callable:
     return call
 
 
-def register_api(service: ChatService, *, concurrency_id: str,
+def register_api(service: ChatService, *, settings_group: str,
                  settings: Settings | None = None,
                  can_configure: Callable[[str | None], bool] = lambda user: True) -> None:
     """Add the named endpoints to the Blocks being built. Each passes on the logged-in user
@@ -157,7 +157,8 @@ def register_api(service: ChatService, *, concurrency_id: str,
     def _stream(start) -> Iterator[str]:
         try:
             for update in start():
-                yield update.text
+                if not update.queued:  # waiting for a slot: nothing to say yet
+                    yield update.text
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
 
@@ -235,16 +236,16 @@ def register_api(service: ChatService, *, concurrency_id: str,
         return True
 
     if settings is not None:
-        _register_settings(settings, concurrency_id=concurrency_id, can_configure=can_configure)
+        _register_settings(settings, settings_group=settings_group, can_configure=can_configure)
     for fn in (send, regenerate, edit_message):
-        gr.api(_guarded(fn), api_name=fn.__name__, concurrency_id=concurrency_id,
-               concurrency_limit=1)
+        # Any number at once: the scheduler runs them in turn, or says the server is full.
+        gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
     for fn in (new_chat, list_chats, get_chat, rename_chat, update_chat, delete_chat,
                type_ahead, cache_stats):
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
 
 
-def _register_settings(settings: Settings, *, concurrency_id: str,
+def _register_settings(settings: Settings, *, settings_group: str,
                        can_configure: Callable[[str | None], bool]) -> None:
     def get_settings(request: gr.Request = None) -> dict:
         """reame.conf as the app runs it, the loaded model, and what can be changed here.
@@ -281,4 +282,4 @@ def _register_settings(settings: Settings, *, concurrency_id: str,
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
     # Loading a model waits for replies in progress, and replies wait for it.
     gr.api(_guarded(update_settings), api_name="update_settings",
-           concurrency_id=concurrency_id, concurrency_limit=1)
+           concurrency_id=settings_group, concurrency_limit=1)

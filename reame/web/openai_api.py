@@ -8,7 +8,8 @@ to the chat (which keeps its own history and settings) and the exchange shows in
 
 Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the status a
 client expects: 400 bad request, 401 no or wrong key, 404 unknown model or chat, 413 too long,
-503 while a model loads or when none is loaded.
+429 when every slot is busy and the line of waiting turns is full (with Retry-After), 503
+while a model loads or when none is loaded.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..accounts import Accounts
 from ..chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, MessageTooLong,
-                   NoModel, TurnUpdate)
+                   NoModel, ServerBusy, TurnUpdate)
 from .openai_request import ApiError, CompletionRequest, error_response, parse_request
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             return error_response(404, str(exc), param=CHAT_HEADER, code="chat_not_found")
         except MessageTooLong as exc:
             return error_response(413, str(exc), param="messages", code="context_length_exceeded")
+        except ServerBusy as exc:  # every slot busy and the line full: nothing was stored
+            return error_response(429, str(exc), type_="server_error", code="server_full",
+                                  headers={"Retry-After": str(exc.retry_after)})
         except (EmptyMessage, ChatError) as exc:
             return error_response(400, str(exc))
         except NoModel as exc:

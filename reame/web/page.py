@@ -11,7 +11,7 @@ import gradio as gr
 from ..chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, NoModel,
                     kept_on_regenerate)
 from ..chat_settings import FIELD, ChatSettings
-from ..render import inert_html, reply_markdown, to_chatbot
+from ..render import inert_html, shown_reply, to_chatbot
 from ..settings import Settings
 from .page_parts import HIDDEN, ROLE_JS, flatten, panel, panel_js
 from .page_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
@@ -39,12 +39,13 @@ def _settings_values(service: ChatService, chat_id: int | None, user: str | None
     return tuple(settings.as_dict().values())
 
 
-def build_page(demo: gr.Blocks, service: ChatService, *, concurrency_id: str,
+def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                settings: Settings | None = None, title: str = "Reame",
                can_configure: Callable[[str | None], bool] = lambda user: True) -> None:
-    """The page, built into demo (the Blocks being defined). Every event that runs the model is in
-    the concurrency group concurrency_id; can_configure(user) says who may change the settings
-    (with accounts: admins)."""
+    """The page, built into demo (the Blocks being defined). Settings changes run one at a time
+    (the concurrency group settings_group); turns, any number at once (the service's scheduler
+    lines them up). can_configure(user) says who may change the settings (with accounts:
+    admins)."""
     current = gr.State(None)  # the chat shown, by id
     pending = gr.State("")  # the message being sent (the textbox clears at once)
 
@@ -98,7 +99,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, concurrency_id: str,
         settings_view = None
         if settings is not None:
             with gr.Tab("Settings", id="settings", elem_id="settings-tab"):
-                settings_view = build_settings_tab(settings, concurrency_id=concurrency_id,
+                settings_view = build_settings_tab(settings, settings_group=settings_group,
                                                    banner=banner,
                                                    can_configure=can_configure)
 
@@ -193,7 +194,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, concurrency_id: str,
         base.append({"role": "user", "content": inert_html(text)})
         try:
             for update in service.send(chat_id, text, user=user):
-                reply = reply_markdown(update.text, update.stats if update.done else None)
+                reply = shown_reply(update)
                 # Leave the textbox alone: the user may be typing the next message.
                 yield base + [{"role": "assistant", "content": reply}], gr.skip()
         except ChatError as exc:  # e.g. MessageTooLong: nothing was stored
@@ -229,7 +230,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, concurrency_id: str,
         """Stream a regenerated or edited reply after base (the messages kept)."""
         try:
             for update in start():
-                reply = reply_markdown(update.text, update.stats if update.done else None)
+                reply = shown_reply(update)
                 yield base + [{"role": "assistant", "content": reply}]
         except ChatError as exc:
             gr.Warning(str(exc))
@@ -327,7 +328,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, concurrency_id: str,
     # Progress (the "..." bubble) on the chatbot only, not over the textbox.
     streaming = sending.success(
         stream_reply, [pending, current], [chatbot, message], show_progress="minimal",
-        show_progress_on=[chatbot], concurrency_id=concurrency_id, concurrency_limit=1, **HIDDEN,
+        show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN,  # the scheduler's line
     )
     # Runs after the reply ends, also when cancelled (stop, chat switch, delete).
     after = [chatbot, message, chat_list, pending, cache_md]
@@ -336,7 +337,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, concurrency_id: str,
     for trigger, fn, inputs in ((chatbot.retry, regenerate, [current]),
                                 (chatbot.edit, edit, [current])):
         trigger(fn, inputs, [chatbot], show_progress="minimal", show_progress_on=[chatbot],
-                concurrency_id=concurrency_id, concurrency_limit=1, **HIDDEN).then(
+                concurrency_limit=None, **HIDDEN).then(
             end_send, [current], after, queue=False, **HIDDEN)
     message.stop(None, None, None, cancels=[streaming], **HIDDEN)
     # While the user types, the part of the prompt the message already fixes is evaluated

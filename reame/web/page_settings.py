@@ -91,7 +91,7 @@ def cache_markdown(service: ChatService, user: str | None = None, *,
             f"{c['write_errors']} · evicted: {c['evicted']}")
 
 
-def build_settings_tab(settings: Settings, *, concurrency_id: str,
+def build_settings_tab(settings: Settings, *, settings_group: str,
                        banner: list[gr.Markdown],
                        can_configure: Callable[[str | None], bool] = lambda user: True) -> tuple:
     """Render the Settings tab's content (call inside a gr.Tab).
@@ -217,6 +217,6 @@ def build_settings_tab(settings: Settings, *, concurrency_id: str,
 
     outputs = [status, *banner, *fields]
     gr.on([refresh.click], show, None, outputs, api_visibility="private")
-    apply.click(save, fields, outputs, concurrency_id=concurrency_id, concurrency_limit=1,
+    apply.click(save, fields, outputs, concurrency_id=settings_group, concurrency_limit=1,
                 show_progress_on=[picker], api_visibility="private", js=SCROLL_TO_STATUS)
     return show, outputs

@@ -1,0 +1,313 @@
+"""One thread drives the engine; the turns of several people take turns on it.
+
+Every piece of work that uses the engine (a turn, a restore ahead of a turn, type-ahead) is a
+Task: a generator run on the engine's thread, one step per `next()`. A step is one decode (at
+most batches.CHUNK prompt tokens, or one generated token, with its sampling); whatever a step
+yields besides None is streamed to the task's caller. The active tasks' steps go round in turn,
+so a new message's first token waits for its own prefill plus one step of each other reply,
+never for another reply to end.
+
+Each active task has a slot: one of the engine's sequences (engine.Sequence), its own KV
+cells. A slot keeps its KV when its task ends, so a chat's next turn goes back to the slot that
+holds its history ("live": nothing restored); a task with no such slot takes the one used
+least recently. With every slot busy, tasks wait in a bounded line (`Waiting` tells each its
+place); past the bound, submit() refuses (ServerBusy).
+
+Background tasks (type-ahead, a restore when a chat is opened) never wait in line and run only
+while no other task is active; a task that needs their slot stops them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .cache import KVCache
+from .engine import Engine, Sequence
+from .errors import ServerBusy
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5  # what a refused client is told to wait
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Streamed to a task's caller while it waits for a slot: its place in line (1: next)."""
+
+    position: int
+
+
+@dataclass(eq=False)
+class Slot:
+    seq: Sequence
+    task: "Task | None" = None
+    used: float = 0.0  # when its last task ended (least recently used first out)
+
+
+@dataclass(eq=False)
+class Task:
+    """One piece of work for the engine and the queue its caller reads."""
+
+    work: Callable[[], Iterator[object]] | None  # None: reserved, not ready yet
+    chat_id: int | None
+    scope: str
+    prompt: list[int] | None
+    background: bool
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+    slot: Slot | None = None
+    steps: Iterator[object] | None = None
+    position: int = 0
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _End:
+    """The last item of a task's queue; error: what the work raised, if anything."""
+
+    def __init__(self, error: BaseException | None = None):
+        self.error = error
+
+
+class Scheduler:
+    """Runs tasks on one engine from its own thread (start() it; stop() ends it)."""
+
+    def __init__(self, engine: Engine, cache: KVCache, *, max_waiting: int = 16):
+        self.engine, self.cache = engine, cache
+        self.max_waiting = max_waiting
+        self.slots = [Slot(seq) for seq in engine.sequences]
+        self._line: deque[Task] = deque()  # waiting for a slot, first come first served
+        self._active: list[Task] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._drive, name="reame-engine", daemon=True)
+
+    def start(self) -> "Scheduler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the engine's thread once the tasks it has are done (new ones are refused)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # the callers' side
+
+    def stream(self, work: Callable[[], Iterator[object]], *, chat_id: int | None = None,
+               scope: str = "", prompt: list[int] | None = None) -> Iterator[object]:
+        """Run work's steps on the engine and yield what they yield (Waiting while in line);
+        re-raise what work raises. Closing this iterator stops the work at its next step and
+        waits for it to wind down (its finally blocks run on the engine's thread)."""
+        task = self.reserve(chat_id=chat_id, scope=scope, prompt=prompt)
+        return self.results(task, work)
+
+    def reserve(self, *, chat_id: int | None = None, scope: str = "",
+                prompt: list[int] | None = None) -> Task:
+        """A place in line for work to come (results() gives it), or ServerBusy now, before
+        the caller changes anything. A reserved place not used is given back with cancel()."""
+        return self._submit(Task(None, chat_id, scope, prompt, background=False))
+
+    def cancel(self, task: Task) -> None:
+        with self._cond:
+            task.cancel()
+            self._cond.notify_all()
+
+    def results(self, task: Task, work: Callable[[], Iterator[object]]) -> Iterator[object]:
+        """Let the reserved task run work; its stream (as stream())."""
+        with self._cond:
+            task.work = work
+            self._cond.notify_all()
+        return self._results(task)
+
+    def run(self, work: Callable[[], Iterator[object]], **where) -> object:
+        """Run work to its end and return its last yielded item (None if none)."""
+        last = None
+        for item in self.stream(work, **where):
+            if not isinstance(item, Waiting):
+                last = item
+        return last
+
+    def try_run(self, work: Callable[[], Iterator[object]], *, chat_id: int | None = None,
+                scope: str = "", background: bool = False) -> tuple[bool, object]:
+        """Run work now if a slot is free and nobody waits for one, else not at all; with
+        background, only while no other task is active either, at the lowest priority (a task
+        that comes meanwhile stops it). (started, work's last item)."""
+        task = Task(work, chat_id, scope, None, background=background)
+        with self._cond:
+            if (self._stopping or self._line
+                    or all(s.task is not None for s in self.slots)
+                    or background and any(not t.background for t in self._active)):
+                return False, None
+            self._line.append(task)
+            self._cond.notify_all()
+        last = None
+        for item in self._results(task):
+            last = item
+        return True, last
+
+    @property
+    def busy(self) -> int:
+        """Tasks active or waiting (background ones not counted)."""
+        with self._cond:
+            return sum(not t.background for t in (*self._active, *self._line))
+
+    def _submit(self, task: Task) -> Task:
+        with self._cond:
+            if self._stopping:
+                raise ServerBusy("the model is being replaced: try again in a moment",
+                                 RETRY_AFTER_S)
+            waiting = sum(not t.background for t in self._line)
+            free = sum(s.task is None or s.task.background for s in self.slots)
+            if waiting + 1 > free + self.max_waiting:  # it would wait beyond the bound
+                raise ServerBusy(
+                    f"the server is full: {len(self.slots)} replies are being written and "
+                    f"{waiting} are waiting. Try again in a moment.", RETRY_AFTER_S)
+            self._line.append(task)
+            self._cond.notify_all()
+        return task
+
+    def _results(self, task: Task) -> Iterator[object]:
+        try:
+            while True:
+                item = task.out.get()
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
+                    return
+                yield item
+        finally:
+            if not task.done.is_set():
+                self.cancel(task)
+                task.done.wait()
+
+    # the engine's thread
+
+    def _drive(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    self._drop_cancelled()
+                    self._admit()
+                    if self._active or (self._stopping and not self._line):
+                        break
+                    self._cond.wait()
+                if not self._active:
+                    return
+                active = list(self._active)
+            background_only = all(t.background for t in active)
+            for task in active:
+                if task.cancelled:
+                    self._close(task)
+                elif background_only or not task.background:
+                    self._step(task)  # background tasks: only while nothing else runs
+
+    def _drop_cancelled(self) -> None:
+        for task in [t for t in self._line if t.cancelled]:
+            self._line.remove(task)
+            self._finish(task, None)
+
+    def _admit(self) -> None:
+        """Give free slots to the tasks in line, first come first served; a background task
+        gives its slot up to a task in line."""
+        for task in list(self._line):
+            if task.work is None:
+                continue  # reserved: it keeps its place until its caller is ready
+            slot = self._pick_slot(task)
+            if slot is None:
+                if not task.background:
+                    self._preempt_background()
+                break
+            self._line.remove(task)
+            slot.task, task.slot = task, slot
+            self._active.append(task)
+        self._tell_positions()
+
+    def _pick_slot(self, task: Task) -> Slot | None:
+        """The free slot for task: the one holding its chat's KV (or, for a conversation
+        found by its tokens, most of its prompt), else the least recently used."""
+        free = [s for s in self.slots if s.task is None]
+        if not free:
+            return None
+        lives = self.cache._live
+        for slot in free:
+            live = lives.get(slot.seq.id)
+            if (task.chat_id is not None and live is not None and live.chat == task.chat_id
+                    and live.scope == task.scope and slot.seq.tokens):
+                return slot
+        if task.prompt:
+            best, reach = None, 0
+            for slot in free:
+                live = lives.get(slot.seq.id)
+                if live is None or live.scope != task.scope:
+                    continue
+                self.engine.use(slot.seq)
+                n = self.engine.resume_point(task.prompt)
+                if n > reach:
+                    best, reach = slot, n
+            if best is not None:
+                return best
+        return min(free, key=lambda s: s.used)
+
+    def _preempt_background(self) -> None:
+        for task in self._active:
+            if task.background:
+                task.cancel()
+
+    def _tell_positions(self) -> None:
+        """Tell the tasks left in line (no slot was free for them) their place."""
+        position = 0
+        for task in self._line:
+            if task.background:
+                continue
+            position += 1
+            if task.work is not None and task.position != position:
+                task.position = position
+                task.out.put(Waiting(position))
+
+    def _step(self, task: Task) -> None:
+        self.engine.use(task.slot.seq)
+        try:
+            if task.steps is None:
+                task.steps = task.work()
+            item = next(task.steps)
+        except StopIteration:
+            self._finish(task, None)
+        except BaseException as exc:  # the caller gets it; the engine's thread goes on
+            self._finish(task, exc)
+        else:
+            if item is not None:
+                task.out.put(item)
+
+    def _close(self, task: Task) -> None:
+        """Stop a cancelled task: its generator's finally blocks run here (a reply keeps what
+        it has)."""
+        error = None
+        if task.steps is not None:
+            self.engine.use(task.slot.seq)
+            try:
+                task.steps.close()
+            except BaseException as exc:
+                log.exception("a stopped task failed while winding down")
+                error = exc
+        self._finish(task, error)
+
+    def _finish(self, task: Task, error: BaseException | None) -> None:
+        with self._cond:
+            if task in self._active:
+                self._active.remove(task)
+            if task.slot is not None:
+                task.slot.task, task.slot.used = None, time.monotonic()
+            self._cond.notify_all()
+        task.out.put(_End(error))
+        task.done.set()

@@ -1,0 +1,195 @@
+"""Several people at once, on the service: turns on their own slots, their steps taking turns.
+
+The real model, a real 4-slot (or 2-slot) engine, real SQLite and KV files. What is checked is
+what people would see: the same reply as alone, nobody's reply waiting for another's to end,
+a place in line when every slot is busy, a refusal beyond the line, a stopped reply's slot free
+at once, a recent chat's KV still live.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from reame.chat import ServerBusy
+from reame.engine import Engine
+from reame.runtime import service_over
+from tests.conftest import GREEDY
+
+QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Say hello in Spanish.",
+             "What is 2 + 2?", "Write a haiku about rain.", "What colour is the sky?",
+             "Who wrote Hamlet?", "Give me a word that rhymes with cat."]
+LONG = "Write a long story about a dragon who learns to sing."
+
+
+@pytest.fixture
+def services(tmp_path):
+    """service_over, with every service's engine thread stopped at the end of the test."""
+    made = []
+
+    def make(engine, defaults, **kwargs):
+        made.append(service_over(tmp_path / str(len(made)), engine, defaults, **kwargs))
+        return made[-1]
+
+    yield make
+    for service in made:
+        service.close()
+
+
+@pytest.fixture(scope="module")
+def engine4(model_path) -> Engine:
+    engine = Engine(model_path, n_ctx=2048, slots=4)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def engine2(model_path) -> Engine:
+    engine = Engine(model_path, n_ctx=2048, slots=2)
+    yield engine
+    engine.close()
+
+
+def last(stream):
+    update = None
+    for update in stream:
+        pass
+    return update
+
+
+def answer_alone(service, question, seed=None):
+    chat = service.new_chat()
+    return last(service.send(chat.id, question, seed=seed)).text
+
+
+def answer_together(service, questions, seed=None):
+    """Every question in its own chat, all sent at once from their own threads."""
+    replies, errors = {}, []
+    start = threading.Barrier(len(questions))
+
+    def ask(question):
+        try:
+            chat = service.new_chat()
+            start.wait()
+            replies[question] = last(service.send(chat.id, question, seed=seed)).text
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    return replies
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 1234)])
+def test_replies_under_load_equal_replies_alone(services, engine4, temperature, seed):
+    service = services(engine4, GREEDY.changed(temperature=temperature,
+                                                             max_tokens=40))
+    alone = {q: answer_alone(service, q, seed) for q in QUESTIONS}
+    # 8 people on 4 slots: four write at once, four wait in line, all take turns.
+    together = answer_together(service, QUESTIONS, seed)
+    assert together == alone
+
+
+def test_no_reply_holds_another_chats_words(services, engine4):
+    service = services(engine4, GREEDY.changed(max_tokens=24))
+    words = ["PELICAN", "TORNADO", "MARMALADE", "VIOLIN", "GLACIER", "PUMPKIN", "SAXOPHONE",
+             "CACTUS"]
+    asks = [f"Repeat this word exactly once: {w}" for w in words]
+    replies = answer_together(service, asks)
+    for ask, word in zip(asks, words):
+        said = replies[ask].upper()
+        assert [w for w in words if w in said and w != word] == [], replies[ask]
+    assert sum(word in replies[ask].upper() for ask, word in zip(asks, words)) >= 4
+
+
+def test_a_short_question_does_not_wait_for_a_long_reply(services, engine4):
+    service = services(engine4, GREEDY.changed(max_tokens=200))
+    long_chat, short_chat = service.new_chat(), service.new_chat()
+    story = service.send(long_chat.id, LONG)
+    seen = [next(story) for _ in range(3)]  # the story is being written
+    short = last(service.send(short_chat.id, "What is the capital of France?"))
+    # The short reply ended while the story goes on: it waited for steps, not for the story.
+    assert short.done and "Paris" in short.text
+    assert service.scheduler.busy == 1
+    rest = list(story)
+    assert rest[-1].done and rest[-1].stats.generated > len(seen) + 40
+
+
+def test_more_turns_than_slots_wait_in_line_and_are_told_their_place(services, engine2):
+    service = services(engine2, GREEDY.changed(max_tokens=60))
+    busy = [service.send(service.new_chat().id, LONG) for _ in range(2)]
+    for stream in busy:
+        next(stream)  # both slots are writing
+    third = service.send(service.new_chat().id, "Name three fruits.")
+    fourth = service.send(service.new_chat().id, "Say hello in Spanish.")
+    assert next(third).queued == 1
+    assert next(fourth).queued == 2
+    busy[0].close()  # a Stop: its slot goes to the first in line at once
+    first = next(third)
+    assert first.queued == 0 and first.text
+    assert next(fourth).queued == 1  # one ahead of it now
+    assert last(third).done and last(fourth).done and last(busy[1]).done
+    assert service.scheduler.busy == 0
+
+
+def test_beyond_the_line_a_turn_is_refused_before_anything_is_stored(services, engine2):
+    service = services(engine2, GREEDY.changed(max_tokens=60), max_waiting=1)
+    busy = [service.send(service.new_chat().id, LONG) for _ in range(2)]
+    for stream in busy:
+        next(stream)
+    waiting = service.send(service.new_chat().id, "Name three fruits.")
+    assert next(waiting).queued == 1
+    refused = service.new_chat()
+    with pytest.raises(ServerBusy, match="full") as caught:
+        next(service.send(refused.id, "Say hello in Spanish."))
+    assert caught.value.retry_after > 0
+    assert service.messages(refused.id) == []  # nothing was kept: the user can send again
+    for stream in busy:
+        stream.close()
+    assert last(waiting).done
+
+
+def test_a_stopped_reply_keeps_its_text_and_frees_its_slot(services, engine2):
+    service = services(engine2, GREEDY.changed(max_tokens=100))
+    chats = [service.new_chat() for _ in range(3)]
+    streams = [service.send(c.id, LONG) for c in chats[:2]]
+    texts = [next(s).text for s in streams]
+    waiting = service.send(chats[2].id, "Name three fruits.")
+    assert next(waiting).queued == 1
+    streams[0].close()
+    stored = service.messages(chats[0].id)[-1]
+    assert stored.role == "assistant" and stored.stopped and stored.content.startswith(texts[0])
+    assert next(waiting).text  # it writes now, while the other story goes on
+    streams[1].close()
+    assert last(waiting).done
+
+
+def test_recent_chats_stay_live_in_their_slots(services, engine4):
+    service = services(engine4, GREEDY.changed(max_tokens=16))
+    chats = [service.new_chat() for _ in range(4)]
+    for chat, topic in zip(chats, ["the sea", "the moon", "bees", "volcanoes"]):
+        last(service.send(chat.id, f"Tell me a fact about {topic}."))
+    # Four chats, four slots: going back to any of them restores nothing.
+    for chat in reversed(chats):
+        stats = last(service.send(chat.id, "And another one.")).stats
+        assert stats.source == "live" and stats.restore_ms == 0 and stats.reused > 0
+    # A fifth chat takes the slot used least recently (chats[3]'s): that one comes from disk.
+    last(service.send(service.new_chat().id, "Hello!"))
+    service.cache.flush()
+    assert last(service.send(chats[3].id, "One more.")).stats.source == "disk"
+    assert last(service.send(chats[0].id, "One more.")).stats.source == "live"
+
+
+def test_type_ahead_gives_way_to_replies(services, engine4):
+    service = services(engine4, GREEDY.changed(max_tokens=60))
+    typing = service.new_chat()
+    story = service.send(service.new_chat().id, LONG)
+    next(story)
+    assert service.type_ahead(typing.id, "What is the capital of") == 0  # a reply is writing
+    story.close()
+    assert service.type_ahead(typing.id, "What is the capital of") > 0  # idle: it runs

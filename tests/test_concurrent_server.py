@@ -1,0 +1,155 @@
+"""Several people at once on a real server process: the named API, /v1 and the page.
+
+Each person gets the reply they would get alone and never another's words; a short question is
+answered while a long reply streams; past the line of waiting turns, /v1 answers 429 with
+Retry-After and the named API says the server is full; the page shows a turn's place in line.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from gradio_client import Client
+from openai import OpenAI
+from playwright.sync_api import expect
+
+from .browser_helpers import (  # noqa: F401 - browser is a fixture
+    BOT, BOX, REPLY_TIMEOUT, STATS, STOP, browser, new_chat, open_app, wait_for_reply_done)
+from .conftest import Server, start_server
+
+WORDS = ["PELICAN", "TORNADO", "MARMALADE", "VIOLIN", "GLACIER", "PUMPKIN", "SAXOPHONE",
+         "CACTUS"]
+LONG = "Write a long story about a dragon who learns to sing."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_path) -> Server:
+    """4 slots (the default), greedy replies of at most 24 tokens."""
+    server = start_server(tmp_path_factory.mktemp("together"), model_path=model_path,
+                          max_tokens=24)
+    yield server
+    server.stop()
+
+
+def sdk(server: Server) -> OpenAI:
+    return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def model_id(server: Server) -> str:
+    return sdk(server).models.list().data[0].id
+
+
+def ask_v1(server: Server, text: str, max_tokens: int = 24) -> str:
+    stream = sdk(server).chat.completions.create(
+        model=model_id(server), messages=[{"role": "user", "content": text}], temperature=0,
+        max_tokens=max_tokens, stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+def ask_named(server: Server, text: str) -> str:
+    client = Client(server.url, verbose=False)
+    chat = client.predict(api_name="/new_chat")
+    return client.predict(chat, text, api_name="/send")
+
+
+def at_once(calls):
+    """Run every call from its own thread, started together; their results in order."""
+    results, errors = [None] * len(calls), []
+    start = threading.Barrier(len(calls))
+
+    def run(i, call):
+        try:
+            start.wait()
+            results[i] = call()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert not errors, errors
+    return results
+
+
+def test_eight_people_on_the_api_and_v1_each_get_their_own_reply(server):
+    asks = [f"Repeat this word exactly once: {w}" for w in WORDS]
+    routes = [ask_v1, ask_named] * 4  # half through /v1, half through the named API
+    alone = [route(server, ask) for route, ask in zip(routes, asks)]
+    together = at_once([lambda r=route, a=ask: r(server, a) for route, ask in zip(routes, asks)])
+    assert together == alone  # greedy: the same reply as alone, whoever else was talking
+    for reply, word in zip(together, WORDS):
+        assert [w for w in WORDS if w != word and w in reply.upper()] == [], reply
+
+
+def test_a_short_question_is_answered_while_a_long_reply_streams(server):
+    stream = sdk(server).chat.completions.create(
+        model=model_id(server), messages=[{"role": "user", "content": LONG}], temperature=0,
+        max_tokens=300, stream=True)
+    chunks = iter(stream)
+    next(chunks)
+    assert "Paris" in ask_named(server, "What is the capital of France?")
+    rest = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(rest) > 50  # the story went on after the answer (it did not wait for it)
+
+
+def test_beyond_the_line_v1_answers_429_and_the_api_says_full(tmp_path, model_path):
+    server = start_server(tmp_path, model_path=model_path, max_tokens=400, slots=1,
+                          max_waiting=0)
+    try:
+        story = sdk(server).chat.completions.create(
+            model=model_id(server), messages=[{"role": "user", "content": LONG}], temperature=0,
+            stream=True)
+        chunks = iter(story)
+        next(chunks)  # the only slot is writing; nobody may wait
+        request = urllib.request.Request(
+            server.url + "v1/chat/completions", method="POST",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps({"model": model_id(server),
+                             "messages": [{"role": "user", "content": "Hi"}]}).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 429
+        assert int(refused.value.headers["Retry-After"]) > 0
+        error = json.loads(refused.value.read())["error"]
+        assert error["code"] == "server_full" and "full" in error["message"]
+        client = Client(server.url, verbose=False)
+        chat = client.predict(api_name="/new_chat")
+        with pytest.raises(Exception, match="full"):
+            client.predict(chat, "Hi", api_name="/send")
+        story.close()
+    finally:
+        server.stop()
+
+
+def test_the_page_shows_a_turn_its_place_in_line(browser, tmp_path, model_path):
+    server = start_server(tmp_path, model_path=model_path, max_tokens=300, slots=1)
+    contexts = [browser.new_context(viewport={"width": 1280, "height": 900}) for _ in range(2)]
+    try:
+        first, second = (c.new_page() for c in contexts)
+        for page in (first, second):
+            page.set_default_timeout(REPLY_TIMEOUT)
+            open_app(page, server)
+            new_chat(page)
+        first.locator(BOX).fill(LONG)
+        first.locator(BOX).press("Enter")
+        expect(first.locator(STOP)).to_be_visible()
+        expect(first.locator(BOT).last).not_to_be_empty()  # its reply is being written
+        second.locator(BOX).fill("What is the capital of France?")
+        second.locator(BOX).press("Enter")
+        expect(second.locator(".reame-queued")).to_have_text(
+            "Waiting for a free slot: 1st in line…")
+        first.locator(STOP).click()  # the slot is free at once: the second reply is written
+        wait_for_reply_done(second, 1)
+        expect(second.locator(".reame-queued")).to_have_count(0)
+        assert "Paris" in second.locator(BOT).last.inner_text()
+        wait_for_reply_done(first, 1)
+    finally:
+        for context in contexts:
+            context.close()
+        server.stop()
