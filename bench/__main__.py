@@ -1,4 +1,5 @@
-"""Reame benchmark: reame vs no cache vs LlamaDiskCache, side by side, on one model and machine.
+"""Reame benchmark: reame vs no cache vs LlamaDiskCache, side by side, on one model and machine
+(and, for several users at once, server processes over HTTP: bench/users.py).
 
     python -m bench                 full run (default model, plus the larger random-weight
                                     shapes found in bench/cache/, see bench/make_models.py)
@@ -22,8 +23,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import plan_cost, report, scenarios
+from . import plan_cost, report, scenarios, users
 from .scenarios import Context, Plan
+from .servers import KINDS
 
 log = logging.getLogger("bench")
 
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = ROOT / "bench" / "results"
 SHAPES_DIR = ROOT / "bench" / "cache"
-ALL = ("1", "2", "3", "4", "5", "6", "7", "kv", "restore", "plan")
+ALL = ("1", "2", "3", "4", "5", "6", "7", "users", "kv", "restore", "plan")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,6 +59,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "deleted at the end)")
     parser.add_argument("--sizes", help="comma-separated history lengths for scenario 1 "
                         "(and the shapes' run), instead of the plan's")
+    parser.add_argument("--users", help="comma-separated numbers of users at once for the "
+                        "several-users scenario (default 1,2,4,8; --quick 1,2,4; shapes 1,4)")
+    parser.add_argument("--user-systems", default=",".join(KINDS),
+                        help="comma-separated servers for the several-users scenario, of "
+                             "%(default)s (reame: [model] slots = the most users; serial: "
+                             "slots = 1; llama-server: python -m llama_cpp.server)")
     parser.add_argument("--add-to", type=Path, metavar="RESULTS_JSON",
                         help="run only the --shapes and add them to an existing results.json "
                              "(its folder gets the new results.md and plots)")
@@ -67,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.scenarios.split(",")) - set(ALL)
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(sorted(unknown))}: pick from {', '.join(ALL)}")
+    if args.users and not all(x.strip().isdigit() and int(x) > 0 for x in args.users.split(",")):
+        parser.error(f"--users {args.users}: expected positive numbers, e.g. 1,2,4,8")
+    unknown = set(args.user_systems.split(",")) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown user system(s) {', '.join(sorted(unknown))}: pick from "
+                     f"{', '.join(KINDS)}")
     return args
 
 
@@ -95,6 +109,7 @@ def run_main_model(ctx: Context, wanted: set[str], results: dict, done) -> dict:
         ("3", "s3", scenarios.shared_prefix),
         ("5", "s5", scenarios.edit_middle),
         ("7", "s7", scenarios.long_chat),
+        ("users", "users", users.several_users),
         ("plan", "plan", plan_cost.batch_plan_cost),
     ]
     walls = {}
@@ -129,8 +144,9 @@ def _restore(ctx: Context, s1: dict | None) -> dict:
 
 
 def run_shape(path: Path, work: Path, runs: int | None, threads: int,
-              sizes: tuple[int, ...] | None = None) -> dict:
-    """The shortened run on a larger shape: KV bytes per token and scenario 1."""
+              sizes: tuple[int, ...] | None = None, *, several: dict | None = None) -> dict:
+    """The shortened run on a larger shape: KV bytes per token and scenario 1; several
+    users too when several holds its Plan changes (users_systems, and users if asked)."""
     plan = replace(Plan.shapes_plan(), threads=threads)
     if sizes:
         plan = replace(plan, sizes=sizes)
@@ -140,7 +156,20 @@ def run_shape(path: Path, work: Path, runs: int | None, threads: int,
     out = {}
     out["kv"], _ = _timed_scenario("kv", scenarios.kv_bytes_per_token, ctx)
     out["s1"], _ = _timed_scenario("1", scenarios.restart_and_continue, ctx)
+    if several is not None:
+        out["users"], _ = _timed_scenario("users", users.several_users,
+                                          replace(ctx, plan=replace(plan, **several)))
     return out
+
+
+def several_users_options(args: argparse.Namespace) -> dict | None:
+    """The Plan changes --users and --user-systems ask for; None if the scenario is not run."""
+    if "users" not in args.scenarios.split(","):
+        return None
+    changes = {"users_systems": tuple(KINDS[k] for k in args.user_systems.split(","))}
+    if args.users:
+        changes["users"] = tuple(sorted({int(x) for x in args.users.split(",")}))
+    return changes
 
 
 def strip_private(obj):
@@ -165,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs:
         plan = replace(plan, runs=args.runs)
     plan = replace(plan, threads=args.threads)
+    several = several_users_options(args)
+    plan = replace(plan, **(several or {}))
     sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else None
     if sizes:
         plan = replace(plan, sizes=sizes)
@@ -210,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 results["models"].append({**model_info(shape),
                                           "scenarios": run_shape(shape, work / "shapes", args.runs,
-                                                                     args.threads, sizes)})
+                                                                     args.threads, sizes,
+                                                                     several=several)})
             except Exception as exc:  # a broken generated model must not lose the main results
                 log.exception("shape %s failed", shape.name)
                 results["notes"].append(f"{shape.name}: not measured ({exc})")
@@ -235,7 +267,8 @@ def add_shapes(args: argparse.Namespace, sizes: tuple[int, ...] | None) -> int:
             started = time.perf_counter()
             results["models"] = [m for m in results["models"] if m["name"] != shape.name]
             results["models"].append({**model_info(shape), "scenarios": run_shape(
-                shape, work, args.runs, args.threads, sizes)})
+                shape, work, args.runs, args.threads, sizes,
+                several=several_users_options(args))})
             pending = results["run"].get("pending", [])
             results["run"]["pending"] = [p for p in pending if p != shape.name]
             results["notes"].append(

@@ -306,7 +306,9 @@ def targets(res: dict) -> list[dict]:
             out.append(_target("over time: reame's cumulative time at most 1/3 of no cache's",
                                f"{x:.2f} ({secs(reame['sum_total_s'])} s vs "
                                f"{secs(none['sum_total_s'])} s)", x <= 1 / 3))
-    return out
+    from .report_users import targets_users  # it imports this module's helpers
+
+    return out + targets_users(res.get("users"))
 
 
 def _target(name: str, measured: str, hit: bool) -> dict:
@@ -389,6 +391,8 @@ def _note_s7(d: dict) -> str:
 
 def markdown(results: dict, plots: list[str]) -> str:
     """results.md: run info, method notes, targets, one table per scenario."""
+    from .report_users import note_users, table_users
+
     info, run = results["machine"], results["run"]
     main = results["models"][0]
     parts = [
@@ -471,6 +475,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                    "several chats share a system prompt (see the notes), so it would measure "
                    "like no cache plus its saves."),
         ("s7", "7. Long chat (context shift)", table_s7, _note_s7),
+        ("users", "8. Several users (server processes over HTTP)", table_users, note_users),
     ]
     for key, title, render, note in sections:
         if key in sc:
@@ -524,6 +529,9 @@ def markdown(results: dict, plots: list[str]) -> str:
         if "kv" in model["scenarios"]:
             parts += [table_kv(model["scenarios"]["kv"]), ""]
         parts += [table_s1(model["scenarios"]["s1"])]
+        if "users" in model["scenarios"]:
+            parts += ["", "Several users (scenario 8 on this shape):", "",
+                      table_users(model["scenarios"]["users"])]
     if results.get("notes"):
         parts += ["", "## Notes", ""] + [f"- {n}" for n in results["notes"]]
     if plots:
@@ -552,6 +560,11 @@ def plots(results: dict, out: Path) -> list[str]:
         names.append(plot_long_chat(main["s7"], out / "long_chat.png"))
     if "plan" in main:
         names.append(plot_plan(main["plan"], out / "batch_plan.png"))
+    crowded = [m for m in results["models"] if "users" in m["scenarios"]]
+    if crowded:
+        from .report_users import plot_users
+
+        names.append(plot_users(crowded, out / "users_first_token.png"))
     return names
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import workload
+from .servers import LLAMA_SERVER, REAME_SERIAL, REAME_SLOTS
 from .systems import (DISK_CACHE, MB, NO_CACHE, PAGE_VARIANTS, REAME, REAME_TYPED, SYSTEMS,
                       ServiceSystem,
                       System, TurnResult, make_system)
@@ -68,6 +69,14 @@ class Plan:
     long_turns: int = 100
     long_words: tuple[int, int] = (48, 75)  # per user message: about 60 to 100 tokens
     long_max_tokens: int = 32
+    # 8. several users (bench/users.py): server processes over HTTP
+    users: tuple[int, ...] = (1, 2, 4, 8)
+    users_requests: int = 3  # per client, one after another
+    users_history: int = 1000  # tokens of each client's chat before its question
+    users_max_tokens: int = 200
+    users_n_ctx: int = 2048
+    users_stagger_s: float = 0.5  # client i starts i * this into a round
+    users_systems: tuple[str, ...] = (REAME_SLOTS, REAME_SERIAL, LLAMA_SERVER)
 
     @classmethod
     def quick_plan(cls) -> "Plan":
@@ -76,12 +85,14 @@ class Plan:
                    low_overlap_words=30, low_overlap_max_tokens=8, edit_pair_words=(12, 20),
                    day_turns=6, day_chats=3, day_restart_every=3, day_history=(150, 250, 200),
                    day_max_tokens=8, restore_tokens=1000, restore_reps=3,
-                   long_n_ctx=512, long_turns=10, long_max_tokens=16)
+                   long_n_ctx=512, long_turns=10, long_max_tokens=16,
+                   users=(1, 2, 4), users_requests=1, users_max_tokens=48)
 
     @classmethod
     def shapes_plan(cls) -> "Plan":
-        """Shortened run for the larger random-weight shapes: scenario 1 only, one run."""
-        return cls(runs=1, sizes=(250, 1000, 2000))
+        """Shortened run for the larger random-weight shapes: scenario 1 (and several users
+        if asked), one run."""
+        return cls(runs=1, sizes=(250, 1000, 2000), users=(1, 4), users_requests=1)
 
 
 @dataclass
