@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import plan_cost, report, scenarios, users
+from . import batching, plan_cost, report, scenarios, users
 from .scenarios import Context, Plan
 from .servers import KINDS
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = ROOT / "bench" / "results"
 SHAPES_DIR = ROOT / "bench" / "cache"
-ALL = ("1", "2", "3", "4", "5", "6", "7", "users", "kv", "restore", "plan")
+ALL = ("1", "2", "3", "4", "5", "6", "7", "users", "batch", "kv", "restore", "plan")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -110,6 +110,7 @@ def run_main_model(ctx: Context, wanted: set[str], results: dict, done) -> dict:
         ("5", "s5", scenarios.edit_middle),
         ("7", "s7", scenarios.long_chat),
         ("users", "users", users.several_users),
+        ("batch", "batch", batching.batched_vs_in_turn),
         ("plan", "plan", plan_cost.batch_plan_cost),
     ]
     walls = {}
@@ -156,6 +157,7 @@ def run_shape(path: Path, work: Path, runs: int | None, threads: int,
     out = {}
     out["kv"], _ = _timed_scenario("kv", scenarios.kv_bytes_per_token, ctx)
     out["s1"], _ = _timed_scenario("1", scenarios.restart_and_continue, ctx)
+    out["batch"], _ = _timed_scenario("batch", batching.batched_vs_in_turn, ctx)
     if several is not None:
         out["users"], _ = _timed_scenario("users", users.several_users,
                                           replace(ctx, plan=replace(plan, **several)))

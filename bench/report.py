@@ -391,7 +391,7 @@ def _note_s7(d: dict) -> str:
 
 def markdown(results: dict, plots: list[str]) -> str:
     """results.md: run info, method notes, targets, one table per scenario."""
-    from .report_users import note_users, table_users
+    from .report_users import note_batch, note_users, table_batch, table_users
 
     info, run = results["machine"], results["run"]
     main = results["models"][0]
@@ -476,6 +476,8 @@ def markdown(results: dict, plots: list[str]) -> str:
                    "like no cache plus its saves."),
         ("s7", "7. Long chat (context shift)", table_s7, _note_s7),
         ("users", "8. Several users (server processes over HTTP)", table_users, note_users),
+        ("batch", "Several replies on one engine: in turn or batched", table_batch,
+         note_batch),
     ]
     for key, title, render, note in sections:
         if key in sc:
@@ -529,6 +531,9 @@ def markdown(results: dict, plots: list[str]) -> str:
         if "kv" in model["scenarios"]:
             parts += [table_kv(model["scenarios"]["kv"]), ""]
         parts += [table_s1(model["scenarios"]["s1"])]
+        if "batch" in model["scenarios"]:
+            parts += ["", "Several replies on one engine (this shape):", "",
+                      table_batch(model["scenarios"]["batch"])]
         if "users" in model["scenarios"]:
             parts += ["", "Several users (scenario 8 on this shape):", "",
                       table_users(model["scenarios"]["users"])]

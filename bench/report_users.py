@@ -146,3 +146,23 @@ def plot_users(models: list[dict], path: Path) -> str:
         ax.legend(fontsize=9)
     fig.suptitle("Several users: p95 time to first token while others' replies stream")
     return _save(fig, path)
+
+
+def table_batch(b: dict) -> str:
+    """Scenario "batch": 4 replies in turn, batched into one decode, and one alone."""
+    rate = b["tokens_per_s"]
+    rows = [["one reply alone", f"{rate['alone']:,.1f}", "1.00x", ""],
+            [f"{b['slots']} replies, steps in turn (reame)", f"{rate['in turn']:,.1f}",
+             f"{b['in_turn_vs_alone']:.2f}x",
+             "yes" if b["in_turn_same_as_alone"] else "NO"],
+            [f"{b['slots']} replies batched into one decode", f"{rate['batched']:,.1f}",
+             f"{rate['batched'] / rate['alone']:.2f}x",
+             "yes" if b["batched_same_replies"] else "no"]]
+    return table(["way", "aggregate tokens/s", "vs alone", "same replies as in turn"], rows)
+
+
+def note_batch(b: dict) -> str:
+    return (f"One engine with {b['slots']} slots, each holding its own {b['history']:,}-token "
+            f"history; {b['steps']} greedy tokens per reply, the three ways alternated, best of "
+            f"{b['runs']}. 'Same replies': the in-turn replies are the replies alone (first "
+            "slot) and the batched ones are the in-turn ones, token for token.")

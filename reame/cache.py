@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .batches import CHUNK, cold_prefix, resume_point
-from .engine import Engine, common_prefix
+from .engine import Engine, Sequence, common_prefix
 from .kvindex import SHARED, FileIndex, prompt_key
 from .kvstore import BLOCK, KVStore, block_hashes
 
@@ -117,6 +117,14 @@ class KVCache:
     @property
     def scope(self) -> str | None:
         return self.live.scope
+
+    def live_of(self, seq: Sequence) -> Live:
+        """What is known of the KV of seq (any of the engine's sequences)."""
+        return self._live.get(seq.id) or Live()
+
+    def has_file(self, chat_id: int) -> bool:
+        """Whether the chat has a KV file to restore (its head read, nothing loaded)."""
+        return self.files is not None and bool(self.files.peek(self.files.chat_path(chat_id)))
 
     def serve(self, scope: str) -> None:
         """Let the live KV serve scope: another scope's KV is cleared first (never reused)."""

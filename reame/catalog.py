@@ -10,8 +10,9 @@ from pathlib import Path
 import llama_cpp
 import psutil
 
-from .model_file import gguf_files
+from .engine import slots_that_fit
 from .gguf_info import GGUFInfo, NotGGUF, read_gguf_info
+from .model_file import ModelLoadError, gguf_files
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,10 @@ def list_models(models_dir: Path) -> list[ModelChoice]:
     return out
 
 
-def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str) -> int:
+def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str, slots: int = 1) -> int:
+    """Weights, the slots' KV (n_ctx tokens each) and llama.cpp's working memory."""
     per_token = info.kv_bytes_per_token(kv_type) or 0
-    return info.size + per_token * n_ctx + OVERHEAD_BYTES
+    return info.size + per_token * n_ctx * slots + OVERHEAD_BYTES
 
 
 def _supported(path: Path) -> bool:
@@ -68,10 +70,12 @@ def _supported(path: Path) -> bool:
     return True
 
 
-def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0) -> GGUFInfo:
+def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
+                slots: int = 1, kv_budget_bytes: int | None = None) -> GGUFInfo:
     """Everything that can be checked before loading; ModelCheckError names the problem.
 
-    freed_bytes: memory that loading will free (the model being replaced).
+    freed_bytes: memory that loading will free (the model being replaced). slots and
+    kv_budget_bytes: as the engine will take them (engine.slots_that_fit).
     """
     path = Path(path)
     if not path.exists():
@@ -94,11 +98,16 @@ def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0) -
     if info.context_length and n_ctx > info.context_length:
         log.info("n_ctx %d is above %s's trained context of %d", n_ctx, path.name,
                  info.context_length)
-    needed = memory_needed(info, n_ctx, kv_type)
+    try:
+        slots = slots_that_fit(slots, n_ctx, info.kv_bytes_per_token(kv_type), kv_budget_bytes)
+    except ModelLoadError as exc:
+        raise ModelCheckError(str(exc)) from None
+    needed = memory_needed(info, n_ctx, kv_type, slots)
     available = psutil.virtual_memory().available + freed_bytes
     if needed > available:
         raise ModelCheckError(
-            f"{path.name} with a {n_ctx:,}-token context needs about {needed / 2**30:.1f} GB "
-            f"(weights {info.size / 2**30:.1f} GB + KV cache); {available / 2**30:.1f} GB is "
-            f"available. Choose a smaller n_ctx, q8_0 KV, or a smaller model.")
+            f"{path.name} with a {n_ctx:,}-token context in {slots} slot"
+            f"{'' if slots == 1 else 's'} needs about {needed / 2**30:.1f} GB (weights "
+            f"{info.size / 2**30:.1f} GB + KV cache); {available / 2**30:.1f} GB is available. "
+            "Choose a smaller n_ctx, fewer slots, q8_0 KV, or a smaller model.")
     return info

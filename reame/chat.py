@@ -153,7 +153,7 @@ class ChatService:
     def _scheduler(self) -> Scheduler | None:
         if self.engine is None:
             return None
-        return Scheduler(self.engine, self.cache, max_waiting=self.max_waiting).start()
+        return Scheduler(self.engine, self.cache, max_waiting=self.max_waiting)
 
     @contextmanager
     def _chat_turn(self, chat_id: int) -> Iterator[None]:
@@ -226,14 +226,13 @@ class ChatService:
             return False
         chat = self.get_chat(chat_id, user)
         scope = _scope(chat)
-
-        def warm() -> Iterator[bool]:
-            yield self.cache.warm(chat_id, scope) is not None
-
+        if not self.cache.has_file(chat_id):
+            return False  # nothing to restore: no slot given up for it
         with self.gate.try_turn() as entered:
             if not entered:
                 return False
-            started, restored = self.scheduler.try_run(warm, chat_id=chat_id, scope=scope)
+            started, restored = self.scheduler.try_run(
+                lambda: self._warm_steps(chat_id, scope), chat_id=chat_id, scope=scope)
         return bool(started and restored)
 
     def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
@@ -344,7 +343,8 @@ class ChatService:
             if self.engine is None:
                 raise NoModel(self.load_error or "no model is loaded")
             scope = _scope(chat)
-            place = self.scheduler.reserve(chat_id=chat.id, scope=scope)  # or ServerBusy
+            place = self.scheduler.reserve(  # or ServerBusy, before anything changes
+                chat_id=chat.id, scope=scope, prelude=self._restore_ahead(chat.id, scope))
             try:
                 chat = self.get_chat(chat.id, chat.owner)  # as the chat's last turn left it
                 history = self.store.messages(chat.id)
@@ -369,6 +369,20 @@ class ChatService:
             runner = self._runner()
             yield from self._updates(self.scheduler.results(place, lambda: runner.run(
                 job, keeper)), job)
+
+    def _restore_ahead(self, chat_id: int, scope: str) -> Callable[[], Iterator[bool]] | None:
+        """What the turn's slot does while this thread reads the database and tokenizes the
+        prompt: restore the chat's KV file (as when a chat is opened), if it has one."""
+        if not self.cache.has_file(chat_id):
+            return None
+        return lambda: self._warm_steps(chat_id, scope)
+
+    def _warm_steps(self, chat_id: int, scope: str) -> Iterator[bool]:
+        try:
+            yield self.cache.warm(chat_id, scope) is not None
+        except Exception:  # a failed restore is a miss: the turn looks up again
+            log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
+            yield False
 
     @staticmethod
     def _updates(results: Iterator[object], job: Job) -> Iterator[TurnUpdate]:

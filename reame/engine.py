@@ -168,6 +168,10 @@ class Engine:
         for seq in self.sequences:
             seq.tokens, seq.batches = [], []
 
+    def __del__(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self.close()
+
     # the current sequence
 
     def use(self, seq: Sequence) -> None:

@@ -5,16 +5,20 @@ Task: a generator run on the engine's thread, one step per `next()`. A step is o
 most batches.CHUNK prompt tokens, or one generated token, with its sampling); whatever a step
 yields besides None is streamed to the task's caller. The active tasks' steps go round in turn,
 so a new message's first token waits for its own prefill plus one step of each other reply,
-never for another reply to end.
+never for another reply to end. A task steps on only once its caller has asked for the next
+item (as a plain generator would): a stopped reply has exactly what its caller saw.
 
 Each active task has a slot: one of the engine's sequences (engine.Sequence), its own KV
 cells. A slot keeps its KV when its task ends, so a chat's next turn goes back to the slot that
 holds its history ("live": nothing restored); a task with no such slot takes the one used
 least recently. With every slot busy, tasks wait in a bounded line (`Waiting` tells each its
-place); past the bound, submit() refuses (ServerBusy).
+place); past the bound, reserve() refuses (ServerBusy). A chat's tasks run one after another.
 
-Background tasks (type-ahead, a restore when a chat is opened) never wait in line and run only
-while no other task is active; a task that needs their slot stops them.
+Background tasks (type-ahead) never wait in line and run only while no other task is active; a
+task that needs their slot, or their chat, stops them.
+
+The engine's thread runs while there is work and ends when there is none (a new task starts
+another), so an idle scheduler holds no thread.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5  # what a refused client is told to wait
 
+Work = Callable[[], Iterator[object]]
+
 
 @dataclass(frozen=True)
 class Waiting:
@@ -54,17 +60,25 @@ class Slot:
 class Task:
     """One piece of work for the engine and the queue its caller reads."""
 
-    work: Callable[[], Iterator[object]] | None  # None: reserved, not ready yet
+    work: Work | None  # None: reserved, its caller not ready yet
     chat_id: int | None
     scope: str
     prompt: list[int] | None
     background: bool
+    prelude: Work | None = None  # run on the task's slot while its caller gets ready
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     slot: Slot | None = None
-    steps: Iterator[object] | None = None
+    steps: Iterator[object] | None = None  # the prelude's or the work's, under way
+    in_work: bool = False  # steps are the work's (not the prelude's)
     position: int = 0
+    asked: int = 0  # items its caller has asked for
+    given: int = 0  # items put in its queue
+
+    @property
+    def wants(self) -> bool:
+        return self.given < self.asked
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -78,7 +92,7 @@ class _End:
 
 
 class Scheduler:
-    """Runs tasks on one engine from its own thread (start() it; stop() ends it)."""
+    """Runs tasks on one engine from its own thread."""
 
     def __init__(self, engine: Engine, cache: KVCache, *, max_waiting: int = 16):
         self.engine, self.cache = engine, cache
@@ -87,25 +101,21 @@ class Scheduler:
         self._line: deque[Task] = deque()  # waiting for a slot, first come first served
         self._active: list[Task] = []
         self._cond = threading.Condition()
+        self._running = False  # the engine's thread
         self._stopping = False
-        self._thread = threading.Thread(target=self._drive, name="reame-engine", daemon=True)
-
-    def start(self) -> "Scheduler":
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
-        """End the engine's thread once the tasks it has are done (new ones are refused)."""
+        """Refuse new tasks; return once the tasks under way are done."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join()
+            while self._running and threading.current_thread().name != "reame-engine":
+                self._cond.wait()
 
     # the callers' side
 
-    def stream(self, work: Callable[[], Iterator[object]], *, chat_id: int | None = None,
-               scope: str = "", prompt: list[int] | None = None) -> Iterator[object]:
+    def stream(self, work: Work, *, chat_id: int | None = None, scope: str = "",
+               prompt: list[int] | None = None) -> Iterator[object]:
         """Run work's steps on the engine and yield what they yield (Waiting while in line);
         re-raise what work raises. Closing this iterator stops the work at its next step and
         waits for it to wind down (its finally blocks run on the engine's thread)."""
@@ -113,24 +123,38 @@ class Scheduler:
         return self.results(task, work)
 
     def reserve(self, *, chat_id: int | None = None, scope: str = "",
-                prompt: list[int] | None = None) -> Task:
+                prompt: list[int] | None = None, prelude: Work | None = None) -> Task:
         """A place in line for work to come (results() gives it), or ServerBusy now, before
-        the caller changes anything. A reserved place not used is given back with cancel()."""
-        return self._submit(Task(None, chat_id, scope, prompt, background=False))
+        the caller changes anything. prelude, if any, runs on the task's slot meanwhile (e.g.
+        restoring the chat's KV while the caller builds the prompt). A reserved place not
+        used is given back with cancel()."""
+        task = Task(None, chat_id, scope, prompt, background=False, prelude=prelude)
+        with self._cond:
+            if self._stopping:
+                raise ServerBusy("the model is being replaced: try again in a moment",
+                                 RETRY_AFTER_S)
+            waiting = sum(not t.background for t in self._line)
+            free = sum(s.task is None or s.task.background for s in self.slots)
+            if waiting + 1 > free + self.max_waiting:  # it would wait beyond the bound
+                raise ServerBusy(
+                    f"the server is full: {len(self.slots) - free} replies are being written "
+                    f"and {waiting} are waiting. Try again in a moment.", RETRY_AFTER_S)
+            self._enter(task)
+        return task
 
     def cancel(self, task: Task) -> None:
         with self._cond:
             task.cancel()
             self._cond.notify_all()
 
-    def results(self, task: Task, work: Callable[[], Iterator[object]]) -> Iterator[object]:
+    def results(self, task: Task, work: Work) -> Iterator[object]:
         """Let the reserved task run work; its stream (as stream())."""
         with self._cond:
             task.work = work
             self._cond.notify_all()
         return self._results(task)
 
-    def run(self, work: Callable[[], Iterator[object]], **where) -> object:
+    def run(self, work: Work, **where) -> object:
         """Run work to its end and return its last yielded item (None if none)."""
         last = None
         for item in self.stream(work, **where):
@@ -138,19 +162,18 @@ class Scheduler:
                 last = item
         return last
 
-    def try_run(self, work: Callable[[], Iterator[object]], *, chat_id: int | None = None,
-                scope: str = "", background: bool = False) -> tuple[bool, object]:
+    def try_run(self, work: Work, *, chat_id: int | None = None, scope: str = "",
+                background: bool = False) -> tuple[bool, object]:
         """Run work now if a slot is free and nobody waits for one, else not at all; with
         background, only while no other task is active either, at the lowest priority (a task
         that comes meanwhile stops it). (started, work's last item)."""
         task = Task(work, chat_id, scope, None, background=background)
         with self._cond:
-            if (self._stopping or self._line
+            if (self._stopping or any(not t.background for t in self._line)
                     or all(s.task is not None for s in self.slots)
                     or background and any(not t.background for t in self._active)):
                 return False, None
-            self._line.append(task)
-            self._cond.notify_all()
+            self._enter(task)
         last = None
         for item in self._results(task):
             last = item
@@ -162,24 +185,20 @@ class Scheduler:
         with self._cond:
             return sum(not t.background for t in (*self._active, *self._line))
 
-    def _submit(self, task: Task) -> Task:
-        with self._cond:
-            if self._stopping:
-                raise ServerBusy("the model is being replaced: try again in a moment",
-                                 RETRY_AFTER_S)
-            waiting = sum(not t.background for t in self._line)
-            free = sum(s.task is None or s.task.background for s in self.slots)
-            if waiting + 1 > free + self.max_waiting:  # it would wait beyond the bound
-                raise ServerBusy(
-                    f"the server is full: {len(self.slots)} replies are being written and "
-                    f"{waiting} are waiting. Try again in a moment.", RETRY_AFTER_S)
-            self._line.append(task)
-            self._cond.notify_all()
-        return task
+    def _enter(self, task: Task) -> None:
+        """Put task in line and make sure the engine's thread runs (the lock is held)."""
+        self._line.append(task)
+        if not self._running:
+            self._running = True
+            threading.Thread(target=self._drive, name="reame-engine", daemon=True).start()
+        self._cond.notify_all()
 
     def _results(self, task: Task) -> Iterator[object]:
         try:
             while True:
+                with self._cond:
+                    task.asked += 1
+                    self._cond.notify_all()
                 item = task.out.get()
                 if isinstance(item, _End):
                     if item.error is not None:
@@ -199,18 +218,32 @@ class Scheduler:
                 while True:
                     self._drop_cancelled()
                     self._admit()
-                    if self._active or (self._stopping and not self._line):
+                    others = any(not t.background for t in self._active)
+                    ready = [t for t in self._active
+                             if t.cancelled or (self._runnable(t) and not (
+                                 t.background and others))]
+                    if ready:
                         break
+                    if not self._active and not self._line:
+                        self._running = False
+                        self._cond.notify_all()  # stop() waits for this
+                        return
                     self._cond.wait()
-                if not self._active:
-                    return
-                active = list(self._active)
-            background_only = all(t.background for t in active)
-            for task in active:
+            for task in ready:
                 if task.cancelled:
                     self._close(task)
-                elif background_only or not task.background:
-                    self._step(task)  # background tasks: only while nothing else runs
+                else:
+                    self._step(task)
+
+    @staticmethod
+    def _runnable(task: Task) -> bool:
+        """Whether task has a step to take now: its prelude (the caller need not ask), or
+        its work once the caller has asked for an item."""
+        if task.in_work:
+            return task.wants
+        if task.steps is not None or task.prelude is not None:
+            return True
+        return task.work is not None and task.wants
 
     def _drop_cancelled(self) -> None:
         for task in [t for t in self._line if t.cancelled]:
@@ -219,14 +252,20 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Give free slots to the tasks in line, first come first served; a background task
-        gives its slot up to a task in line."""
+        gives its slot (or its chat) up to a task in line."""
         for task in list(self._line):
-            if task.work is None:
+            if task.work is None and task.prelude is None:
                 continue  # reserved: it keeps its place until its caller is ready
+            same_chat = [t for t in self._active
+                         if task.chat_id is not None and t.chat_id == task.chat_id]
+            if same_chat:  # after the chat's task under way
+                if not task.background:
+                    self._stop_background(same_chat)
+                continue
             slot = self._pick_slot(task)
             if slot is None:
                 if not task.background:
-                    self._preempt_background()
+                    self._stop_background(self._active)
                 break
             self._line.remove(task)
             slot.task, task.slot = task, slot
@@ -239,17 +278,15 @@ class Scheduler:
         free = [s for s in self.slots if s.task is None]
         if not free:
             return None
-        lives = self.cache._live
         for slot in free:
-            live = lives.get(slot.seq.id)
-            if (task.chat_id is not None and live is not None and live.chat == task.chat_id
+            live = self.cache.live_of(slot.seq)
+            if (task.chat_id is not None and live.chat == task.chat_id
                     and live.scope == task.scope and slot.seq.tokens):
                 return slot
         if task.prompt:
             best, reach = None, 0
             for slot in free:
-                live = lives.get(slot.seq.id)
-                if live is None or live.scope != task.scope:
+                if self.cache.live_of(slot.seq).scope != task.scope:
                     continue
                 self.engine.use(slot.seq)
                 n = self.engine.resume_point(task.prompt)
@@ -259,34 +296,48 @@ class Scheduler:
                 return best
         return min(free, key=lambda s: s.used)
 
-    def _preempt_background(self) -> None:
-        for task in self._active:
+    @staticmethod
+    def _stop_background(tasks: list[Task]) -> None:
+        for task in tasks:
             if task.background:
                 task.cancel()
 
     def _tell_positions(self) -> None:
-        """Tell the tasks left in line (no slot was free for them) their place."""
+        """Tell the tasks waiting for a slot their place, when they ask for an item."""
+        chats = {t.chat_id for t in self._active if t.chat_id is not None}
         position = 0
         for task in self._line:
-            if task.background:
-                continue
+            if task.background or task.chat_id in chats:
+                continue  # not waiting for a slot
             position += 1
-            if task.work is not None and task.position != position:
+            if task.work is not None and task.position != position and task.wants:
                 task.position = position
+                task.given += 1
                 task.out.put(Waiting(position))
 
     def _step(self, task: Task) -> None:
         self.engine.use(task.slot.seq)
         try:
             if task.steps is None:
-                task.steps = task.work()
+                if task.prelude is not None:
+                    task.steps, task.prelude = task.prelude(), None
+                else:
+                    task.steps, task.in_work = task.work(), True
             item = next(task.steps)
         except StopIteration:
+            if not task.in_work:
+                task.steps = None  # the prelude ended: the work comes next, on this slot
+                return
             self._finish(task, None)
-        except BaseException as exc:  # the caller gets it; the engine's thread goes on
-            self._finish(task, exc)
+        except BaseException as exc:
+            if not task.in_work:  # a failed prelude is work not done ahead, nothing more
+                log.exception("work ahead of a task failed")
+                task.steps = None
+                return
+            self._finish(task, exc)  # the caller gets it; the engine's thread goes on
         else:
-            if item is not None:
+            if item is not None and task.in_work:
+                task.given += 1
                 task.out.put(item)
 
     def _close(self, task: Task) -> None:

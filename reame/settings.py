@@ -133,8 +133,10 @@ class Settings:
         engine = self.service.engine
         freed = engine.model_path.stat().st_size if engine else 0
         try:
-            check_model(config.model.model_path, n_ctx=config.model.n_ctx,
-                        kv_type=config.cache.kv_type, freed_bytes=freed)
+            model = config.model
+            check_model(model.model_path, n_ctx=model.n_ctx, kv_type=config.cache.kv_type,
+                        freed_bytes=freed, slots=model.slots,
+                        kv_budget_bytes=model.kv_ram_mb * 2**20)
         except ModelCheckError as exc:
             raise SettingsError(str(exc)) from None
 
