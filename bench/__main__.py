@@ -145,9 +145,11 @@ def _restore(ctx: Context, s1: dict | None) -> dict:
 
 
 def run_shape(path: Path, work: Path, runs: int | None, threads: int,
-              sizes: tuple[int, ...] | None = None, *, several: dict | None = None) -> dict:
-    """The shortened run on a larger shape: KV bytes per token and scenario 1; several
-    users too when several holds its Plan changes (users_systems, and users if asked)."""
+              sizes: tuple[int, ...] | None = None, *, several: dict | None = None,
+              wanted: set[str] = frozenset(ALL)) -> dict:
+    """The shortened run on a larger shape, of the wanted scenarios among KV bytes per token,
+    scenario 1 and batch; several users too when several holds its Plan changes
+    (users_systems, and users if asked)."""
     plan = replace(Plan.shapes_plan(), threads=threads)
     if sizes:
         plan = replace(plan, sizes=sizes)
@@ -155,9 +157,12 @@ def run_shape(path: Path, work: Path, runs: int | None, threads: int,
         plan = replace(plan, runs=runs)
     ctx = Context(path, work / path.stem, plan)
     out = {}
-    out["kv"], _ = _timed_scenario("kv", scenarios.kv_bytes_per_token, ctx)
-    out["s1"], _ = _timed_scenario("1", scenarios.restart_and_continue, ctx)
-    out["batch"], _ = _timed_scenario("batch", batching.batched_vs_in_turn, ctx)
+    if "kv" in wanted:
+        out["kv"], _ = _timed_scenario("kv", scenarios.kv_bytes_per_token, ctx)
+    if "1" in wanted:
+        out["s1"], _ = _timed_scenario("1", scenarios.restart_and_continue, ctx)
+    if "batch" in wanted:
+        out["batch"], _ = _timed_scenario("batch", batching.batched_vs_in_turn, ctx)
     if several is not None:
         out["users"], _ = _timed_scenario("users", users.several_users,
                                           replace(ctx, plan=replace(plan, **several)))
@@ -244,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["models"].append({**model_info(shape),
                                           "scenarios": run_shape(shape, work / "shapes", args.runs,
                                                                      args.threads, sizes,
-                                                                     several=several)})
+                                                                     several=several,
+                                                                     wanted=set(wanted))})
             except Exception as exc:  # a broken generated model must not lose the main results
                 log.exception("shape %s failed", shape.name)
                 results["notes"].append(f"{shape.name}: not measured ({exc})")

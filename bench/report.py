@@ -524,13 +524,15 @@ def markdown(results: dict, plots: list[str]) -> str:
                   "step. MB/s = bytes written / background write time.", "",
                   table_save(sc["save"])]
     for model in results["models"][1:]:
-        parts += ["", f"## Larger shape: {model['name']}", "",
-                  f"{model.get('description', '')} Shortened: scenario 1 only, sizes "
-                  f"{', '.join(str(s) for s in model['scenarios']['s1']['sizes'])}, "
-                  f"{model['scenarios']['s1']['runs']} run each.", ""]
+        parts += ["", f"## Larger shape: {model['name']}", "", model.get("description", "")]
+        if "s1" in model["scenarios"]:
+            parts += ["", f"Shortened: scenario 1, sizes "
+                      f"{', '.join(str(s) for s in model['scenarios']['s1']['sizes'])}, "
+                      f"{model['scenarios']['s1']['runs']} run each.", ""]
         if "kv" in model["scenarios"]:
             parts += [table_kv(model["scenarios"]["kv"]), ""]
-        parts += [table_s1(model["scenarios"]["s1"])]
+        if "s1" in model["scenarios"]:
+            parts += [table_s1(model["scenarios"]["s1"])]
         if "batch" in model["scenarios"]:
             parts += ["", "Several replies on one engine (this shape):", "",
                       table_batch(model["scenarios"]["batch"])]

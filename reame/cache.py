@@ -124,7 +124,8 @@ class KVCache:
 
     def has_file(self, chat_id: int) -> bool:
         """Whether the chat has a KV file to restore (its head read, nothing loaded)."""
-        return self.files is not None and bool(self.files.peek(self.files.chat_path(chat_id)))
+        return self.files is not None and bool(
+            self.files.peek(self.files.chat_path(chat_id), report=False))  # the lookup reports
 
     def serve(self, scope: str) -> None:
         """Let the live KV serve scope: another scope's KV is cleared first (never reused)."""
@@ -205,10 +206,13 @@ class KVCache:
 
     def warm(self, chat_id: int, scope: str = "") -> Restored | None:
         """Restore the chat's KV file now, ahead of its next turn; None if there is nothing
-        to restore or the live context already holds it. scope: the chat's owner's."""
+        to restore or the live context already holds it (the chat's last turn left it there:
+        its own KV, which the turn knows best how to reuse). scope: the chat's owner's."""
         if self.files is None:
             return None
         self.serve(scope)
+        if self.holds(chat_id):
+            return None
         tokens = self.files.peek(self.files.chat_path(chat_id))
         if not tokens:
             self.live.missed = chat_id

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +54,27 @@ def store(tmp_path) -> Store:
 def service(store, engine) -> ChatService:
     engine.clear()
     return ChatService(store, engine, GREEDY)
+
+
+def at_once(calls):
+    """Run every call from its own thread, started together; their results in order."""
+    results, errors = [None] * len(calls), []
+    start = threading.Barrier(len(calls))
+
+    def run(i, call):
+        try:
+            start.wait()
+            results[i] = call()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert not errors, errors
+    return results
 
 
 def free_port() -> int:

@@ -8,14 +8,13 @@ at once, a recent chat's KV still live.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from reame.chat import ServerBusy
 from reame.engine import Engine
+from reame.prompt import Turn
 from reame.runtime import service_over
-from tests.conftest import GREEDY
+from .conftest import GREEDY, at_once
 
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Say hello in Spanish.",
              "What is 2 + 2?", "Write a haiku about rain.", "What colour is the sky?",
@@ -65,24 +64,10 @@ def answer_alone(service, question, seed=None):
 
 def answer_together(service, questions, seed=None):
     """Every question in its own chat, all sent at once from their own threads."""
-    replies, errors = {}, []
-    start = threading.Barrier(len(questions))
-
-    def ask(question):
-        try:
-            chat = service.new_chat()
-            start.wait()
-            replies[question] = last(service.send(chat.id, question, seed=seed)).text
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors
-    return replies
+    chats = [service.new_chat() for _ in questions]
+    replies = at_once([lambda c=c, q=q: last(service.send(c.id, q, seed=seed)).text
+                       for c, q in zip(chats, questions)])
+    return dict(zip(questions, replies))
 
 
 @pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 1234)])
@@ -193,3 +178,22 @@ def test_type_ahead_gives_way_to_replies(services, engine4):
     assert service.type_ahead(typing.id, "What is the capital of") == 0  # a reply is writing
     story.close()
     assert service.type_ahead(typing.id, "What is the capital of") > 0  # idle: it runs
+
+
+def test_a_slot_never_gives_one_users_kv_to_another(services, engine2):
+    """Bob asks what alice just asked, in the slot that still holds alice's KV (the least
+    recently used of the two): he reuses what anyone new would (carol), nothing of hers."""
+    service = services(engine2, GREEDY.changed(max_tokens=16))
+    system = "You are a concise geography tutor. " * 8
+    question = [Turn("user", "What is the capital of France?")]
+
+    def reused(user, turns=question):
+        return last(service.complete(system, turns, user=user, temperature=0)).stats
+
+    alice = reused("alice")  # slot 0
+    carol = reused("carol", [Turn("user", "Name three fruits.")])  # slot 1
+    bob = reused("bob")  # slot 0 again: alice's KV, cleared first
+    assert (bob.reused, bob.source) == (alice.reused, alice.source)
+    assert (carol.reused, carol.source) == (alice.reused, alice.source)
+    again = reused("alice")  # alice's own KV, from her file: her history comes back
+    assert again.reused > alice.reused

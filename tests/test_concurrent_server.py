@@ -8,7 +8,6 @@ Retry-After and the named API says the server is full; the page shows a turn's p
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 
@@ -18,8 +17,8 @@ from openai import OpenAI
 from playwright.sync_api import expect
 
 from .browser_helpers import (  # noqa: F401 - browser is a fixture
-    BOT, BOX, REPLY_TIMEOUT, STATS, STOP, browser, new_chat, open_app, wait_for_reply_done)
-from .conftest import Server, start_server
+    BOT, BOX, REPLY_TIMEOUT, STOP, browser, new_chat, open_app, wait_for_reply_done)
+from .conftest import Server, at_once, start_server
 
 WORDS = ["PELICAN", "TORNADO", "MARMALADE", "VIOLIN", "GLACIER", "PUMPKIN", "SAXOPHONE",
          "CACTUS"]
@@ -54,27 +53,6 @@ def ask_named(server: Server, text: str) -> str:
     client = Client(server.url, verbose=False)
     chat = client.predict(api_name="/new_chat")
     return client.predict(chat, text, api_name="/send")
-
-
-def at_once(calls):
-    """Run every call from its own thread, started together; their results in order."""
-    results, errors = [None] * len(calls), []
-    start = threading.Barrier(len(calls))
-
-    def run(i, call):
-        try:
-            start.wait()
-            results[i] = call()
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
-    assert not errors, errors
-    return results
 
 
 def test_eight_people_on_the_api_and_v1_each_get_their_own_reply(server):

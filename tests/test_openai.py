@@ -117,9 +117,11 @@ def test_a_resent_conversation_evaluates_only_its_new_tokens(server):
     system = {"role": "system", "content": "You are a concise geography tutor. " * 8}
     first = client.chat.completions.create(
         model=model, messages=[system, {"role": "user", "content": CAPITAL}], temperature=0)
-    # Other traffic in between, so that the live context holds something else.
-    client.chat.completions.create(model=model, temperature=0,
-                                   messages=[{"role": "user", "content": "Say hello."}])
+    # Other traffic in between, in every slot (4: the default; each its own opening, so that
+    # none goes back to a slot for a shared prefix): no live context holds this conversation.
+    for other in ("Answer in French.", "Be brief.", "Speak like a pirate.", "Use one word."):
+        client.chat.completions.create(model=model, temperature=0, messages=[
+            {"role": "system", "content": other}, {"role": "user", "content": "Say hello."}])
     messages = [system, {"role": "user", "content": CAPITAL},
                 {"role": "assistant", "content": first.choices[0].message.content},
                 {"role": "user", "content": PLANET}]

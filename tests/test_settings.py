@@ -151,7 +151,7 @@ def test_a_model_that_fails_to_load_keeps_the_old_one_serving(setup, tmp_path, m
     def refuse(*args, **kwargs):
         raise ValueError("Failed to load model from file")
 
-    monkeypatch.setattr(reame.engine, "Llama", refuse)
+    monkeypatch.setattr(reame.engine, "LlamaModel", refuse)
     before = path.read_bytes()
     engine = settings.service.engine
     with pytest.raises(SettingsError, match="could not load .*other.gguf.* keeps serving"):
