@@ -213,6 +213,23 @@ class Scheduler:
     # the engine's thread
 
     def _drive(self) -> None:
+        try:
+            self._drive_rounds()
+        except BaseException as exc:  # a bug here must not leave callers waiting forever
+            log.exception("the engine's thread failed")
+            with self._cond:
+                tasks = [*self._active, *self._line]
+                self._active.clear()
+                self._line.clear()
+                for slot in self.slots:
+                    slot.task = None
+                self._running = False
+                self._cond.notify_all()
+            for task in tasks:
+                task.out.put(_End(exc))
+                task.done.set()
+
+    def _drive_rounds(self) -> None:
         while True:
             with self._cond:
                 while True:
