@@ -44,7 +44,8 @@ run: venv model ## Start the chat server (app.py)
 test: venv model browser ## Run the test suite
 	$(VENV_PY) -m pytest -q $(PYTEST_ARGS)
 
-bench: venv model ## Run the benchmark (python -m bench)
+bench: venv model ## Run the benchmark (python -m bench; adds requirements-bench.txt)
+	$(VENV_PY) -m pip install -r requirements-bench.txt
 	$(VENV_PY) -m bench
 
 clean: ## Remove .venv (keeps models/ and sessions/)

@@ -190,6 +190,8 @@ def strip_private(obj):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.shapes:  # servers run from other folders: their reame.conf needs whole paths
+        args.shapes = [p.resolve() for p in args.shapes]
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if args.report_only:
@@ -276,7 +278,7 @@ def add_shapes(args: argparse.Namespace, sizes: tuple[int, ...] | None) -> int:
             results["models"] = [m for m in results["models"] if m["name"] != shape.name]
             results["models"].append({**model_info(shape), "scenarios": run_shape(
                 shape, work, args.runs, args.threads, sizes,
-                several=several_users_options(args))})
+                several=several_users_options(args), wanted=set(args.scenarios.split(",")))})
             pending = results["run"].get("pending", [])
             results["run"]["pending"] = [p for p in pending if p != shape.name]
             results["notes"].append(

@@ -110,7 +110,7 @@ def _reame_config(folder: Path, model: Path, *, n_ctx: int, threads: int, max_to
     # kv_ram_mb and max_waiting high enough that every slot is used and no client is refused
     # (a checkout without slots ignores the three keys).
     config.write_text(
-        f"[model]\nmodel_path = {model}\nn_ctx = {n_ctx}\nn_threads = {threads}\n"
+        f"[model]\nmodel_path = {model.resolve()}\nn_ctx = {n_ctx}\nn_threads = {threads}\n"
         f"slots = {slots}\nkv_ram_mb = 1000000\n\n"
         f"[generation]\ntemperature = 0\ntop_p = 1\nmax_tokens = {max_tokens}\n\n"
         f"[server]\nusers_file =\nmax_waiting = 1000\n\n"
