@@ -24,11 +24,11 @@ from .conversation import ConversationKeeper, ReplyMemory
 from .engine import Engine, Sampling
 from .errors import (ChatError, EmptyMessage, MessageTooLong, NoModel, ServerBusy,
                      TooManyChats, check_seed, check_text)
+from .gate import Gate
 from .prompt import PromptBuilder, Turn
+from .scheduler import Scheduler, Waiting
 from .store import Chat, ChatNotFound, Message, Store
 from .titles import DEFAULT_TITLE, checked_title, title_from
-from .gate import Gate
-from .scheduler import Scheduler, Waiting
 from .turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
 from .window import Window, fit
 

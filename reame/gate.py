@@ -27,26 +27,24 @@ class Gate:
         try:
             yield
         finally:
-            with self._cond:
-                self._turns -= 1
-                self._cond.notify_all()
+            self._leave()
 
     @contextmanager
     def try_turn(self) -> Iterator[bool]:
         """A turn if no switch is asked for or under way (True), else nothing (False)."""
         with self._cond:
-            if self._switching:
-                entered = False
-            else:
-                self._turns += 1
-                entered = True
+            entered = not self._switching
+            self._turns += entered
         try:
             yield entered
         finally:
             if entered:
-                with self._cond:
-                    self._turns -= 1
-                    self._cond.notify_all()
+                self._leave()
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._turns -= 1
+            self._cond.notify_all()
 
     @contextmanager
     def switch(self) -> Iterator[None]:

@@ -13,12 +13,12 @@ import urllib.request
 
 import pytest
 from gradio_client import Client
-from openai import OpenAI
 from playwright.sync_api import expect
 
 from .browser_helpers import (  # noqa: F401 - browser is a fixture
     BOT, BOX, REPLY_TIMEOUT, STOP, browser, new_chat, open_app, wait_for_reply_done)
 from .conftest import Server, at_once, start_server
+from .test_openai import model_id, sdk
 
 WORDS = ["PELICAN", "TORNADO", "MARMALADE", "VIOLIN", "GLACIER", "PUMPKIN", "SAXOPHONE",
          "CACTUS"]
@@ -32,14 +32,6 @@ def server(tmp_path_factory, model_path) -> Server:
                           max_tokens=24)
     yield server
     server.stop()
-
-
-def sdk(server: Server) -> OpenAI:
-    return OpenAI(base_url=server.url + "v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def model_id(server: Server) -> str:
-    return sdk(server).models.list().data[0].id
 
 
 def ask_v1(server: Server, text: str, max_tokens: int = 24) -> str:
