@@ -1,7 +1,7 @@
 """The KV cache of a turn: where the prompt's history comes from, and saving it afterwards.
 
-Sources, best first: the live context (the last turn's KV), the chat's KV file, a
-shared-prefix snapshot (same system prompt as an earlier chat), else nothing. Whatever is
+Sources, best first: the live context (the last turn's KV), the chat's KV file, the file of
+the chat it was branched from, a shared-prefix snapshot (same system prompt as an earlier chat), else nothing. Whatever is
 chosen, the engine then holds the KV of the longest common prefix with the prompt, verified.
 
 A chat's file can also be restored ahead of its turn (`warm`: when the chat is opened, and
@@ -31,6 +31,9 @@ from .kvstore import BLOCK, KVStore, block_hashes
 
 log = logging.getLogger(__name__)
 
+# Where restored history comes from when it is read from a file: the chat's own, the chat it
+# was branched from, a prefix shared with other chats.
+FROM_FILES = ("disk", "branch", "prefix")
 MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
 
 
@@ -49,7 +52,7 @@ class Counts:
 @dataclass
 class Restored:
     reused: int  # prompt tokens whose KV is live after prepare()
-    source: str  # live / disk / prefix / none
+    source: str  # live / disk / branch / prefix / none
     restore_ms: float = 0.0
     shifted: int = 0  # tokens dropped from the KV by a context shift (nothing recomputed)
     recomputed: bool = False  # a drop the KV could not follow: the kept window is re-evaluated
@@ -138,7 +141,7 @@ class KVCache:
         return self.counts.setdefault(self.scope, Counts())
 
     def prepare(self, chat_id: int | None, prompt: list[int], drop: Drop | None = None, *,
-                scope: str = "") -> Restored:
+                scope: str = "", parent: int | None = None) -> Restored:
         """Make the engine's KV hold the longest available prefix of prompt that gives the
         same reply as a fresh evaluation would (batches.resume_point).
 
@@ -146,12 +149,13 @@ class KVCache:
         removed, the rest moved down, nothing recomputed. Where the model cannot shift, the
         kept window is re-evaluated (and the result says so). chat_id None: a stateless
         request, found by its tokens only. scope: whose turn it is (only KV of that scope or
-        SHARED is reused)."""
+        SHARED is reused). parent: the chat this one was branched from, whose file is looked
+        at next to the chat's own."""
         self.serve(scope)
         if drop is None:
-            return self._prepare(chat_id, prompt)
+            return self._prepare(chat_id, prompt, parent)
         engine = self.engine
-        restored = self._prepare(chat_id, drop.old_prompt)
+        restored = self._prepare(chat_id, drop.old_prompt, parent)
         shifted = restored.reused > drop.at + drop.n and engine.shift(drop.at, drop.n)
         reuse = engine.resume_point(prompt)
         if not engine.truncate(reuse):
@@ -164,7 +168,7 @@ class KVCache:
                  else "no KV of the old window")
         return Restored(reuse, source, restored.restore_ms, recomputed=True)
 
-    def _prepare(self, chat_id: int, prompt: list[int]) -> Restored:
+    def _prepare(self, chat_id: int, prompt: list[int], parent: int | None) -> Restored:
         engine = self.engine
         usable = len(prompt) - 1  # the last token is always evaluated, for its logits
         live = engine.resume_point(prompt)
@@ -189,7 +193,7 @@ class KVCache:
         counts.lookups += 1
         started = time.perf_counter()
         # The chat's own file, if warm() just found it unusable, is not read (nor logged) twice.
-        restored = self._restore(chat_id, prompt, live, own=missed != chat_id)
+        restored = self._restore(chat_id, prompt, live, own=missed != chat_id, parent=parent)
         ms = (time.perf_counter() - started) * 1000
         if restored is not None:
             counts.hits += 1
@@ -235,19 +239,19 @@ class KVCache:
         (restored: how its prepare found the history); the chat's turn reports it."""
         start = restored.reused if restored.typed is None else min(restored.typed[0],
                                                                    restored.reused)
-        found = restored.source in ("disk", "prefix")
+        found = restored.source in FROM_FILES
         self.live.ahead = Ahead(chat_id, restored.source if found else "live",
                                 restored.restore_ms if found else 0.0, counted=True,
                                 typed=(start, end))
 
     def _restore(self, chat_id: int, prompt: list[int], live: int, *,
-                 own: bool = True) -> Restored | None:
+                 own: bool = True, parent: int | None = None) -> Restored | None:
         """Load the file that gives most of prompt (beyond live tokens), cut where its reuse
         keeps the reply the same (batches.resume_point); own=False: not the chat's own file."""
         engine = self.engine
         ranked = []  # (reach, order, source, path): the farthest first, then the own file
         farthest = live
-        candidates = self.index.candidates(chat_id, prompt, self.scope, own=own)
+        candidates = self.index.candidates(chat_id, prompt, self.scope, own=own, parent=parent)
         for order, (source, path, bound) in enumerate(candidates):
             if farthest >= bound:
                 break  # no file from here on shares more of the prompt

@@ -27,7 +27,7 @@ from .errors import (ChatError, EmptyMessage, MessageTooLong, NoModel, ServerBus
 from .gate import Gate
 from .prompt import PromptBuilder, Turn
 from .scheduler import Scheduler, Waiting
-from .store import Chat, ChatNotFound, Message, Store
+from .store import Chat, ChatNotFound, Found, Message, MessageNotFound, Store, Thread
 from .titles import DEFAULT_TITLE, checked_title, title_from
 from .turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
 from .window import Window, fit
@@ -42,8 +42,9 @@ class ChatKeeper:
     """A stored chat's Keeper (turn.py): the reply becomes the chat's next message, with its
     exact tokens and stats; nothing is kept if the chat was deleted while it answered."""
 
-    def __init__(self, store: Store, chat_id: int, model: str):
+    def __init__(self, store: Store, chat_id: int, model: str, after: int | None):
         self.store, self.chat_id, self.model = store, chat_id, model
+        self.after = after  # the message the reply follows (the user may show another meanwhile)
 
     def alive(self) -> bool:
         return self.store.has_chat(self.chat_id)
@@ -55,7 +56,7 @@ class ChatKeeper:
             # A reply cut at a stop string holds tokens past its text: re-tokenize it.
             tokens=None if decoding.cut else decoding.generated,
             tokens_model=self.model, stats=asdict(stats), stopped=stats.stopped,
-        ).id
+            after=self.after).id
 
 
 class ChatService:
@@ -173,11 +174,26 @@ class ChatService:
         """A chat with the server's default settings (and system_prompt, if given)."""
         title = checked_title(title) or DEFAULT_TITLE
         settings = self.defaults.changed(system_prompt=system_prompt)
+        with self._room_for_a_chat(user):
+            return self.store.create_chat(title=title, owner=user, **settings.as_dict())
+
+    def empty_chat(self, user: str | None = None) -> Chat:
+        """The page's "New chat": the user's newest chat if it is still empty and untitled,
+        else a new one (pressing it twice does not make two empty chats)."""
+        newest = next(iter(self.store.list_chats(owner=user)), None)
+        if (newest is not None and newest.leaf_id is None and newest.title == DEFAULT_TITLE
+                and ChatSettings.of(newest) == self.defaults):
+            return newest
+        return self.new_chat(user=user)
+
+    @contextmanager
+    def _room_for_a_chat(self, user: str | None) -> Iterator[None]:
+        """Create a chat in the block, unless the user has max_chats already (TooManyChats)."""
         with self._creating:
             if self.store.count_chats(user) >= self.max_chats:
                 raise TooManyChats(f"you have {self.max_chats:,} chats, the most this server "
                                    "keeps for one user: delete some to start a new one")
-            return self.store.create_chat(title=title, owner=user, **settings.as_dict())
+            yield
 
     def list_chats(self, user: str | None = None) -> list[Chat]:
         return self.store.list_chats(owner=user)
@@ -196,6 +212,50 @@ class ChatService:
         """A chat and its messages: what a page or /get_chat shows."""
         chat = self.get_chat(chat_id, user)
         return chat, self.store.messages(chat_id)
+
+    def thread(self, chat_id: int, user: str | None = None) -> tuple[Chat, Thread]:
+        """A chat and all its messages, every version (the branch shown: thread.branch)."""
+        chat = self.get_chat(chat_id, user)
+        return chat, self.store.thread(chat_id)
+
+    def show_version(self, chat_id: int, message_id: int,
+                     user: str | None = None) -> list[Message]:
+        """Show another version of a message (an edit or a retry kept beside it) and the
+        newest messages after it; the branch now shown."""
+        chat = self.get_chat(chat_id, user)
+        try:
+            branch = self.store.show_version(chat_id, message_id)
+        except MessageNotFound as exc:
+            raise ChatError(str(exc)) from None
+        shown = next(m for m in branch if m.id == message_id)
+        if shown.position < chat.window_start:  # a branch the window was not made for
+            self.store.update_chat(chat_id, window_start=0)
+        return branch
+
+    def branch(self, chat_id: int, message_id: int, user: str | None = None) -> Chat:
+        """A new chat holding this chat's history up to message_id (any of its messages):
+        "Branch from here". Its first turn restores the KV they share from this chat's file."""
+        chat, thread = self.thread(chat_id, user)
+        if message_id not in thread.by_id:
+            raise ChatError(f"message {message_id} is not in chat {chat_id}")
+        history = thread.branch_to(message_id)
+        with self._room_for_a_chat(user):
+            copy = self.store.create_chat(
+                title=checked_title(f"{chat.title} (branch)"), owner=user,
+                branched_from=chat.id, **ChatSettings.of(chat).as_dict())
+        self.store.copy_messages(copy.id, history)
+        if chat.window_start <= history[-1].position:
+            copy = self.store.update_chat(copy.id, window_start=chat.window_start)
+        return copy
+
+    def search(self, words: str, user: str | None = None) -> list[Found]:
+        """The user's chats whose title or messages hold every word (Store.search)."""
+        return self.store.search(user, words)
+
+    def toggle_pin(self, chat_id: int, user: str | None = None) -> Chat:
+        """Pin the chat to the top of the list, or unpin it."""
+        chat = self.get_chat(chat_id, user)
+        return self.store.update_chat(chat_id, pinned=not chat.pinned)
 
     def rename_chat(self, chat_id: int, title: str, user: str | None = None) -> Chat:
         self.get_chat(chat_id, user)
@@ -351,8 +411,8 @@ class ChatService:
                 kept = [m for m in history if cut_at is None or m.position < cut_at]
                 window = fit(self.prompts, chat, scope, kept,
                              Turn("user", text) if text is not None else None, cut_at)
-                if cut_at is not None:
-                    self.store.delete_messages_from(chat.id, cut_at)
+                if cut_at is not None:  # a new version: the old one stays (versions)
+                    self.store.rewind(chat.id, cut_at)
                 if window.start != chat.window_start:
                     chat = self.store.update_chat(chat.id, window_start=window.start)
                 user_message_id = None
@@ -360,12 +420,14 @@ class ChatService:
                     user_message_id = self.store.add_message(chat.id, "user", text).id
                     if chat.title == DEFAULT_TITLE and not kept:
                         self.store.update_chat(chat.id, title=title_from(text))
+                after = user_message_id if text is not None else (
+                    kept[-1].id if kept else None)
             except BaseException:
                 self.scheduler.cancel(place)
                 raise
             job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
                             user_message_id=user_message_id)
-            keeper = ChatKeeper(self.store, chat.id, self.engine.fingerprint)
+            keeper = ChatKeeper(self.store, chat.id, self.engine.fingerprint, after)
             runner = self._runner()
             yield from self._updates(self.scheduler.results(place, lambda: runner.run(
                 job, keeper)), job)
@@ -402,7 +464,8 @@ class ChatService:
                    max_tokens or chat.max_tokens, stop, chat_id=chat.id,
                    user_message_id=user_message_id, drop=window.drop, outside=window.outside,
                    # The default system prompt's opening is the administrator's: every user's.
-                   shared_opening=chat.system_prompt == self.defaults.system_prompt)
+                   shared_opening=chat.system_prompt == self.defaults.system_prompt,
+                   branched_from=chat.branched_from)
 
     def _runner(self) -> TurnRunner:
         return TurnRunner(self.engine, self.cache, self.prompts)

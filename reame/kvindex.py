@@ -35,17 +35,22 @@ class FileIndex:
         self._index: dict[str, list[Path]] | None = None  # built on first use
 
     def candidates(self, chat_id: int | None, prompt: list[int], scope: str, *,
-                   own: bool = True) -> Iterator[tuple[str, Path, int]]:
-        """The chat's own file (own=True), then files whose tokens start like prompt, longest
-        shared block first: snapshots by name, other files through the index, at most
-        CANDIDATES in all. Each comes as (source, path, bound): no file from it on can give
-        more than bound of prompt's tokens."""
+                   own: bool = True, parent: int | None = None
+                   ) -> Iterator[tuple[str, Path, int]]:
+        """The chat's own file (own=True), the file of the chat it was branched from (parent),
+        then files whose tokens start like prompt, longest shared block first: snapshots by
+        name, other files through the index, at most CANDIDATES in all. Each comes as
+        (source, path, bound): no file from it on can give more than bound of prompt's
+        tokens."""
         whole = len(prompt) - 1  # the prompt's last token is always evaluated again
         own_path = self.files.chat_path(chat_id) if chat_id is not None else None
         if own_path is not None and own:
             yield "disk", own_path, whole
+        parent_path = self.files.chat_path(parent) if parent is not None else None
+        if parent_path is not None and parent_path.exists():
+            yield "branch", parent_path, whole
         index = self.build()
-        seen = {own_path}
+        seen = {own_path, parent_path}
         # Files whose KV holds this very prompt before a reply (the same request again).
         for path in reversed(index.get(prompt_key(prompt, scope), ())):
             if path not in seen and path.exists():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import html
 import re
 
-from .store import Message
+from .cache import FROM_FILES
+from .store import Message, Thread
 from .turn import TurnStats, TurnUpdate
 
 # Fenced code blocks and inline code spans: markdown shows their content literally already.
@@ -62,8 +63,9 @@ def stats_line(stats: dict | TurnStats | None) -> str:
 def stats_text(stats: TurnStats) -> str:
     """The small line shown under a reply: where its history came from, and how fast."""
     history = stats.reused - stats.typed_ahead  # reused before the message was typed
-    if stats.source in ("disk", "prefix"):
-        where = "from disk" if stats.source == "disk" else "from a shared prefix"
+    if stats.source in FROM_FILES:
+        where = {"disk": "from disk", "branch": "from the chat it branched from"}.get(
+            stats.source, "from a shared prefix")
         head = f"restored {history:,} tokens {where} in {stats.restore_ms:,.0f} ms"
     elif history:
         head = f"reused {history:,} tokens in memory"
@@ -88,9 +90,11 @@ WINDOW_MARKER = ('\n\n<div class="reame-window">⋯ earlier messages are outside
                  'memory ⋯</div>')
 
 
-def to_chatbot(messages: list[Message], window_start: int = 0) -> list[dict]:
+def to_chatbot(messages: list[Message], window_start: int = 0,
+               thread: Thread | None = None) -> list[dict]:
     """Messages in the Chatbot's format; each reply carries its stats line, and the last reply
-    before the model's window (window_start, a message position) carries a quiet marker."""
+    before the model's window (window_start, a message position) carries a quiet marker.
+    With the chat's thread, each message also carries its tools (message_tools)."""
     last_outside = max((n for n, m in enumerate(messages) if m.position < window_start),
                        default=None)
     shown = []
@@ -101,5 +105,35 @@ def to_chatbot(messages: list[Message], window_start: int = 0) -> list[dict]:
                 content += WINDOW_MARKER
         else:
             content = inert_html(m.content)
+        if thread is not None:
+            content += message_tools(m, thread)
         shown.append({"role": m.role, "content": content})
     return shown
+
+
+def message_tools(message: Message, thread: Thread) -> str:
+    """The buttons under a message: ‹ 2/3 › between its versions (when it was edited or
+    retried), and "Branch from here" under a reply. The page's script (page_parts.PAGE_JS)
+    sends their data-reame-action; no other markup in a message carries one (inert_html)."""
+    version, versions = thread.version(message)
+    ids = thread.versions(message)
+    buttons = []
+    if versions > 1:
+        buttons += [
+            _tool("‹", f"show:{ids[version - 2]}" if version > 1 else None, "Previous version"),
+            f'<span class="reame-version-of">{version}/{versions}</span>',
+            _tool("›", f"show:{ids[version]}" if version < versions else None, "Next version")]
+    if message.role == "assistant":
+        buttons.append(_tool("Branch from here", f"branch:{message.id}"))
+    if not buttons:
+        return ""
+    return f'\n\n<div class="reame-tools">{"".join(buttons)}</div>'
+
+
+def _tool(label: str, action: str | None, title: str | None = None) -> str:
+    title = title or label
+    if action is None:
+        return (f'<button class="reame-tool" disabled aria-label="{title}" title="{title}">'
+                f"{label}</button>")
+    return (f'<button class="reame-tool" data-reame-action="{action}" aria-label="{title}" '
+            f'title="{title}">{label}</button>')

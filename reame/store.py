@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import event, text
@@ -32,6 +34,14 @@ class ChatNotFound(LookupError):
         self.chat_id = chat_id
 
 
+class MessageNotFound(LookupError):
+    """The chat has no message with this id."""
+
+    def __init__(self, message_id: object):
+        super().__init__(f"message {message_id} is not in this chat")
+        self.message_id = message_id
+
+
 class Chat(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     title: str
@@ -47,12 +57,21 @@ class Chat(SQLModel, table=True):
     owner: str | None = Field(default=None, index=True)
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time, index=True)
+    # The last message of the branch shown (None: no message yet). Messages form a tree: an
+    # edit or a retry adds a version beside the old one, which stays.
+    leaf_id: int | None = None
+    # The chat this one was branched from ("Branch from here"): its KV file serves the
+    # history they share.
+    branched_from: int | None = None
+    pinned: bool = False  # shown at the top of the chat list
 
 
 class Message(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     chat_id: int = Field(foreign_key="chat.id", index=True)
-    position: int
+    # The message this one follows (None: the chat's first). Versions share a parent.
+    parent_id: int | None = Field(default=None, index=True)
+    position: int  # depth in the tree: 0 for the first message
     role: str  # "user" | "assistant"
     content: str
     created_at: float = Field(default_factory=time.time)
@@ -77,16 +96,72 @@ def _create_tables(conn: Connection) -> None:
 
 
 def _add_window_start(conn: Connection) -> None:
-    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(chat)"))}
-    if "window_start" not in columns:  # a database made before the column existed
+    if "window_start" not in _columns(conn, "chat"):  # a database made before the column existed
         conn.execute(text("ALTER TABLE chat ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0"))
 
 
 def _add_owner(conn: Connection) -> None:
-    columns = {row[1] for row in conn.execute(text("PRAGMA table_info(chat)"))}
-    if "owner" not in columns:
+    if "owner" not in _columns(conn, "chat"):
         conn.execute(text("ALTER TABLE chat ADD COLUMN owner VARCHAR"))
         conn.execute(text("CREATE INDEX IF NOT EXISTS ix_chat_owner ON chat (owner)"))
+
+
+def _columns(conn: Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(text(f"PRAGMA table_info({table})"))}
+
+
+def _message_tree(conn: Connection) -> None:
+    """Messages become a tree (parent_id) and a chat shows one branch of it (leaf_id): a chat
+    stored as a list is that list's one branch."""
+    if "parent_id" not in _columns(conn, "message"):
+        conn.execute(text("ALTER TABLE message ADD COLUMN parent_id INTEGER"))
+        conn.execute(text("UPDATE message SET parent_id = (SELECT before.id FROM message AS "
+                          "before WHERE before.chat_id = message.chat_id AND before.position "
+                          "= message.position - 1)"))
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_message_parent_id ON message (parent_id)"))
+    chat_columns = _columns(conn, "chat")
+    if "leaf_id" not in chat_columns:
+        conn.execute(text("ALTER TABLE chat ADD COLUMN leaf_id INTEGER"))
+        conn.execute(text("UPDATE chat SET leaf_id = (SELECT id FROM message WHERE "
+                          "message.chat_id = chat.id ORDER BY position DESC LIMIT 1)"))
+    if "branched_from" not in chat_columns:
+        conn.execute(text("ALTER TABLE chat ADD COLUMN branched_from INTEGER"))
+
+
+# Full-text search over titles and messages (SQLite's FTS5), kept up to date by triggers: rows
+# are chat and message ids. Diacritics folded: "cafe" finds "café".
+_SEARCH_TABLES = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(content, chat_id UNINDEXED, "
+    "tokenize = 'unicode61 remove_diacritics 2')",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS chat_fts USING fts5(title, "
+    "tokenize = 'unicode61 remove_diacritics 2')",
+    "CREATE TRIGGER IF NOT EXISTS message_fts_insert AFTER INSERT ON message BEGIN "
+    "INSERT INTO message_fts (rowid, content, chat_id) VALUES (new.id, new.content, "
+    "new.chat_id); END",
+    "CREATE TRIGGER IF NOT EXISTS message_fts_delete AFTER DELETE ON message BEGIN "
+    "DELETE FROM message_fts WHERE rowid = old.id; END",
+    "CREATE TRIGGER IF NOT EXISTS message_fts_update AFTER UPDATE OF content ON message BEGIN "
+    "UPDATE message_fts SET content = new.content WHERE rowid = new.id; END",
+    "CREATE TRIGGER IF NOT EXISTS chat_fts_insert AFTER INSERT ON chat BEGIN "
+    "INSERT INTO chat_fts (rowid, title) VALUES (new.id, new.title); END",
+    "CREATE TRIGGER IF NOT EXISTS chat_fts_delete AFTER DELETE ON chat BEGIN "
+    "DELETE FROM chat_fts WHERE rowid = old.id; END",
+    "CREATE TRIGGER IF NOT EXISTS chat_fts_update AFTER UPDATE OF title ON chat BEGIN "
+    "UPDATE chat_fts SET title = new.title WHERE rowid = new.id; END",
+)
+
+
+def _search_and_pins(conn: Connection) -> None:
+    """Chats can be pinned and searched: the search tables filled from what is stored."""
+    if "pinned" not in _columns(conn, "chat"):
+        conn.execute(text("ALTER TABLE chat ADD COLUMN pinned BOOLEAN NOT NULL DEFAULT 0"))
+    for statement in _SEARCH_TABLES:
+        conn.execute(text(statement))
+    conn.execute(text("DELETE FROM message_fts"))
+    conn.execute(text("INSERT INTO message_fts (rowid, content, chat_id) "
+                      "SELECT id, content, chat_id FROM message"))
+    conn.execute(text("DELETE FROM chat_fts"))
+    conn.execute(text("INSERT INTO chat_fts (rowid, title) SELECT id, title FROM chat"))
 
 
 # Named, ordered, idempotent; each runs once and is recorded in the migrations table.
@@ -94,6 +169,8 @@ MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("001_create_chat_and_message", _create_tables),
     ("002_chat_window_start", _add_window_start),
     ("003_chat_owner", _add_owner),
+    ("004_message_tree", _message_tree),
+    ("005_search_and_pins", _search_and_pins),
 )
 
 
@@ -145,9 +222,11 @@ class Store:
     # chats
 
     def create_chat(self, *, title: str, system_prompt: str, temperature: float,
-                    top_p: float, max_tokens: int, owner: str | None = None) -> Chat:
+                    top_p: float, max_tokens: int, owner: str | None = None,
+                    branched_from: int | None = None) -> Chat:
         chat = Chat(title=title, system_prompt=system_prompt, temperature=temperature,
-                    top_p=top_p, max_tokens=max_tokens, owner=owner)
+                    top_p=top_p, max_tokens=max_tokens, owner=owner,
+                    branched_from=branched_from)
         with self._session() as session:
             session.add(chat)
             session.commit()
@@ -169,10 +248,43 @@ class Store:
             return session.get(Chat, chat_id) is not None
 
     def list_chats(self, owner: str | None = None) -> list[Chat]:
-        """The owner's chats (None: the chats made without accounts), most recently active first."""
+        """The owner's chats (None: the chats made without accounts): pinned ones first, then
+        the most recently active first."""
         with self._session() as session:
             query = select(Chat).where(_owned_by(owner))
-            return list(session.exec(query.order_by(Chat.updated_at.desc(), Chat.id.desc())))
+            return list(session.exec(query.order_by(Chat.pinned.desc(), Chat.updated_at.desc(),
+                                                    Chat.id.desc())))
+
+    def search(self, owner: str | None, words: str, limit: int = 50) -> list[Found]:
+        """The owner's chats whose title or messages hold every word of `words` (the last one
+        may be the start of a word), most recently active first, each with a snippet of a
+        matching message (its matches between MARK and END_MARK)."""
+        query = _match_query(words)
+        if not query:
+            return []
+        owned = "owner = :owner" if owner is not None else "owner IS NULL"
+        with self.engine.connect() as conn:
+            ids = [row[0] for row in conn.execute(text(
+                f"SELECT id FROM chat WHERE {owned} AND id IN ("
+                f"SELECT rowid FROM chat_fts WHERE chat_fts MATCH :q UNION "
+                f"SELECT chat_id FROM message_fts WHERE message_fts MATCH :q) "
+                f"ORDER BY pinned DESC, updated_at DESC, id DESC LIMIT :limit"),
+                {"q": query, "owner": owner, "limit": limit})]
+        if not ids:
+            return []
+        with self._session() as session:
+            by_id = {c.id: c for c in session.exec(select(Chat).where(Chat.id.in_(ids)))}
+        chats = [by_id[i] for i in ids if i in by_id]
+        # Snippets only for the chats shown: the newest matching message of each.
+        snippets: dict[int, str] = {}
+        listed = ", ".join(str(i) for i in ids)  # integers from the database
+        with self.engine.connect() as conn:
+            for chat_id, snippet in conn.execute(text(
+                    f"SELECT chat_id, snippet(message_fts, 0, :mark, :end, '…', 12) "
+                    f"FROM message_fts WHERE message_fts MATCH :q AND chat_id IN ({listed}) "
+                    f"ORDER BY rowid DESC"), {"q": query, "mark": MARK, "end": END_MARK}):
+                snippets.setdefault(chat_id, snippet)
+        return [Found(chat, snippets.get(chat.id, "")) for chat in chats]
 
     def count_chats(self, owner: str | None = None) -> int:
         """How many chats the owner has (None: chats made without accounts)."""
@@ -222,38 +334,139 @@ class Store:
 
     # messages
 
-    def messages(self, chat_id: int) -> list[Message]:
+    def thread(self, chat_id: int) -> Thread:
+        """The chat's messages, every version, and the branch shown."""
         with self._session() as session:
-            query = select(Message).where(Message.chat_id == chat_id).order_by(Message.position)
-            return list(session.exec(query))
+            chat = session.get(Chat, chat_id)
+            if chat is None:
+                raise ChatNotFound(chat_id)
+            query = select(Message).where(Message.chat_id == chat_id).order_by(Message.id)
+            return Thread(list(session.exec(query)), chat.leaf_id)
+
+    def messages(self, chat_id: int) -> list[Message]:
+        """The branch shown, first message first ([] for an unknown chat)."""
+        try:
+            return self.thread(chat_id).branch
+        except ChatNotFound:
+            return []
 
     def add_message(self, chat_id: int, role: str, content: str, *,
                     tokens: Iterable[int] | None = None, tokens_model: str | None = None,
-                    stats: dict | None = None, stopped: bool = False) -> Message:
+                    stats: dict | None = None, stopped: bool = False,
+                    created_at: float | None = None, after: int | None = None) -> Message:
+        """A message after `after` (a message id; None: the last of the branch shown); it
+        becomes the last of the branch shown."""
         with self._session() as session:
-            if session.get(Chat, chat_id) is None:
+            chat = session.get(Chat, chat_id)
+            if chat is None:
                 raise ChatNotFound(chat_id)
-            last = session.exec(
-                select(func.max(Message.position)).where(Message.chat_id == chat_id)
-            ).one()
+            parent_id = after if after is not None else chat.leaf_id
+            parent = session.get(Message, parent_id) if parent_id is not None else None
+            if parent is not None and parent.chat_id != chat_id:
+                raise MessageNotFound(parent_id)
             message = Message(
-                chat_id=chat_id, position=(last + 1) if last is not None else 0, role=role,
+                chat_id=chat_id, parent_id=parent.id if parent else None,
+                position=parent.position + 1 if parent else 0, role=role,
                 content=content, tokens=json.dumps(list(tokens)) if tokens is not None else None,
                 tokens_model=tokens_model, stats=json.dumps(stats) if stats else None,
                 stopped=stopped,
             )
+            if created_at is not None:
+                message.created_at = created_at
             session.add(message)
-            chat = session.get(Chat, chat_id)
+            session.flush()
+            chat.leaf_id = message.id
             chat.updated_at = time.time()
             session.add(chat)
             session.commit()
         return message
 
-    def delete_messages_from(self, chat_id: int, position: int) -> int:
-        """Delete the messages at position and after; return how many went."""
-        with self._session() as session:
-            result = session.exec(
-                delete(Message).where(Message.chat_id == chat_id, Message.position >= position)
-            )
-            session.commit()
-            return result.rowcount
+    def copy_messages(self, chat_id: int, messages: list[Message]) -> None:
+        """Copies of messages (a branch of another chat), as the branch of chat_id."""
+        for m in messages:
+            self.add_message(chat_id, m.role, m.content, tokens=m.token_list,
+                             tokens_model=m.tokens_model, stats=m.stats_dict,
+                             stopped=m.stopped, created_at=m.created_at)
+
+    def rewind(self, chat_id: int, position: int) -> None:
+        """Show the branch only up to the message before position: the next message added
+        becomes a new version of the one at position (which stays, as do those after it)."""
+        branch = self.messages(chat_id)
+        self.update_chat(chat_id, leaf_id=branch[position - 1].id if position > 0 else None)
+
+    def show_version(self, chat_id: int, message_id: int) -> list[Message]:
+        """Show the branch through message_id (one of the chat's messages): down to the
+        newest message after it. The branch shown."""
+        thread = self.thread(chat_id)
+        if message_id not in thread.by_id:
+            raise MessageNotFound(message_id)
+        self.update_chat(chat_id, leaf_id=thread.newest_under(message_id))
+        return self.thread(chat_id).branch
+
+
+MARK, END_MARK = "\x02", "\x03"  # around the matches in a search snippet
+
+
+@dataclass
+class Found:
+    """A chat that a search found, with a snippet of a message that matched ("" if only its
+    title did)."""
+
+    chat: Chat
+    snippet: str
+
+
+def _match_query(words: str) -> str:
+    """An FTS5 query for every word of words, the last as a prefix ("" if none): each word
+    quoted, so that nothing a user types is taken as FTS5 syntax."""
+    tokens = re.findall(r"\w+", words)[:16]
+    if not tokens:
+        return ""
+    quoted = [f'"{token}"' for token in tokens]
+    return " ".join(quoted[:-1] + [quoted[-1] + "*"])
+
+
+@dataclass
+class Thread:
+    """A chat's messages as a tree (by parent_id), and its branch shown (up to leaf_id)."""
+
+    messages: list[Message]  # every version, oldest first
+    leaf_id: int | None
+
+    def __post_init__(self):
+        self.by_id = {m.id: m for m in self.messages}
+        self.children: dict[int | None, list[int]] = {}
+        for m in self.messages:
+            self.children.setdefault(m.parent_id, []).append(m.id)
+
+    @property
+    def branch(self) -> list[Message]:
+        """The branch shown, first message first."""
+        return self.branch_to(self.leaf_id)
+
+    def branch_to(self, message_id: int | None) -> list[Message]:
+        """The messages from the first to message_id, first first."""
+        branch, at = [], self.by_id.get(message_id)
+        while at is not None:
+            branch.append(at)
+            at = self.by_id.get(at.parent_id)
+        return branch[::-1]
+
+    def version(self, message: Message) -> tuple[int, int]:
+        """Which version the message is, and of how many: (1, 1) for a message never edited
+        or retried."""
+        versions = self.children[message.parent_id]
+        return versions.index(message.id) + 1, len(versions)
+
+    def versions(self, message: Message) -> list[int]:
+        """The ids of the message's versions (itself included), oldest first."""
+        return list(self.children[message.parent_id])
+
+    def newest_under(self, message_id: int) -> int:
+        """The id of the newest message in the subtree of message_id (itself if none)."""
+        newest, todo = message_id, [message_id]
+        while todo:
+            at = todo.pop()
+            newest = max(newest, at)
+            todo.extend(self.children.get(at, ()))
+        return newest

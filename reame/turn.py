@@ -31,7 +31,7 @@ class TurnStats:
     """What a turn did, in numbers (render.stats_text words them for people)."""
 
     reused: int = 0  # history tokens whose KV was reused
-    source: str = "none"  # where they came from: live / disk / prefix / none
+    source: str = "none"  # where they came from: live / disk / branch / prefix / none
     restore_ms: float = 0.0  # reading and loading a KV file
     prompt_tokens: int = 0
     prefilled: int = 0  # tokens evaluated for the prompt
@@ -85,6 +85,7 @@ class Job:
     drop: Drop | None = None  # messages that left the chat's window in this turn
     outside: int = 0  # messages before the window
     shared_opening: bool = False  # the system prompt is the server's default (cache.SHARED)
+    branched_from: int | None = None  # the chat this one was branched from (its KV file)
 
 
 class Keeper(Protocol):
@@ -190,7 +191,8 @@ class TurnRunner:
         evaluate the rest; the restore as the cache reported it. A step after the restore and
         between two decodes; none after the last decode (its logits are to be sampled)."""
         engine, cache, prompt = self.engine, self.cache, job.prompt
-        restored = cache.prepare(job.chat_id, prompt, job.drop, scope=job.scope)
+        restored = cache.prepare(job.chat_id, prompt, job.drop, scope=job.scope,
+                                 parent=job.branched_from)
         stats.reused, stats.source, stats.restore_ms = (
             restored.reused, restored.source, restored.restore_ms)
         if job.drop is not None:

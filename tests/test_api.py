@@ -148,3 +148,32 @@ def test_a_malformed_config_stops_the_start_naming_the_line(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "line 3: n_threads 4" in result.stderr
+
+
+def test_versions_and_branches_through_the_api(server):
+    client = client_for(server)
+    chat_id = client.predict("", None, api_name="/new_chat")
+    client.predict(chat_id, "Say hello.", api_name="/send")
+    client.predict(chat_id, "Which planet do we live on?", api_name="/send")
+    before = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [m["version"] for m in before] == [1, 1, 1, 1]
+    edited = client.predict(chat_id, before[2]["id"], "Say goodbye.", api_name="/edit_message")
+    shown = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert shown[-1]["content"] == edited
+    assert (shown[2]["version"], shown[2]["versions"]) == (2, 2)
+    assert shown[2]["parent_id"] == before[1]["id"]
+    thread = client.predict(chat_id, api_name="/get_thread")
+    assert len(thread["messages"]) == 6 and thread["leaf_id"] == shown[-1]["id"]
+    back = client.predict(chat_id, before[2]["id"], api_name="/show_version")
+    assert [m["content"] for m in back["messages"]] == [m["content"] for m in before]
+
+    branch_id = client.predict(chat_id, before[1]["id"], api_name="/branch")
+    branch = client.predict(branch_id, api_name="/get_chat")
+    assert branch["branched_from"] == chat_id
+    assert [m["content"] for m in branch["messages"]] == [m["content"] for m in before[:2]]
+    client.predict(branch_id, "Name a colour.", api_name="/send")
+    stats = client.predict(branch_id, api_name="/get_chat")["messages"][-1]["stats"]
+    assert stats["source"] in ("live", "branch") and stats["reused"] > 20
+    assert stats["prefilled"] == stats["prompt_tokens"] - stats["reused"]
+    with pytest.raises(Exception, match="not in"):
+        client.predict(branch_id, before[3]["id"], api_name="/show_version")

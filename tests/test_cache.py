@@ -188,11 +188,12 @@ def test_a_turn_restores_its_file_while_it_tokenizes_the_prompt(folder, model_pa
     later = Node(folder, model_path)  # a restart; the chat was not opened (an API client)
     events = []
     restore, tokenize = later.engine.restore, later.engine.tokenize
-    restoring_now = threading.Event()
+    restoring_now, restore_started = threading.Event(), threading.Event()
 
     def restoring(*args, **kwargs):
         events.append(("restore starts", threading.current_thread().name))
         restoring_now.set()
+        restore_started.set()
         time.sleep(0.3)  # long enough for the turn's tokenizing to happen meanwhile
         ok = restore(*args, **kwargs)
         restoring_now.clear()
@@ -200,6 +201,10 @@ def test_a_turn_restores_its_file_while_it_tokenizes_the_prompt(folder, model_pa
         return ok
 
     def tokenizing(*args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            # The engine's thread may not have started the restore yet (the turn's own
+            # reads are quick): the point is that the turn does not wait for it to end.
+            restore_started.wait(5)
         events.append(("tokenize during the restore" if restoring_now.is_set() else "tokenize",
                        threading.current_thread().name))
         return tokenize(*args, **kwargs)

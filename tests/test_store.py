@@ -82,9 +82,51 @@ def test_unknown_chat_raises(store):
         store.update_chat(42, title="x")
 
 
-def test_delete_messages_from_position(store):
+def test_a_new_version_keeps_the_old_one(store):
     chat = new_chat(store)
     for n in range(4):
         store.add_message(chat.id, "user" if n % 2 == 0 else "assistant", str(n))
-    assert store.delete_messages_from(chat.id, 2) == 2
+    store.rewind(chat.id, 2)  # an edit of message 2
     assert [m.content for m in store.messages(chat.id)] == ["0", "1"]
+    edited = store.add_message(chat.id, "user", "2b")
+    store.add_message(chat.id, "assistant", "3b")
+    thread = store.thread(chat.id)
+    assert [m.content for m in thread.branch] == ["0", "1", "2b", "3b"]
+    assert len(thread.messages) == 6, "nothing was deleted"
+    assert thread.version(edited) == (2, 2)
+    assert thread.version(thread.branch[0]) == (1, 1)
+    original = next(m for m in thread.messages if m.content == "2")
+    assert [m.content for m in store.show_version(chat.id, original.id)] == ["0", "1", "2", "3"]
+    assert [m.content for m in store.show_version(chat.id, edited.id)] == ["0", "1", "2b", "3b"]
+
+
+def test_a_reply_follows_the_message_it_answers_whatever_is_shown(store):
+    chat = new_chat(store)
+    question = store.add_message(chat.id, "user", "q")
+    store.rewind(chat.id, 0)
+    store.add_message(chat.id, "user", "q2")  # shown meanwhile: another version
+    reply = store.add_message(chat.id, "assistant", "a", after=question.id)
+    assert [m.content for m in store.messages(chat.id)] == ["q", "a"]
+    assert reply.position == 1
+
+
+def test_a_database_of_lists_becomes_one_branch_each(tmp_path):
+    path = tmp_path / "reame.db"
+    store = Store(path)
+    chat = new_chat(store)
+    for n in range(3):
+        store.add_message(chat.id, "user" if n % 2 == 0 else "assistant", str(n))
+    empty = new_chat(store)
+    conn = sqlite3.connect(path)  # as a database made before the message tree
+    conn.execute("DROP INDEX ix_message_parent_id")
+    conn.execute("ALTER TABLE message DROP COLUMN parent_id")
+    conn.execute("ALTER TABLE chat DROP COLUMN leaf_id")
+    conn.execute("ALTER TABLE chat DROP COLUMN branched_from")
+    conn.execute("DELETE FROM migrations WHERE name = '004_message_tree'")
+    conn.commit()
+    conn.close()
+    upgraded = Store(path)
+    assert [m.content for m in upgraded.messages(chat.id)] == ["0", "1", "2"]
+    assert upgraded.messages(empty.id) == []
+    upgraded.add_message(chat.id, "assistant", "3")
+    assert [m.position for m in upgraded.messages(chat.id)] == [0, 1, 2, 3]

@@ -14,20 +14,23 @@ import gradio as gr
 from ..chat import ChatError, ChatNotFound, ChatService
 from ..chat_settings import ChatSettings
 from ..settings import Settings, SettingsError
-from ..store import Chat, Message
+from ..store import Chat, Message, Thread
 from .user import user_of
 
 
 def chat_summary(chat: Chat) -> dict[str, Any]:
     return {"id": chat.id, "title": chat.title, "created_at": chat.created_at,
-            "updated_at": chat.updated_at}
+            "updated_at": chat.updated_at, "branched_from": chat.branched_from}
 
 
-def message_dict(message: Message, window_start: int = 0) -> dict[str, Any]:
-    out = {"id": message.id, "role": message.role, "content": message.content,
-           "created_at": message.created_at,
+def message_dict(message: Message, thread: Thread, window_start: int = 0) -> dict[str, Any]:
+    version, versions = thread.version(message)
+    out = {"id": message.id, "parent_id": message.parent_id, "role": message.role,
+           "content": message.content, "created_at": message.created_at,
            # whether the model still sees it (long chats drop their oldest messages)
-           "in_window": message.position >= window_start}
+           "in_window": message.position >= window_start,
+           # an edit or a retry adds a version beside the old ones (/show_version)
+           "version": version, "versions": versions}
     if message.role == "assistant":
         out["stopped"] = message.stopped
         out["stats"] = message.stats_dict or None
@@ -198,15 +201,48 @@ def register_api(service: ChatService, *, settings_group: str,
         """Your chats, most recently active first."""
         return [chat_summary(chat) for chat in service.list_chats(user_of(request))]
 
+    def shown_chat(chat: Chat, thread: Thread, *, every_version: bool = False) -> dict:
+        messages = thread.messages if every_version else thread.branch
+        return {**chat_summary(chat), **ChatSettings.of(chat).as_dict(),
+                "leaf_id": chat.leaf_id,
+                "messages": [message_dict(m, thread, chat.window_start) for m in messages]}
+
     def get_chat(chat_id: int, request: gr.Request = None) -> dict:
-        """One chat: its settings, and its messages with each reply's stats."""
-        user = user_of(request)
+        """One chat: its settings, and the messages of the branch shown, with each reply's
+        stats and each message's version ("version" of "versions")."""
         try:
-            chat, messages = service.chat_and_messages(int(chat_id), user)
+            chat, thread = service.thread(int(chat_id), user_of(request))
         except ChatNotFound as exc:
             raise _user_error(exc) from None
-        return {**chat_summary(chat), **ChatSettings.of(chat).as_dict(),
-                "messages": [message_dict(m, chat.window_start) for m in messages]}
+        return shown_chat(chat, thread)
+
+    def get_thread(chat_id: int, request: gr.Request = None) -> dict:
+        """One chat with every version of every message, oldest first: a tree by parent_id,
+        whose branch shown ends at leaf_id."""
+        try:
+            chat, thread = service.thread(int(chat_id), user_of(request))
+        except ChatNotFound as exc:
+            raise _user_error(exc) from None
+        return shown_chat(chat, thread, every_version=True)
+
+    def show_version(chat_id: int, message_id: int, request: gr.Request = None) -> dict:
+        """Show another version of a message (an earlier edit or reply) and the newest
+        messages after it; returns the chat as /get_chat does."""
+        user = user_of(request)
+        try:
+            service.show_version(int(chat_id), int(message_id), user)
+            chat, thread = service.thread(int(chat_id), user)
+        except (ChatNotFound, ChatError) as exc:
+            raise _user_error(exc) from None
+        return shown_chat(chat, thread)
+
+    def branch(chat_id: int, message_id: int, request: gr.Request = None) -> int:
+        """A new chat with this chat's messages up to message_id ("Branch from here"); its
+        first turn restores their KV from this chat's file. Returns the new chat's id."""
+        try:
+            return service.branch(int(chat_id), int(message_id), user_of(request)).id
+        except (ChatNotFound, ChatError) as exc:
+            raise _user_error(exc) from None
 
     def rename_chat(chat_id: int, title: str, request: gr.Request = None) -> dict:
         """Give a chat a new title."""
@@ -240,8 +276,8 @@ def register_api(service: ChatService, *, settings_group: str,
     for fn in (send, regenerate, edit_message):
         # Any number at once: the scheduler runs them in turn, or says the server is full.
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
-    for fn in (new_chat, list_chats, get_chat, rename_chat, update_chat, delete_chat,
-               type_ahead, cache_stats):
+    for fn in (new_chat, list_chats, get_chat, get_thread, show_version, branch, rename_chat,
+               update_chat, delete_chat, type_ahead, cache_stats):
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
 
 

@@ -1,0 +1,103 @@
+"""Versions and branches with the real model: an edit or a retry keeps what it replaces, and a
+branch reuses the KV of the chat it came from."""
+
+from __future__ import annotations
+
+import pytest
+
+from reame.chat import ChatError
+from reame.render import stats_text
+from reame.store import ChatNotFound
+from reame.window import turns_of
+
+from .test_cache import Node
+
+
+def roles_and_texts(messages):
+    return [(m.role, m.content) for m in messages]
+
+
+@pytest.fixture
+def node(tmp_path, model_path):
+    return Node(tmp_path, model_path)
+
+
+def test_a_retry_keeps_the_old_reply_as_a_version(node):
+    service = node.service
+    chat = service.new_chat()
+    service.update_settings(chat.id, temperature=1.0)
+    first = node.finish(service.send(chat.id, "Tell me a short story about a cat.", seed=1))
+    second = node.finish(service.regenerate(chat.id, seed=2))
+    assert first.text != second.text, "two seeds, two stories"
+    _, thread = service.thread(chat.id)
+    reply = thread.branch[-1]
+    assert reply.content == second.text and thread.version(reply) == (2, 2)
+    old = thread.by_id[thread.versions(reply)[0]]
+    assert old.content == first.text, "the first reply is kept"
+    shown = service.show_version(chat.id, old.id)
+    assert shown[-1].content == first.text
+    # The next message follows the version shown.
+    node.finish(service.send(chat.id, "Thanks.", seed=3))
+    assert [m.content for m in service.messages(chat.id)][:2] == [
+        "Tell me a short story about a cat.", first.text]
+
+
+def test_an_edit_keeps_the_later_turns_in_the_old_version(node):
+    service = node.service
+    chat = service.new_chat()
+    node.say(chat.id, "Which planet do we live on?")
+    node.say(chat.id, "Say hello.")
+    node.say(chat.id, "Thank you!")
+    before = service.messages(chat.id)
+    node.finish(service.edit_message(chat.id, before[2].id, "Say goodbye."))
+    after = service.messages(chat.id)
+    assert len(after) == 4 and after[2].content == "Say goodbye."
+    assert roles_and_texts(service.show_version(chat.id, before[2].id)) == roles_and_texts(
+        before), "the old version comes back whole, its later turns included"
+    _, thread = service.thread(chat.id)
+    assert thread.version(thread.branch[2]) == (1, 2)
+
+
+def test_a_branch_restores_the_shared_history_from_its_parent_file(node, tmp_path,
+                                                                     model_path):
+    service = node.service
+    chat = service.new_chat()
+    node.say(chat.id, "Which planet do we live on?")
+    node.say(chat.id, "Name a large ocean on it.")
+    node.say(chat.id, "Thank you!")
+    messages = service.messages(chat.id)
+    node.kv.flush()
+    branch = service.branch(chat.id, messages[3].id)
+    assert branch.title.endswith("(branch)") and branch.id != chat.id
+    assert roles_and_texts(service.messages(branch.id)) == roles_and_texts(messages[:4])
+    later = Node(tmp_path, model_path)  # after a restart: nothing live
+    turn = later.finish(later.service.send(branch.id, "And a small sea?"))
+    shared = len(later.service.prompts.tokens(
+        chat.system_prompt, turns_of(messages[:4], later.engine.fingerprint)))
+    assert turn.stats.source == "branch", turn.stats
+    assert turn.stats.reused >= shared - 64, "the history they share is not recomputed"
+    assert turn.stats.prefilled == turn.stats.prompt_tokens - turn.stats.reused
+    assert "from the chat it branched from" in stats_text(turn.stats)
+    # The parent is unchanged, and the same reply comes from a chat with no KV at all.
+    assert roles_and_texts(service.messages(chat.id)) == roles_and_texts(messages)
+    cold = Node(tmp_path / "cold", model_path, enabled=False)
+    twin = cold.service.new_chat()
+    cold.store.copy_messages(twin.id, messages[:4])
+    assert cold.finish(cold.service.send(twin.id, "And a small sea?")).text == turn.text
+
+
+def test_versions_and_branches_are_the_owners_alone(node):
+    service = node.service
+    chat = service.new_chat(user="alice")
+    node.finish(service.send(chat.id, "Hello!", user="alice"))
+    message = service.messages(chat.id, "alice")[0]
+    for call in (lambda: service.branch(chat.id, message.id, "bob"),
+                 lambda: service.show_version(chat.id, message.id, "bob"),
+                 lambda: service.thread(chat.id, "bob")):
+        with pytest.raises(ChatNotFound):
+            call()
+    other = service.new_chat(user="alice")
+    with pytest.raises(ChatError, match="not in"):
+        service.show_version(other.id, message.id, "alice")
+    with pytest.raises(ChatError, match="not in"):
+        service.branch(other.id, message.id, "alice")
