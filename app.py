@@ -20,11 +20,12 @@ from reame.web.guard import Guard
 from reame.web.login import WebLogins
 from reame.web.named_api import register_api
 from reame.web.page import build_page
-from reame.web.page_parts import CSS
+from reame.web.page_parts import CSS, PAGE_JS
 
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
 MAX_REQUEST_BYTES = 2 << 20  # any request body (the page, the Gradio API, /v1)
+MAX_UPLOAD_BYTES = 64 << 20  # a file uploaded through the page: chats to import
 SETTINGS = "settings"  # one settings change at a time (turns: the scheduler bounds them)
 
 
@@ -44,7 +45,8 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         register_api(service, settings_group=SETTINGS, settings=settings,
                      can_configure=can_configure)
         build_page(demo, service, settings_group=SETTINGS, settings=settings, title="Reame",
-                   can_configure=can_configure)
+                   can_configure=can_configure,
+                   name_of=accounts.name_of if accounts is not None else lambda user: None)
     demo.queue(default_concurrency_limit=8)
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
     if accounts is not None:
@@ -55,11 +57,14 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     app.add_exception_handler(Exception, internal_error)
     app = gr.mount_gradio_app(
         app, demo, path="/", auth=accounts.check_password if accounts is not None else None,
-        auth_message="Reame: log in with your user name and password.", css=CSS,
+        auth_message="Reame: log in with your user name and password.", css=CSS, js=PAGE_JS,
         # Only gr.Error messages reach clients; anything else is logged, not shown.
-        show_error=False, ssr_mode=False, run_history=False)
+        show_error=False, ssr_mode=False, run_history=False,
+        # Not Gradio's own "Settings" link: the page has a Settings tab of its own.
+        footer_links=["api", "gradio"])
     server = config.server
     return Guard(app, allowed_hosts=server.allowed_host_names, max_body=MAX_REQUEST_BYTES,
+                 max_upload=MAX_UPLOAD_BYTES,
                  allowed_origins=server.allowed_origin_list)
 
 

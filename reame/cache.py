@@ -19,8 +19,11 @@ whatever users do: made when the model loads, and pinned against eviction).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 # Where restored history comes from when it is read from a file: the chat's own, the chat it
 # was branched from, a prefix shared with other chats.
 FROM_FILES = ("disk", "branch", "prefix")
+TOTALS_FILE = "totals.json"  # in the KV folder: the Cache panel's figures, kept at restart
 MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
 
 
@@ -107,6 +111,7 @@ class KVCache:
         self.counts: dict[str, Counts] = {}  # per scope
         self._live: dict[int, Live] = {}  # per engine sequence
         self.index = FileIndex(files) if files is not None else None
+        self._load_totals()
 
     @property
     def enabled(self) -> bool:
@@ -359,6 +364,7 @@ class KVCache:
         """Queue the chat's KV file with the exact tokens the KV holds (chat_id None: a
         stateless conversation's); return the ms the turn spent on it (copying the state out
         of llama.cpp; the write is in the background)."""
+        self._save_totals()
         if chat_id is None:
             return self._save_conversation()
         if self.files is None or not self.engine.tokens:
@@ -385,6 +391,57 @@ class KVCache:
         self.files.write_later(path, tokens, self.engine.state(), batches, self.scope)
         self.index.add(path, tokens, batches, self.scope)
         return (time.perf_counter() - started) * 1000
+
+    # The figures of the Cache panel outlive a restart: kept beside the files, the prefill
+    # rate per model (it turns tokens restored into time saved).
+
+    @property
+    def _totals_path(self) -> Path | None:
+        return self.files.folder / TOTALS_FILE if self.files is not None else None
+
+    def _load_totals(self) -> None:
+        path = self._totals_path
+        try:
+            data = json.loads(path.read_text(encoding="utf-8")) if path else {}
+            rate = data.get("prefill_rates", {}).get(self.engine.fingerprint, 0.0)
+            counts = {str(scope): Counts(*(int(n) for n in numbers))
+                      for scope, numbers in data.get("counts", {}).items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("the cache's totals in %s are unreadable (%s): starting from zero",
+                        path, exc)
+            return
+        if isinstance(rate, (int, float)) and rate > 0:
+            self.prefill_rate = float(rate)
+        self.counts.update(counts)
+
+    def _save_totals(self) -> None:
+        path = self._totals_path
+        if path is None:
+            return
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+            rates = dict(old.get("prefill_rates", {}))
+        except (OSError, ValueError, AttributeError):
+            rates = {}
+        if self.prefill_rate:
+            rates[self.engine.fingerprint] = round(self.prefill_rate, 2)
+        data = {"prefill_rates": rates, "counts": {
+            scope: [c.lookups, c.hits, c.tokens_saved] for scope, c in self.counts.items()}}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".tmp")
+            partial.write_text(json.dumps(data), encoding="utf-8")
+            os.replace(partial, path)
+        except OSError as exc:
+            log.warning("could not keep the cache's totals in %s: %s", path, exc)
+
+    def chats_ready(self, chat_ids: Iterable[int]) -> int:
+        """How many of these chats have a KV file of this model to continue from."""
+        if self.files is None:
+            return 0
+        return sum(self.files.chat_path(chat_id).exists() for chat_id in chat_ids)
 
     def set_disk_budget(self, max_bytes: int) -> None:
         """Keep the KV files within max_bytes from now on (the oldest go first, at once)."""

@@ -10,7 +10,9 @@ turns under way (gate.py).
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +31,7 @@ from .prompt import PromptBuilder, Turn
 from .scheduler import Scheduler, Waiting
 from .store import Chat, ChatNotFound, Found, Message, MessageNotFound, Store, Thread
 from .titles import DEFAULT_TITLE, checked_title, title_from
+from .transfer import BadImport, export_all, export_chat, parse_import, to_markdown
 from .turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
 from .window import Window, fit
 
@@ -180,7 +183,7 @@ class ChatService:
     def empty_chat(self, user: str | None = None) -> Chat:
         """The page's "New chat": the user's newest chat if it is still empty and untitled,
         else a new one (pressing it twice does not make two empty chats)."""
-        newest = next(iter(self.store.list_chats(owner=user)), None)
+        newest = self.store.newest_chat(user)
         if (newest is not None and newest.leaf_id is None and newest.title == DEFAULT_TITLE
                 and ChatSettings.of(newest) == self.defaults):
             return newest
@@ -247,6 +250,43 @@ class ChatService:
         if chat.window_start <= history[-1].position:
             copy = self.store.update_chat(copy.id, window_start=chat.window_start)
         return copy
+
+    def export_file(self, chat_id: int | None, user: str | None = None, *,
+                    markdown: bool = False) -> dict[str, str]:
+        """A chat (None: all the user's chats) as a file to save: {"name", "type", "text"};
+        JSON in Reame's documented format (transfer.py), or the branch shown as Markdown."""
+        if chat_id is None:
+            chats = [self.thread(chat.id, user) for chat in self.list_chats(user)]
+            return {"name": "reame-chats.json", "type": "application/json",
+                    "text": json.dumps(export_all(chats), ensure_ascii=False, indent=1)}
+        chat, thread = self.thread(chat_id, user)
+        name = re.sub(r"[^\w-]+", "-", chat.title).strip("-")[:60] or "chat"
+        if markdown:
+            return {"name": f"{name}.md", "type": "text/markdown",
+                    "text": to_markdown(chat, thread)}
+        return {"name": f"{name}.json", "type": "application/json",
+                "text": json.dumps(export_chat(chat, thread), ensure_ascii=False, indent=1)}
+
+    def import_chats(self, data: bytes | str, user: str | None = None) -> list[Chat]:
+        """Chats from an export: Reame's JSON (one chat or all) or ChatGPT's
+        conversations.json. All or nothing is checked before anything is stored (BadImport,
+        TooManyChats); their KV is built on their first turn. The chats made, newest first."""
+        try:
+            parsed = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadImport(f"the file is not JSON ({exc})") from None
+        imported = parse_import(parsed)
+        settings = [chat.settings_over(self.defaults) for chat in imported]
+        made = []
+        with self._creating:
+            if self.store.count_chats(user) + len(imported) > self.max_chats:
+                raise TooManyChats(f"this would make more than {self.max_chats:,} chats, the "
+                                   "most this server keeps for one user")
+            for chat, chosen in zip(imported, settings):
+                made.append(self.store.create_chat(title=chat.title, owner=user,
+                                                   **chosen.as_dict()))
+                self.store.add_tree(made[-1].id, chat.messages, chat.current)
+        return [self.get_chat(chat.id, user) for chat in reversed(made)]
 
     def search(self, words: str, user: str | None = None) -> list[Found]:
         """The user's chats whose title or messages hold every word (Store.search)."""
@@ -332,7 +372,11 @@ class ChatService:
         or only those of user's own turns."""
         if not self.cache:
             return {"enabled": False}
-        return self.cache.stats(None if whole_server else user_scope(user))
+        stats = self.cache.stats(None if whole_server else user_scope(user))
+        chats = self.store.chat_ids() if whole_server else {
+            chat.id for chat in self.store.list_chats(user)}
+        stats["chats_ready"] = self.cache.chats_ready(chats)
+        return stats
 
     # turns
 

@@ -113,27 +113,29 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
 
 def message_tools(message: Message, thread: Thread) -> str:
     """The buttons under a message: ‹ 2/3 › between its versions (when it was edited or
-    retried), and "Branch from here" under a reply. The page's script (page_parts.PAGE_JS)
-    sends their data-reame-action; no other markup in a message carries one (inert_html)."""
+    retried), and "Branch from here" under a reply. The Chatbot's sanitizer keeps only
+    classes and titles, so a button's action is its class, reame-act-KIND-ID, which the
+    page's script sends (page.js); users' text never carries a class (inert_html)."""
     version, versions = thread.version(message)
     ids = thread.versions(message)
     buttons = []
     if versions > 1:
         buttons += [
-            _tool("‹", f"show:{ids[version - 2]}" if version > 1 else None, "Previous version"),
+            _tool("‹", "Previous version", f"show-{ids[version - 2]}" if version > 1 else None),
             f'<span class="reame-version-of">{version}/{versions}</span>',
-            _tool("›", f"show:{ids[version]}" if version < versions else None, "Next version")]
+            _tool("›", "Next version", f"show-{ids[version]}" if version < versions else None)]
     if message.role == "assistant":
-        buttons.append(_tool("Branch from here", f"branch:{message.id}"))
+        buttons.append(_tool("Branch from here", "Branch from here", f"branch-{message.id}"))
     if not buttons:
         return ""
     return f'\n\n<div class="reame-tools">{"".join(buttons)}</div>'
 
 
-def _tool(label: str, action: str | None, title: str | None = None) -> str:
-    title = title or label
+def _tool(label: str, name: str, action: str | None) -> str:
+    """A button of message_tools; a symbol's name is said to screen readers. No action: a
+    greyed symbol (the first or last version), not a button."""
+    spoken = f'<span class="reame-sr"> {name}</span>' if name != label else ""
     if action is None:
-        return (f'<button class="reame-tool" disabled aria-label="{title}" title="{title}">'
-                f"{label}</button>")
-    return (f'<button class="reame-tool" data-reame-action="{action}" aria-label="{title}" '
-            f'title="{title}">{label}</button>')
+        return f'<span class="reame-tool reame-off" title="{name}">{label}{spoken}</span>'
+    return (f'<button class="reame-tool reame-act-{action}" title="{name}">'
+            f"{label}{spoken}</button>")

@@ -286,6 +286,12 @@ class Store:
                 snippets.setdefault(chat_id, snippet)
         return [Found(chat, snippets.get(chat.id, "")) for chat in chats]
 
+    def newest_chat(self, owner: str | None = None) -> Chat | None:
+        """The owner's chat made last (None if they have none)."""
+        with self._session() as session:
+            return session.exec(select(Chat).where(_owned_by(owner))
+                                .order_by(Chat.id.desc()).limit(1)).first()
+
     def count_chats(self, owner: str | None = None) -> int:
         """How many chats the owner has (None: chats made without accounts)."""
         with self._session() as session:
@@ -387,6 +393,34 @@ class Store:
             self.add_message(chat_id, m.role, m.content, tokens=m.token_list,
                              tokens_model=m.tokens_model, stats=m.stats_dict,
                              stopped=m.stopped, created_at=m.created_at)
+
+    def add_tree(self, chat_id: int, messages: Iterable, current: object | None) -> None:
+        """Messages of an imported tree, in one transaction: each has key, parent (a key
+        before it, or None), role, content, created_at (or None), stopped and stats (dict or
+        None). The branch shown ends at the message keyed current (None: the last)."""
+        with self._session() as session:
+            chat = session.get(Chat, chat_id)
+            if chat is None:
+                raise ChatNotFound(chat_id)
+            stored: dict[object, Message] = {}
+            for m in messages:
+                parent = stored.get(m.parent) if m.parent is not None else None
+                message = Message(
+                    chat_id=chat_id, parent_id=parent.id if parent else None,
+                    position=parent.position + 1 if parent else 0, role=m.role,
+                    content=m.content, stats=json.dumps(m.stats) if m.stats else None,
+                    stopped=m.stopped)
+                if m.created_at is not None:
+                    message.created_at = m.created_at
+                session.add(message)
+                session.flush()
+                stored[m.key] = message
+            leaf = stored.get(current) if current is not None else None
+            if leaf is None and stored:
+                leaf = list(stored.values())[-1]
+            chat.leaf_id = leaf.id if leaf is not None else None
+            session.add(chat)
+            session.commit()
 
     def rewind(self, chat_id: int, position: int) -> None:
         """Show the branch only up to the message before position: the next message added

@@ -45,7 +45,8 @@ SUBMIT = "#message [data-testid=submit-button]"
 TOAST = ".toast-body"
 # Gradio's "Error" pill over an output (it stays in the page, hidden, once used).
 ERROR_BADGE = "[data-testid=status-tracker]:not(.hide) .error"
-CHATS = "#chat-list label"
+CHATS = "#chat-list .reame-open"  # one per chat in the sidebar's list
+CURRENT = "#chat-list .reame-open[aria-current=page]"
 # The Chatbot's buttons (its own aria-labels): retry under the last reply, edit on each message
 # of the user, and the edit box with its submit button.
 RETRY = "#chatbot button[aria-label=Retry]"
@@ -57,6 +58,12 @@ CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
 ITALY = "What is the capital of Italy?"
 STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")
+# The buttons under a message (reame/render.py, message_tools), as its text shows them.
+TOOLS_LINE = re.compile(r"(?:\s|[‹›]|Previous version|Next version|\d+/\d+|Branch from here)*$")
+VERSIONS = "#chatbot .reame-version-of"
+PREVIOUS = "#chatbot .reame-tool[title='Previous version']"
+NEXT = "#chatbot .reame-tool[title='Next version']"
+BRANCH = "#chatbot .reame-tool[title='Branch from here']"
 # The head of a stats line when the history's KV was reused, from the context or from a file.
 REUSED = re.compile(r"^(?:reused ([\d,]+) tokens in memory|restored ([\d,]+) tokens from disk "
                     r"in [\d,]+ ms) · prefilled ([\d,]+) in ")
@@ -119,18 +126,19 @@ def shown_as_loaded(page: Page, load) -> None:
     """Wait until the page shows what its load event answered: every chat in the list."""
     assert load.ok, load.status
     chat_list = load.json()["data"][1]  # the outputs' order: see reame/web/page.py, `view`
-    expect(page.locator(CHATS)).to_have_count(len(chat_list["choices"]))
+    if isinstance(chat_list, dict):
+        chat_list = chat_list.get("value") or ""
+    expect(page.locator(CHATS)).to_have_count(chat_list.count('class="reame-open"'))
     expect(page.locator(BOX)).to_be_editable()
 
 
 def new_chat(page: Page) -> None:
-    """Click "New chat" and wait until it is the chat shown: selected, empty."""
-    before = page.locator(CHATS).count()
+    """Click "New chat" and wait until it is the chat shown: selected, empty (the newest
+    chat, if it was still empty, or a new one)."""
     page.click("#new-chat")
-    expect(page.locator(CHATS)).to_have_count(before + 1)
-    expect(page.locator("#chat-list input:checked")).to_have_count(1)
-    assert selected_title(page) == "New chat"
+    expect(page.locator(f"{CURRENT} .reame-title")).to_have_text("New chat")
     expect(page.locator(USER)).to_have_count(0)
+    expect(page.locator(BOX)).to_be_focused()
 
 
 def open_panel_and_type(page: Page, panel: str, field: str, value: str) -> None:
@@ -151,7 +159,20 @@ def open_panel_and_type(page: Page, panel: str, field: str, value: str) -> None:
 
 
 def selected_title(page: Page) -> str:
-    return page.locator(CHATS).filter(has=page.locator("input:checked")).inner_text().strip()
+    return page.locator(f"{CURRENT} .reame-title").inner_text().strip()
+
+
+def current_id(page: Page) -> int:
+    """The id of the chat the page shows (its row in the list)."""
+    return int(page.locator(CURRENT).evaluate("b => b.closest('.reame-row').dataset.chat"))
+
+
+def chat_menu(page: Page, title: str, item: str) -> None:
+    """Open the menu of the chat titled title in the list, and choose item in it."""
+    row = page.locator("#chat-list .reame-row").filter(
+        has=page.locator(".reame-title", has_text=title))
+    row.locator("summary").click()
+    row.get_by_role("button", name=item, exact=True).click()
 
 
 def wait_for_reply_done(page: Page, n_replies: int) -> None:
@@ -184,6 +205,9 @@ def typed_ahead_call(response, text: str) -> bool:
 
 
 def without_stats(shown: str) -> str:
+    """A message's text as shown, without the lines the page adds: its tools (versions,
+    "Branch from here") and its stats line."""
+    shown = TOOLS_LINE.sub("", shown.strip())
     return shown.rsplit("\n", 1)[0].strip() if STATS_TAIL.search(shown) else shown.strip()
 
 

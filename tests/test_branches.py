@@ -86,16 +86,21 @@ def test_a_branch_restores_the_shared_history_from_its_parent_file(node, tmp_pat
     assert cold.finish(cold.service.send(twin.id, "And a small sea?")).text == turn.text
 
 
-def test_versions_and_branches_are_the_owners_alone(node):
+def test_versions_branches_search_and_exports_are_the_owners_alone(node):
     service = node.service
     chat = service.new_chat(user="alice")
-    node.finish(service.send(chat.id, "Hello!", user="alice"))
+    node.finish(service.send(chat.id, "Hello from Zanzibar!", user="alice"))
     message = service.messages(chat.id, "alice")[0]
     for call in (lambda: service.branch(chat.id, message.id, "bob"),
                  lambda: service.show_version(chat.id, message.id, "bob"),
-                 lambda: service.thread(chat.id, "bob")):
+                 lambda: service.thread(chat.id, "bob"),
+                 lambda: service.toggle_pin(chat.id, "bob"),
+                 lambda: service.export_file(chat.id, "bob")):
         with pytest.raises(ChatNotFound):
             call()
+    assert [f.chat.id for f in service.search("zanzibar", "alice")] == [chat.id]
+    assert service.search("zanzibar", "bob") == [] and service.search("zanzibar") == []
+    assert "Zanzibar" not in service.export_file(None, "bob")["text"]
     other = service.new_chat(user="alice")
     with pytest.raises(ChatError, match="not in"):
         service.show_version(other.id, message.id, "alice")

@@ -83,7 +83,10 @@ def test_a_model_picked_in_settings_is_loaded_live_and_answers(page, server, mod
     open_settings(page)
     expect(page.locator(STATUS)).to_contain_text(model_path.name)
 
-    # The picker lists both files of models/, described from their headers.
+    # The picker says where it looked, and lists both files of models/, described from
+    # their headers.
+    expect(page.locator("#model-picker")).to_contain_text(
+        f"2 model files in {Path(server.config).parent / 'models'}")
     page.locator("#model-picker input").click()
     options = page.locator("#model-picker [role=option]")
     expect(options).to_have_count(2)

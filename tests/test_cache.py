@@ -565,3 +565,25 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     next(stream)
     assert service.type_ahead(chat.id, "Thank you") == 0
     stream.close()
+
+
+def test_the_cache_s_totals_and_prefill_speed_outlive_a_restart(folder, model_path):
+    node = Node(folder, model_path)
+    chat = node.service.new_chat(system_prompt=LONG_SYSTEM)
+    node.say(chat.id, "Which planet do we live on?")
+    node.kv.flush()
+    later = Node(folder, model_path)
+    later.say(chat.id, "Say hello.")  # restored from disk
+    before = later.service.cache_stats()
+    assert before["prefill_tokens_per_s"] > 0 and before["tokens_restored"] > 0
+    assert before["chats_ready"] == 1
+    again = Node(folder, model_path).service.cache_stats()  # another restart, no turn yet
+    for figure in ("prefill_tokens_per_s", "tokens_restored", "hits", "lookups",
+                   "time_saved_s"):
+        assert again[figure] == pytest.approx(before[figure], rel=0.01), figure
+    assert again["chats_ready"] == 1
+    later.service.delete_chat(chat.id)
+    assert later.service.cache_stats()["chats_ready"] == 0
+    # An unreadable file of totals is a fresh start, not a crash.
+    (folder / "kv" / "totals.json").write_text("{not json")
+    assert Node(folder, model_path).service.cache_stats()["tokens_restored"] == 0

@@ -1,5 +1,7 @@
 """The chat list in a real browser: each chat shows its own messages, choosing another stops a
-reply that streams, rename, delete; and with accounts, a login and only your own chats.
+reply that streams, rename in place, delete, groups, pins, search and keys, export and import,
+copy; and with accounts, Reame's login page and only your own chats. Also writes
+docs/screenshots/chat-list.png.
 
 Helpers and fixtures: tests/browser_helpers.py (the shared server is `page_server` in
 tests/conftest.py; the accounts test starts its own).
@@ -7,14 +9,18 @@ tests/conftest.py; the accounts test starts its own).
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 from playwright.sync_api import expect
 
 from reame.chat import title_from
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
-    BOT, BOX, CAPITAL, CHATS, ERROR_BADGE, REPLY_TIMEOUT, STATS, TOAST, UI_TIMEOUT, USER,
-    VIEWPORT, api, browser, current_chat, new_chat, open_app, open_panel_and_type, page,
+    BOT, BOX, CAPITAL, CHATS, ERROR_BADGE, REPLY_TIMEOUT, SCREENSHOTS, STATS, UI_TIMEOUT, USER,
+    CURRENT, VIEWPORT, api, browser, chat_menu, current_chat, new_chat, open_app, page,
     selected_title, send, server, wait_for_reply_done, without_stats, words)
 from .conftest import Server, write_config
 
@@ -74,57 +80,116 @@ def test_choosing_another_chat_while_a_reply_streams_stops_it(page, server):
     assert client.predict(quiet, api_name="/get_chat")["messages"] == []
 
 
-def test_rename_shows_the_new_title_in_the_sidebar(page, server):
+def test_rename_inline_from_the_chat_s_menu(page, server):
     client = api(server)
     chat_id = client.predict("Before the rename", None, api_name="/new_chat")
     open_app(page, server)
     assert selected_title(page) == "Before the rename", "the newest chat is shown first"
 
-    title_box = page.locator("#rename-box input, #rename-box textarea")
-    open_panel_and_type(page, "#manage", "#rename-box input, #rename-box textarea",
-                        "Renamed in the browser")
-    page.click("#rename-btn")
+    chat_menu(page, "Before the rename", "Rename")
+    title_box = page.locator("#chat-list input.reame-rename")
+    expect(title_box).to_be_focused()
+    expect(title_box).to_have_value("Before the rename")
+    title_box.fill("Renamed in the browser")
+    title_box.press("Enter")
     expect(page.locator(CHATS).filter(has_text="Renamed in the browser")).to_have_count(1)
     expect(page.locator(CHATS).filter(has_text="Before the rename")).to_have_count(0)
     assert selected_title(page) == "Renamed in the browser"
-    expect(title_box).to_have_value("")
     assert client.predict(chat_id, api_name="/get_chat")["title"] == "Renamed in the browser"
 
-    # An empty title is refused with a message; the sidebar stays usable (no "Error" badge).
-    title_box.fill("   ")
-    title_box.press("Enter")
-    expect(page.locator(TOAST).filter(has_text="a chat title cannot be empty")).to_be_visible()
+    # Esc, or an empty title, leaves the title as it was; no "Error" badge anywhere.
+    for keys in ("Escape", "Enter"):
+        chat_menu(page, "Renamed in the browser", "Rename")
+        title_box.fill("   " if keys == "Enter" else "Not this")
+        title_box.press(keys)
+        expect(title_box).to_have_count(0)
+        expect(page.locator(CHATS).filter(has_text="Renamed in the browser")).to_have_count(1)
     expect(page.locator(ERROR_BADGE)).to_have_count(0)
-    assert selected_title(page) == "Renamed in the browser"
     assert client.predict(chat_id, api_name="/get_chat")["title"] == "Renamed in the browser"
 
 
-def test_delete_asks_first_and_removes_the_chat(page, server):
+def test_delete_asks_first_naming_the_chat_and_removes_it(page, server):
     client = api(server)
     chat_id = client.predict("Chat to delete", None, api_name="/new_chat")
     open_app(page, server)
     assert selected_title(page) == "Chat to delete"
-    page.click("#manage .reame-panel-toggle")
-    confirm = page.locator("#confirm-delete")
+    questions = []
 
-    page.click("#delete-btn")
-    expect(confirm).to_be_visible()
-    expect(page.locator("#confirm-text")).to_contain_text("Delete this chat")
-    page.click("#cancel-delete")
-    expect(confirm).to_be_hidden()
+    def answer(dialog, accept):
+        questions.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda dialog: answer(dialog, False))
+    chat_menu(page, "Chat to delete", "Delete")
     expect(page.locator(CHATS).filter(has_text="Chat to delete")).to_have_count(1)
+    assert questions == ["Delete “Chat to delete” and all its messages? This cannot be undone."]
     assert chat_id in [c["id"] for c in client.predict(api_name="/list_chats")]
 
-    page.click("#delete-btn")
-    confirm.click()
+    page.once("dialog", lambda dialog: answer(dialog, True))
+    chat_menu(page, "Chat to delete", "Delete")
     expect(page.locator(CHATS).filter(has_text="Chat to delete")).to_have_count(0)
-    expect(confirm).to_be_hidden()
     assert chat_id not in [c["id"] for c in client.predict(api_name="/list_chats")]
     with pytest.raises(Exception, match="does not exist"):
         client.predict(chat_id, api_name="/get_chat")
-    # Another chat (the newest left) is shown and selected.
+    # Another chat (the most recently active left, pinned or not) is shown and selected.
     listed = client.predict(api_name="/list_chats")
-    assert selected_title(page) == listed[0]["title"]
+    latest = max(listed, key=lambda c: (c["updated_at"], c["id"]))
+    expect(page.locator(f"{CURRENT} .reame-title")).to_have_text(latest["title"])
+
+
+def test_the_list_groups_by_day_pins_searches_and_moves_with_the_keys(page, server):
+    client = api(server)
+    marker = "zanzibar"
+    with_word = client.predict("Spice islands", None, api_name="/new_chat")
+    client.predict(with_word, f"Tell me one fact about {marker.title()}.", api_name="/send")
+    pinned = client.predict("Pinned notes", None, api_name="/new_chat")
+    open_app(page, server)
+    groups = page.locator("#chat-list .reame-group")
+    expect(groups.first).to_have_text("Today")
+
+    chat_menu(page, "Pinned notes", "Pin")
+    expect(groups.first).to_have_text("Pinned")
+    expect(page.locator(CHATS).first).to_contain_text("Pinned notes")
+    # Only the list scrolls: what is below it stays in view, however many chats there are.
+    expect(page.locator("#chat-list")).to_have_css("overflow-y", "auto")
+    expect(page.locator("#export-all")).to_be_in_viewport()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "chat-list.png")
+    assert client.predict(api_name="/list_chats")[0]["id"] == pinned
+
+    # Search by a word of a message: the chat, with the snippet that matched.
+    page.keyboard.press("Control+k")
+    search = page.locator("#chat-search input, #chat-search textarea")
+    expect(search).to_be_focused()
+    search.press_sequentially(marker[:5])
+    expect(page.locator(CHATS)).to_have_count(1)
+    expect(page.locator(CHATS)).to_contain_text("Spice islands")
+    expect(page.locator("#chat-list .reame-snippet mark").first).to_have_text(
+        re.compile(f"^{marker[:5]}", re.IGNORECASE))
+    page.locator(CHATS).click()
+    expect(page.locator(USER)).to_have_text([f"Tell me one fact about {marker.title()}."])
+    expect(search).to_have_value("")
+    expect(page.locator(BOX)).to_be_focused()
+
+    # The list is one Tab stop: the arrow keys move between chats, Enter opens one.
+    page.locator(f"{CHATS}[aria-current=page]").focus()
+    page.keyboard.press("ArrowUp")
+    expect(page.locator(CHATS).first).to_be_focused()
+    page.keyboard.press("Enter")
+    assert_selected = expect(page.locator(f"{CHATS}[aria-current=page]"))
+    assert_selected.to_contain_text("Pinned notes")
+    assert page.locator(f'{CHATS}[tabindex="0"]').count() == 1
+
+
+def test_new_chat_twice_makes_one_empty_chat_and_shortcuts_work(page, server):
+    open_app(page, server)
+    new_chat(page)
+    count = page.locator(CHATS).count()
+    page.click("#new-chat")
+    page.keyboard.press("Control+Shift+O")
+    expect(page.locator(f"{CURRENT} .reame-title")).to_have_text("New chat")
+    expect(page.locator(BOX)).to_be_focused()
+    assert page.locator(CHATS).count() == count, "the empty new chat is reused"
 
 
 def test_with_accounts_the_page_asks_for_a_login_and_shows_only_your_chats(
@@ -142,16 +207,28 @@ def test_with_accounts_the_page_asks_for_a_login_and_shows_only_your_chats(
             context.set_default_timeout(UI_TIMEOUT)
             page = pages[name] = context.new_page()
             page.goto(server.url)
-            expect(page.get_by_text("log in with your user name and password")).to_be_visible()
-            if name == "alice":  # a wrong password first
-                page.get_by_label("username").fill(name)
-                page.get_by_label("password").fill("not the password")
-                page.get_by_role("button", name="Login").click()
-                expect(page.get_by_text("Incorrect Credentials")).to_be_visible()
-            page.get_by_label("username").fill(name)
-            page.get_by_label("password").fill(PASSWORDS[name])
-            page.get_by_role("button", name="Login").click()
+            expect(page).to_have_title("Reame · Log in")
+            expect(page.get_by_text("Log in with your user name and password")).to_be_visible()
+            if name == "alice":  # a wrong password first: said, and the name stays
+                page.get_by_label("User name").fill(name)
+                page.get_by_label("Password").fill("not the password")
+                page.get_by_role("button", name="Log in").click()
+                expect(page.get_by_role("alert")).to_have_text("Wrong user name or password.")
+                expect(page.get_by_label("User name")).to_have_value(name)
+                expect(page.get_by_label("Password")).to_be_focused()
+            else:
+                page.get_by_label("User name").fill(name)
+            page.get_by_label("Password").fill(PASSWORDS[name])
+            page.get_by_role("button", name="Log in").click()
             expect(page.locator(BOX)).to_be_editable()
+            # Who is signed in, and a way out; the Settings tab only for the admin (alice,
+            # the first user).
+            expect(page.locator("#account")).to_have_text(f"Signed in as {name} · Log out")
+            settings_tab = page.get_by_role("tab", name="Settings")
+            if name == "alice":
+                expect(settings_tab).to_be_visible()
+            else:
+                expect(settings_tab).to_be_hidden()
         alice = pages["alice"]
         assert "Paris" in send(alice, CAPITAL)
         expect(alice.locator(CHATS)).to_have_count(1)
@@ -160,7 +237,69 @@ def test_with_accounts_the_page_asks_for_a_login_and_shows_only_your_chats(
         expect(bob.locator(BOX)).to_be_editable()
         expect(bob.locator(CHATS)).to_have_count(0)
         expect(bob.locator(USER)).to_have_count(0)
+        # Log out: back to the login page; the chats are not shown any more.
+        bob.get_by_role("link", name="Log out").click()
+        expect(bob).to_have_title("Reame · Log in")
+        bob.goto(server.url)
+        expect(bob.get_by_label("User name")).to_be_visible()
         for page in pages.values():
             page.context.close()
     finally:
         server.stop()
+
+
+def test_export_a_chat_and_import_it_and_a_chatgpt_export_back(page, server, tmp_path):
+    client = api(server)
+    chat_id = client.predict("Export me", None, api_name="/new_chat")
+    client.predict(chat_id, "Name a river in Africa.", api_name="/send")
+    open_app(page, server)
+
+    with page.expect_download() as download:
+        chat_menu(page, "Export me", "Export (JSON)")
+    assert download.value.suggested_filename == "Export-me.json"
+    exported = tmp_path / "Export-me.json"
+    download.value.save_as(exported)
+    document = json.loads(exported.read_text())
+    assert document["format"] == "reame-chat" and document["title"] == "Export me"
+    assert [m["role"] for m in document["messages"]] == ["user", "assistant"]
+    with page.expect_download() as markdown:
+        chat_menu(page, "Export me", "Export (Markdown)")
+    assert markdown.value.suggested_filename == "Export-me.md"
+
+    # Importing it makes a second chat, shown at once; a ChatGPT export adds its chats.
+    before = page.locator(CHATS).count()
+    import_file(page, exported)
+    expect(page.locator(CHATS)).to_have_count(before + 1)
+    expect(page.locator(USER)).to_have_text(["Name a river in Africa."])
+    assert selected_title(page) == "Export me"
+    chatgpt = Path(__file__).parent / "data" / "chatgpt_conversations.json"
+    titles = [c["title"] for c in json.loads(chatgpt.read_text())]
+    import_file(page, chatgpt)
+    for title in titles:
+        expect(page.locator(CHATS).filter(has_text=title)).to_have_count(1)
+    # A file that is not an export is refused, saying why; nothing is added.
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"notes": []}')
+    count = page.locator(CHATS).count()
+    import_file(page, bad)
+    expect(page.locator(".toast-body").filter(has_text="Nothing was imported")).to_be_visible()
+    assert page.locator(CHATS).count() == count
+
+
+def import_file(page, path: Path) -> None:
+    """Press Import and choose the file at path."""
+    with page.expect_file_chooser() as chooser:
+        page.click("#import-chats")
+    chooser.value.set_files(path)
+
+
+def test_copying_a_reply_copies_its_text_without_the_stats_line(page, server):
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    open_app(page, server)
+    new_chat(page)
+    shown = send(page, "Name the largest ocean.")
+    page.locator("#chatbot [data-testid=bot]").last.hover()
+    page.locator("#chatbot button[aria-label='Copy message']").last.click()
+    copied = page.evaluate("navigator.clipboard.readText()")
+    assert copied.strip() and "reame-" not in copied and "<div" not in copied, copied
+    assert words(copied) == words(without_stats(shown))

@@ -19,10 +19,10 @@ from reame.batches import CHUNK
 from reame.chat import title_from
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
-    BOT, BOX, CAPITAL, CHATS, EDIT, EDIT_BOX, EDIT_SUBMIT, ITALY, PLANET, REPLY_TIMEOUT, RETRY,
-    REUSED, SCREENSHOTS, STATS, STATS_TAIL, USER, api, browser, current_chat, new_chat, open_app,
-    page, reload, selected_title, send, server, stored_stats_text, typed_ahead_call,
-    wait_for_reply_done, wait_until, without_stats, words)
+    BOT, BOX, BRANCH, CAPITAL, CHATS, EDIT, EDIT_BOX, EDIT_SUBMIT, ITALY, NEXT, PLANET, PREVIOUS,
+    REPLY_TIMEOUT, RETRY, REUSED, SCREENSHOTS, STATS, STATS_TAIL, USER, VERSIONS, api, browser,
+    current_chat, current_id, new_chat, open_app, page, reload, selected_title, send, server,
+    stored_stats_text, typed_ahead_call, wait_for_reply_done, wait_until, without_stats, words)
 
 
 def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
@@ -62,19 +62,30 @@ def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
     assert typed, line
     assert int(typed[1]) >= 4 and int(typed[2]) <= 8, line
     assert "Rome" in page.locator(BOT).last.inner_text()
-    expect(page.locator("#cache-stats")).to_contain_text("1 of 1 lookups")
+    # The Cache panel's line, in plain words: the time saved (once the prefill speed is
+    # measured: prompts of 32 tokens or more), else the tokens restored; the chats ready.
+    expect(page.locator("#cache-stats .reame-cache-line")).to_have_text(re.compile(
+        r"^(≈ [\d,.]+ (s|min|h) of recomputation saved|[\d,]+ tokens restored instead of "
+        r"recomputed) · \d+ chats? ready to continue$"))
+    expect(page.locator("#cache-stats details")).not_to_have_attribute("open", "")
+    # Its figures outlive a restart: the tokens restored, those of this turn included.
+    restored = page.locator("#cache-stats li").first.text_content()
+    assert int(restored.split(" tokens")[0].replace(",", "")) > 0, restored
+    server.restart()
+    reload(page)
+    assert page.locator("#cache-stats li").first.text_content() == restored
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "chat.png", full_page=True)
 
 
-def test_retry_replaces_the_last_reply_and_reuses_the_history(page, server):
+def test_retry_keeps_the_old_reply_as_a_version_and_reuses_the_history(page, server):
     open_app(page, server)
     new_chat(page)
     assert "Paris" in send(page, CAPITAL)
     assert "Earth" in send(page, PLANET)
     client = api(server)
-    chat_id = client.predict(api_name="/list_chats")[0]["id"]  # the chat shown: the latest
+    chat_id = current_id(page)
     before = client.predict(chat_id, api_name="/get_chat")["messages"]
     assert [m["content"] for m in before[::2]] == [CAPITAL, PLANET]
     old_reply = before[-1]
@@ -119,14 +130,66 @@ def test_retry_replaces_the_last_reply_and_reuses_the_history(page, server):
     expect(page.locator(USER)).to_have_text([CAPITAL, PLANET])
     expect(page.locator(STATS)).to_have_text([stored_stats_text(after[1]["stats"]), line])
 
+    # The old reply is kept: ‹ 2/2 › under the new one steps back to it, and forth.
+    expect(page.locator(VERSIONS)).to_have_text(["2/2"])
+    expect(page.locator(NEXT)).to_have_class(re.compile("reame-off"))
+    page.locator(PREVIOUS).click()
+    expect(page.locator(VERSIONS)).to_have_text(["1/2"])
+    expect(page.locator(STATS).last).to_have_text(stored_stats_text(old_reply["stats"]))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "branch.png")
+    assert words(without_stats(page.locator(BOT).last.inner_text())) == words(
+        old_reply["content"])
+    assert client.predict(chat_id, api_name="/get_chat")["messages"][-1]["id"] == old_reply["id"]
+    page.locator(NEXT).click()
+    expect(page.locator(VERSIONS)).to_have_text(["2/2"])
+    expect(page.locator(STATS).last).to_have_text(line)
+    expect(page.locator(BOX)).to_be_focused()
 
-def test_editing_an_earlier_message_replaces_what_followed_it(page, server):
+
+def test_branch_from_here_opens_a_new_chat_that_reuses_the_kv(page, server):
+    open_app(page, server)
+    new_chat(page)
+    assert "Paris" in send(page, CAPITAL)
+    send(page, PLANET)
+    client = api(server)
+    parent = client.predict(current_id(page), api_name="/get_chat")
+    expect(page.locator(BRANCH)).to_have_count(2)
+    page.locator(BRANCH).first.click()
+
+    # A new chat, selected, with the messages up to the first reply.
+    expect(page.locator(USER)).to_have_text([CAPITAL])
+    expect(page.locator(BOT)).to_have_count(1)
+    branch_title = f"{parent['title']} (branch)"
+    assert selected_title(page) == branch_title
+    expect(page.locator(BOX)).to_be_focused()
+    branch = client.predict(current_id(page), api_name="/get_chat")
+    assert branch["title"] == branch_title and branch["branched_from"] == parent["id"]
+
+    # Its first turn evaluates only the new message: the history comes from the parent's KV
+    # (still live in its slot, or its file), as its stats line says.
+    send(page, "Name a colour.")
+    stored = client.predict(branch["id"], api_name="/get_chat")["messages"]
+    stats = stored[-1]["stats"]
+    line = stored_stats_text(stats)
+    expect(page.locator(STATS).last).to_have_text(line)
+    assert re.match(r"(reused [\d,]+ tokens in memory|restored [\d,]+ tokens from the chat "
+                    r"it branched from in [\d,]+ ms) · ", line), line
+    history = client.predict(parent["id"], api_name="/get_chat")["messages"][1]["stats"]
+    assert stats["reused"] >= history["prompt_tokens"], (stats, history)
+    assert stats["prefilled"] == stats["prompt_tokens"] - stats["reused"] < 40
+    # The parent chat is unchanged.
+    assert [m["content"] for m in client.predict(parent["id"], api_name="/get_chat")[
+        "messages"]][::2] == [CAPITAL, PLANET]
+
+
+def test_editing_an_earlier_message_makes_a_new_version_of_what_followed_it(page, server):
     open_app(page, server)
     new_chat(page)
     first = "What is the capital city of Germany? Answer in one word."
     assert "Berlin" in send(page, first)
     hello = send(page, "Say hello.")
-    chat_id = api(server).predict(api_name="/list_chats")[0]["id"]  # the chat shown
+    chat_id = current_id(page)
     # Each of the user's messages can be edited, and only those.
     expect(page.locator(EDIT)).to_have_count(2)
 
@@ -158,10 +221,23 @@ def test_editing_an_earlier_message_replaces_what_followed_it(page, server):
     # After a reload the page shows the chat as stored: the edited text, the old one gone.
     reload(page)
     page.locator(CHATS).filter(has_text=title_from(first)).click()
-    expect(page.locator(USER)).to_have_text([edited])
+    expect(page.locator(USER)).to_have_text([starting(edited)])  # then its ‹ 2/2 ›
     expect(page.locator(BOT)).to_have_text([reply])
     for gone in (first, "Berlin", "Say hello."):
         expect(chat_view).not_to_contain_text(gone)
+
+    # The old version is kept, with what followed it: ‹ 1/2 › steps back to it.
+    expect(page.locator(VERSIONS)).to_have_text(["2/2"])
+    page.locator(PREVIOUS).click()
+    expect(page.locator(VERSIONS)).to_have_text(["1/2"])
+    expect(page.locator(USER)).to_have_text([starting(first), "Say hello."])
+    assert words(without_stats(page.locator(BOT).last.inner_text())) == words(
+        without_stats(hello))
+
+
+def starting(text: str) -> re.Pattern:
+    """A message's text as shown, the buttons under it aside."""
+    return re.compile(f"^{re.escape(text)}")
 
 
 def test_a_long_chat_marks_where_the_model_s_memory_ends_and_keeps_every_message(

@@ -9,6 +9,7 @@ tests/conftest.py; the missing-model test starts its own).
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -18,9 +19,9 @@ from reame.chat import title_from
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
     BOT, BOX, CAPITAL, ERROR_BADGE, REPLY_TIMEOUT, SCREENSHOTS, STATS, STATS_TAIL, STOP, SUBMIT,
-    TOAST, UI_TIMEOUT, USER, api, browser, current_chat, new_chat, open_app,
-    open_panel_and_type, page, reload, selected_title, send, server, wait_for_reply_done,
-    without_stats, words)
+    TOAST, TOOLS_LINE, UI_TIMEOUT, USER, api, browser, current_chat, current_id, new_chat,
+    open_app, open_panel_and_type, page, reload, selected_title, send, server,
+    wait_for_reply_done, without_stats, words)
 from .conftest import Server, start_server
 
 
@@ -57,7 +58,8 @@ def test_a_reply_streams_into_the_page_and_ends_with_its_stats_line(page, server
     assert len(streamed) >= 2, f"the reply did not grow while streaming: {samples}"
     shown = page.locator(BOT).inner_text()
     stats = page.locator(STATS).inner_text()
-    assert shown.endswith(stats) and STATS_TAIL.search(stats), (shown, stats)
+    assert TOOLS_LINE.sub("", shown).endswith(stats) and STATS_TAIL.search(stats), (shown,
+                                                                                 stats)
     assert len(without_stats(shown)) >= max(streamed), "the final reply is shorter than a chunk"
     assert selected_title(page) == title_from(prompt), "the chat is titled from its message"
 
@@ -87,7 +89,7 @@ def test_stop_keeps_the_partial_reply_and_the_chat_goes_on(page, server):
     expect(bot).to_have_count(1, timeout=REPLY_TIMEOUT)
     # Past the server's default of 64 tokens: the 400 typed a moment ago applies to it.
     client = api(server)
-    chat_id = client.predict(api_name="/list_chats")[0]["id"]
+    chat_id = current_id(page)
     try:
         page.wait_for_function(
             "sel => (document.querySelector(sel)?.innerText || '').length > 400", arg=BOT,
@@ -100,14 +102,18 @@ def test_stop_keeps_the_partial_reply_and_the_chat_goes_on(page, server):
             f"reply {len(bot.inner_text())} characters") from None
     expect(page.locator(STOP)).to_be_visible()
     assert client.predict(chat_id, api_name="/get_chat")["max_tokens"] == 400
-    # Sending again while the reply streams is refused, and the typed text stays in the box.
+    # Enter while the reply streams keeps the message in the box and says why (no error);
+    # Esc stops the reply, and typing goes on in the box.
     box.fill(CAPITAL)
     box.press("Enter")
-    expect(page.locator(TOAST).filter(has_text="A reply is still being written")).to_be_visible()
+    expect(page.locator("#reame-hint")).to_have_text(re.compile(
+        "^A reply is being written: your message stays here until it ends"))
     expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    expect(page.locator(TOAST)).to_have_count(0)
     expect(page.locator(USER)).to_have_count(1)
     expect(page.locator(STATS)).to_have_count(0)
-    page.click(STOP)
+    expect(box).to_have_value(CAPITAL)
+    box.press("Escape")
 
     # The partial reply stays, now with its stats line saying it was stopped.
     wait_for_reply_done(page, 1)
@@ -116,6 +122,7 @@ def test_stop_keeps_the_partial_reply_and_the_chat_goes_on(page, server):
     partial = without_stats(bot.inner_text())
     assert partial, "the partial reply disappeared"
     expect(box).to_have_value(CAPITAL)
+    expect(box).to_be_focused()
 
     stored = client.predict(chat_id, api_name="/get_chat")["messages"]
     assert [m["role"] for m in stored] == ["user", "assistant"]
@@ -217,7 +224,7 @@ def test_a_message_too_long_for_the_model_is_given_back(page, server):
     expect(page.locator(USER)).to_have_count(0)
     expect(page.locator(SUBMIT)).to_be_visible()
     expect(page.locator(ERROR_BADGE)).to_have_count(0)
-    chat_id = api(server).predict(api_name="/list_chats")[0]["id"]
+    chat_id = current_id(page)
     assert api(server).predict(chat_id, api_name="/get_chat")["messages"] == []
 
 

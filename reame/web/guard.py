@@ -7,7 +7,8 @@
   `Origin`) is served only if that page is this app's own (its host and port are the Host
   asked for) or a configured origin (`[server] allowed_origins`); clients that are not
   browsers send no Origin and are not affected;
-- a body it can afford: at most max_body bytes as they arrive, whatever Content-Length says;
+- a body it can afford: at most max_body bytes (max_upload for the page's file uploads) as
+  they arrive, whatever Content-Length says;
 - cookies other sites do not get: Gradio's login cookie is SameSite=None; it goes out as
   SameSite=Lax, so a page of another site cannot send it with its requests.
 """
@@ -28,17 +29,22 @@ def host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+UPLOAD_PATH = "/gradio_api/upload"  # the page's file uploads (an import of chats)
+
+
 class Guard:
     """ASGI middleware: refuses what the module's doc says, with a JSON error."""
 
     def __init__(self, app, *, allowed_hosts: frozenset[str] | None,
-                 allowed_origins: frozenset[str], max_body: int):
+                 allowed_origins: frozenset[str], max_body: int, max_upload: int | None = None):
         """allowed_hosts: the Host names served (None: any, for a server on a public
-        address); allowed_origins: other origins ("https://example.org") trusted."""
+        address); allowed_origins: other origins ("https://example.org") trusted;
+        max_upload: the limit of a file uploaded through the page (an import), if larger."""
         self.app = app
         self.allowed_hosts = allowed_hosts
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
         self.max_body = max_body
+        self.max_upload = max(max_upload or 0, max_body)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -60,13 +66,14 @@ class Guard:
         if scope["type"] == "websocket":
             await self.app(scope, receive, send)
             return
+        limit = self.max_upload if scope["path"].endswith(UPLOAD_PATH) else self.max_body
         length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_body:
-            await self._too_large(scope, send)
+        if length.isdigit() and int(length) > limit:
+            await self._too_large(scope, send, limit)
             return
-        body = await self._read_body(receive)
+        body = await self._read_body(receive, limit)
         if body is None:
-            await self._too_large(scope, send)
+            await self._too_large(scope, send, limit)
             return
         await self.app(scope, _replay(body, receive), _lax_cookies(send))
 
@@ -77,8 +84,8 @@ class Guard:
         parts = urlsplit(origin)
         return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host.lower()
 
-    async def _read_body(self, receive) -> bytes | None:
-        """The whole request body, or None past max_body (counted as it arrives)."""
+    async def _read_body(self, receive, limit: int) -> bytes | None:
+        """The whole request body, or None past limit (counted as it arrives)."""
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -86,16 +93,16 @@ class Guard:
                 break  # the client went away: the app sees what came
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body:
+            if size > limit:
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
 
-    async def _too_large(self, scope, send) -> None:
+    async def _too_large(self, scope, send, limit: int) -> None:
         await _refuse(scope, send, 413, "request_too_large",
-                      f"the request body is over {self.max_body:,} bytes")
+                      f"the request body is over {limit:,} bytes")
 
 
 async def _refuse(scope, send, status: int, code: str, message: str) -> None:

@@ -19,7 +19,7 @@ from collections import defaultdict, deque
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Mount
 
 from ..accounts import Accounts
@@ -27,6 +27,64 @@ from ..accounts import Accounts
 MAX_FAILURES = 10  # failed logins per address, and per name, within FAILURE_WINDOW_S
 FAILURE_WINDOW_S = 600
 CONCURRENT_CHECKS = 2  # password checks running at once (each takes a core for ~50 ms)
+
+# The page at / before a login: Reame's own, light or dark as the system is. A failed attempt
+# says why and keeps the name typed (the form is sent by fetch, the page stays).
+LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Reame · Log in</title>
+<style>
+:root { color-scheme: light dark; font-family: system-ui, sans-serif; }
+body { margin: 0; min-height: 100vh; display: grid; place-items: center;
+       background: Canvas; color: CanvasText; }
+main { width: min(22rem, 90vw); padding: 2rem; border-radius: 14px;
+       border: 1px solid color-mix(in srgb, CanvasText 15%, transparent); }
+h1 { margin: 0 0 0.3rem; font-size: 1.6rem; }
+p.lead { margin: 0 0 1.4rem; opacity: 0.75; }
+label { display: block; margin: 0.8rem 0 0.3rem; font-weight: 600; }
+input { width: 100%; box-sizing: border-box; padding: 0.6rem; font: inherit;
+        border-radius: 8px; border: 1px solid color-mix(in srgb, CanvasText 30%, transparent); }
+button { margin-top: 1.2rem; width: 100%; padding: 0.7rem; font: inherit; font-weight: 600;
+         border: none; border-radius: 8px; background: #ea580c; color: white; cursor: pointer; }
+#problem { min-height: 1.4em; margin: 0.8rem 0 0; color: #dc2626; }
+</style></head>
+<body><main>
+<h1>Reame</h1>
+<p class="lead">Your chats, on this server. Log in with your user name and password.</p>
+<form id="login">
+  <label for="username">User name</label>
+  <input id="username" name="username" autocomplete="username" required autofocus>
+  <label for="password">Password</label>
+  <input id="password" name="password" type="password" autocomplete="current-password"
+         required>
+  <button type="submit">Log in</button>
+  <p id="problem" role="alert"></p>
+</form>
+</main>
+<script>
+document.getElementById("login").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const problem = document.getElementById("problem");
+  problem.textContent = "";
+  let answer;
+  try {
+    answer = await fetch("login", {method: "POST", body: new FormData(event.target)});
+  } catch (error) {
+    problem.textContent = "The server did not answer: try again.";
+    return;
+  }
+  if (answer.ok) { location.reload(); return; }
+  const detail = (await answer.json().catch(() => ({}))).detail;
+  problem.textContent = answer.status === 400
+    ? "Wrong user name or password." : (detail || "Logging in failed: try again.");
+  const password = document.getElementById("password");
+  password.value = "";
+  password.focus();
+});
+</script>
+</body></html>
+"""
 
 
 class FailedLogins:
@@ -83,7 +141,11 @@ class WebLogins:
 
         @app.middleware("http")
         async def end_changed_sessions(request: Request, call_next):
-            self.prune(_gradio(app))
+            gradio = _gradio(app)
+            self.prune(gradio)
+            if (request.method == "GET" and request.url.path.rstrip("/") == ""
+                    and not _logged_in(request, gradio)):
+                return HTMLResponse(LOGIN_PAGE)  # not Gradio's: ours keeps the name typed
             return await call_next(request)
 
     async def _login(self, request: Request, gradio) -> JSONResponse:
@@ -127,6 +189,12 @@ class WebLogins:
                 elif self.accounts.session_stamp(name) != stamp:
                     del self._stamps[token]
                     gradio.tokens.pop(token, None)
+
+
+def _logged_in(request: Request, gradio) -> bool:
+    """Whether the request carries a session token Gradio knows (its cookies' names)."""
+    return any(request.cookies.get(f"access-token{kind}-{gradio.cookie_id}") in gradio.tokens
+               for kind in ("", "-unsecure"))
 
 
 def _gradio(app: FastAPI):

@@ -14,7 +14,7 @@ import gradio as gr
 from ..chat import ChatError, ChatNotFound, ChatService
 from ..chat_settings import ChatSettings
 from ..settings import Settings, SettingsError
-from ..store import Chat, Message, Thread
+from ..store import END_MARK, MARK, Chat, Message, Thread
 from .user import user_of
 
 
@@ -244,6 +244,46 @@ def register_api(service: ChatService, *, settings_group: str,
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
 
+    def search_chats(words: str, request: gr.Request = None) -> list[dict]:
+        """Your chats whose title or messages hold every word (the last may be a word's
+        start), most recent first, each with "snippet": a matching message's words around
+        the match, the match between [[ and ]] ("" when only the title matched)."""
+        found = service.search(words, user_of(request))
+        return [{**chat_summary(f.chat), "snippet": f.snippet.replace(MARK, "[[").replace(
+            END_MARK, "]]")} for f in found]
+
+    def pin_chat(chat_id: int, request: gr.Request = None) -> dict:
+        """Pin a chat to the top of your list, or unpin it; returns it with "pinned"."""
+        try:
+            chat = service.toggle_pin(int(chat_id), user_of(request))
+        except ChatNotFound as exc:
+            raise _user_error(exc) from None
+        return {**chat_summary(chat), "pinned": chat.pinned}
+
+    def export_chat(chat_id: int, format: str | None = "json",
+                    request: gr.Request = None) -> str:
+        """One chat as a file's text: "json" (every version; docs/export-format.md) or
+        "markdown" (the branch shown)."""
+        if format not in ("json", "markdown"):
+            raise gr.Error('format must be "json" or "markdown"', print_exception=False)
+        try:
+            return service.export_file(int(chat_id), user_of(request),
+                                       markdown=format == "markdown")["text"]
+        except ChatNotFound as exc:
+            raise _user_error(exc) from None
+
+    def export_chats(request: gr.Request = None) -> str:
+        """All your chats as one JSON document (docs/export-format.md)."""
+        return service.export_file(None, user_of(request))["text"]
+
+    def import_chats(data: str, request: gr.Request = None) -> list[int]:
+        """Chats from the text of an export: Reame's JSON (one chat or all) or ChatGPT's
+        conversations.json. All or nothing; returns the new chats' ids."""
+        try:
+            return [chat.id for chat in service.import_chats(data, user_of(request))]
+        except ChatError as exc:
+            raise _user_error(exc) from None
+
     def rename_chat(chat_id: int, title: str, request: gr.Request = None) -> dict:
         """Give a chat a new title."""
         try:
@@ -276,8 +316,9 @@ def register_api(service: ChatService, *, settings_group: str,
     for fn in (send, regenerate, edit_message):
         # Any number at once: the scheduler runs them in turn, or says the server is full.
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
-    for fn in (new_chat, list_chats, get_chat, get_thread, show_version, branch, rename_chat,
-               update_chat, delete_chat, type_ahead, cache_stats):
+    for fn in (new_chat, list_chats, search_chats, get_chat, get_thread, show_version, branch,
+               rename_chat, pin_chat, update_chat, delete_chat, export_chat, export_chats,
+               import_chats, type_ahead, cache_stats):
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
 
 

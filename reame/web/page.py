@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import html
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import gradio as gr
 
@@ -13,7 +17,9 @@ from ..chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, NoModel,
 from ..chat_settings import FIELD, ChatSettings
 from ..render import inert_html, shown_reply, to_chatbot
 from ..settings import Settings
-from .page_parts import HIDDEN, ROLE_JS, flatten, panel, panel_js
+from .chat_list import chat_list_html, search_results_html
+from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, HIDDEN, ROLE_JS, flatten, panel,
+                         panel_js)
 from .page_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
 from .user import user_of
 
@@ -28,8 +34,23 @@ def _range(name: str) -> tuple[float, float]:
     return field.minimum + (STEP if field.low_open else 0), field.maximum
 
 
-def _choices(service: ChatService, user: str | None) -> list[tuple[str, int]]:
-    return [(chat.title, chat.id) for chat in service.list_chats(user)]
+def _listing(service: ChatService, user: str | None, chat_id: int | None,
+             words: str = "") -> str:
+    """The chat list's HTML: the user's chats, or those a search for words found."""
+    if words.strip():
+        return search_results_html(service.search(words, user), chat_id, words)
+    return chat_list_html(service.list_chats(user), chat_id)
+
+
+def _latest(service: ChatService, user: str | None) -> int | None:
+    """The user's most recently active chat, pinned or not: the one a page opens on."""
+    chats = service.list_chats(user)
+    return max(chats, key=lambda c: (c.updated_at, c.id)).id if chats else None
+
+
+def _download(file: dict) -> str:
+    """A file for DOWNLOAD_JS to save: the same export twice is still a change (its time)."""
+    return json.dumps({**file, "at": time.time()})
 
 
 def _settings_values(service: ChatService, chat_id: int | None, user: str | None) -> tuple:
@@ -41,30 +62,38 @@ def _settings_values(service: ChatService, chat_id: int | None, user: str | None
 
 def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                settings: Settings | None = None, title: str = "Reame",
-               can_configure: Callable[[str | None], bool] = lambda user: True) -> None:
+               can_configure: Callable[[str | None], bool] = lambda user: True,
+               name_of: Callable[[str | None], str | None] = lambda user: None) -> None:
     """The page, built into demo (the Blocks being defined). Settings changes run one at a time
     (the concurrency group settings_group); turns, any number at once (the service's scheduler
     lines them up). can_configure(user) says who may change the settings (with accounts:
-    admins)."""
+    admins); name_of(user) is the name a logged-in user goes by (None: no accounts)."""
     current = gr.State(None)  # the chat shown, by id
     pending = gr.State("")  # the message being sent (the textbox clears at once)
 
     with gr.Sidebar(open=True, elem_id="sidebar"):
         gr.Markdown(f"### {title}")
         new_btn = gr.Button("+ New chat", variant="primary", elem_id="new-chat")
-        chat_list = gr.Radio(choices=[], label="Chats", elem_id="chat-list")
-        with panel("Rename or delete", "manage"):
-            rename_box = gr.Textbox(label="New title", elem_id="rename-box", max_lines=1)
-            rename_btn = gr.Button("Rename", elem_id="rename-btn", size="sm")
-            delete_btn = gr.Button("Delete chat", variant="stop", elem_id="delete-btn",
-                                   size="sm")
-            with gr.Row(visible=False) as confirm_row:
-                gr.Markdown("Delete this chat and all its messages?", elem_id="confirm-text")
-                confirm_btn = gr.Button("Delete", variant="stop", elem_id="confirm-delete",
-                                        size="sm")
-                cancel_btn = gr.Button("Cancel", elem_id="cancel-delete", size="sm")
-        with gr.Accordion("Cache", open=True, elem_id="cache-panel"):
-            cache_md = gr.Markdown(elem_id="cache-stats")
+        search = gr.Textbox(label="Search chats", show_label=False, container=False,
+                            placeholder="Search chats (Ctrl+K)", max_lines=1,
+                            elem_id="chat-search")
+        chat_list = gr.HTML(elem_id="chat-list", padding=False)
+        with gr.Row(elem_id="transfer-row"):
+            import_btn = gr.UploadButton("Import", file_types=[".json"], size="sm",
+                                         elem_id="import-chats")
+            export_all_btn = gr.Button("Export all", size="sm", elem_id="export-all")
+        # The cache in one line of plain words, its figures on demand (cache_markdown).
+        cache_md = gr.HTML(elem_id="cache-stats", padding=False)
+        account = gr.HTML(elem_id="account", padding=False)  # who is signed in; Log out
+
+    # What a button inside a message asks (render.message_tools), sent by PAGE_JS.
+    action = gr.Textbox(elem_id="reame-action", elem_classes=["reame-offscreen"],
+                        show_label=False, container=False)
+    action_btn = gr.Button("Message action", elem_id="reame-action-btn",
+                           elem_classes=["reame-offscreen"])
+    # An export for the browser to save: {"name", "type", "text"} as JSON (DOWNLOAD_JS).
+    download = gr.Textbox(elem_id="reame-download", elem_classes=["reame-offscreen"],
+                          show_label=False, container=False)
 
     with gr.Tabs(elem_id="tabs"):
         with gr.Tab("Chat", id="chat", elem_id="chat-tab"):
@@ -109,12 +138,12 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     # service answers for another user's chat as if it did not exist.
 
     def shown(chat_id, user, messages=None):
-        """The chat as the Chatbot shows it, marked where the model's window starts."""
+        """The chat as the Chatbot shows it, marked where the model's window starts; the
+        whole branch shown with its tools (versions, branch), or only messages, without."""
         if messages is None:
-            chat, messages = service.chat_and_messages(chat_id, user)
-        else:
-            chat = service.get_chat(chat_id, user)
-        return to_chatbot(messages, chat.window_start)
+            chat, thread = service.thread(chat_id, user)
+            return to_chatbot(thread.branch, chat.window_start, thread)
+        return to_chatbot(messages, service.get_chat(chat_id, user).window_start)
 
     def show(chat_id, request: gr.Request):
         """Everything that depends on which chat is shown."""
@@ -129,16 +158,15 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                                  daemon=True).start()
         else:
             messages = []
-        return (chat_id, gr.Radio(choices=_choices(service, user), value=chat_id), messages,
-                *_settings_values(service, chat_id, user))
+        return (chat_id, _listing(service, user, chat_id), messages,
+                *_settings_values(service, chat_id, user), "")
 
     def on_load(request: gr.Request):
-        chats = service.list_chats(user_of(request))
-        return show(chats[0].id if chats else None, request)
+        return show(_latest(service, user_of(request)), request)
 
     def on_new_chat(request: gr.Request):
         try:
-            chat = service.new_chat(user=user_of(request))
+            chat = service.empty_chat(user=user_of(request))
         except ChatError as exc:  # e.g. TooManyChats: the chat shown stays
             gr.Warning(str(exc))
             return tuple(gr.skip() for _ in view)
@@ -148,7 +176,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         """The model being loaded (from the Settings tab or the API), if any."""
         return settings.loading_model if settings is not None else None
 
-    def check_send(text, _chat_id, _in_progress, _prompt, _temp, _top, _max_tok):
+    def check_send(text, _chat_id, _in_progress, _words, _prompt, _temp, _top, _max_tok):
         """Runs before begin_send; a refusal shows on the textbox and changes nothing else."""
         try:
             service.check_message(text or "")
@@ -158,9 +186,9 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         except NoModel as exc:
             problem = f"The model could not be loaded. {exc}"
         return (gr.validate(not problem, problem),
-                *(gr.validate(True, "") for _ in range(2 + len(chat_settings))))
+                *(gr.validate(True, "") for _ in range(3 + len(chat_settings))))
 
-    def begin_send(text, chat_id, in_progress, prompt, temp, top, max_tok,
+    def begin_send(text, chat_id, in_progress, words, prompt, temp, top, max_tok,
                    request: gr.Request):
         if in_progress:
             # A toast: the streaming reply's updates would wipe a validation message.
@@ -184,7 +212,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             # The reply waits for the model: say so where the reply will be.
             history.append({"role": "assistant", "content": loading_text(loading)})
         return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
-                gr.Radio(choices=_choices(service, user), value=chat_id))
+                _listing(service, user, chat_id, words))
 
     def stream_reply(text, chat_id, request: gr.Request):
         if not text:
@@ -210,7 +238,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             except (ChatError, ChatNotFound):  # deleted meanwhile: nothing to prepare
                 pass
 
-    def end_send(chat_id, request: gr.Request):
+    def end_send(chat_id, words, request: gr.Request):
         """After a reply, however it ended: done, failed, stopped, or another chat chosen.
 
         Shows the chat as stored. A stopped reply is saved when Gradio closes the cancelled
@@ -223,15 +251,17 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         except ChatNotFound:
             messages = []
         return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
-                gr.Radio(choices=_choices(service, user), value=chat_id), "",
+                _listing(service, user, chat_id, words), "",
                 cache_markdown(service, user, whole_server=can_configure(user)))
 
     def stream_turn(base, start):
-        """Stream a regenerated or edited reply after base (the messages kept)."""
+        """Stream a regenerated or edited reply after base (the messages kept), with the
+        message box's Stop shown (end_send puts Send back)."""
+        yield base, gr.Textbox(submit_btn=False, stop_btn=True)
         try:
             for update in start():
                 reply = shown_reply(update)
-                yield base + [{"role": "assistant", "content": reply}]
+                yield base + [{"role": "assistant", "content": reply}], gr.skip()
         except ChatError as exc:
             gr.Warning(str(exc))
 
@@ -257,36 +287,66 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             updates = service.edit_message(chat_id, messages[index].id, text, user=user)
         except ChatError as exc:
             gr.Warning(str(exc))
-            yield shown(chat_id, user, messages)
+            yield shown(chat_id, user), gr.skip()
             return
         base = shown(chat_id, user, messages[:index]) + [
             {"role": "user", "content": inert_html(text)}]
         yield from stream_turn(base, lambda: updates)
 
-    def rename(chat_id, new_title, request: gr.Request):
-        if chat_id is None:
-            raise gr.Error("No chat is selected.")
+    def act(action, chat_id, request: gr.Request):
+        """A button of the chat list or inside a message (chat_list.py, render.message_tools):
+        "KIND:ID[:TEXT]". open, pin, rename, delete, export and markdown name a chat; show
+        (a version) and branch (from here) a message of the chat shown. The view, and an
+        export's file for the browser to save ("" for none), and the Cache panel."""
+        kind, _, rest = (action or "").partition(":")
+        target, _, text = rest.partition(":")
+        skip = tuple(gr.skip() for _ in view) + ("", gr.skip())
+        if not target.isdigit():
+            return skip
+        target, user = int(target), user_of(request)
+        try:
+            if kind == "open":
+                chat_id = target
+            elif kind == "pin":
+                service.toggle_pin(target, user)
+            elif kind == "rename":
+                service.rename_chat(target, text, user)
+            elif kind == "delete":
+                service.delete_chat(target, user)
+                if target == chat_id:
+                    chat_id = _latest(service, user)
+            elif kind in ("export", "markdown"):
+                return skip[:-2] + (_download(service.export_file(
+                    target, user, markdown=kind == "markdown")), gr.skip())
+            elif kind == "show" and chat_id is not None:
+                service.show_version(chat_id, target, user)
+            elif kind == "branch" and chat_id is not None:
+                chat_id = service.branch(chat_id, target, user).id
+            else:
+                return skip
+        except (ChatError, ChatNotFound) as exc:
+            gr.Warning(str(exc))
+            return skip
+        return (*show(chat_id, request), "",
+                cache_markdown(service, user, whole_server=can_configure(user)))
+
+    def find(words, chat_id, request: gr.Request):
+        """The chat list as the search box asks: the chats found, or all of them."""
+        return _listing(service, user_of(request), chat_id, words)
+
+    def export_all(request: gr.Request):
+        return _download(service.export_file(None, user_of(request)))
+
+    def import_chats(upload, chat_id, request: gr.Request):
+        """Chats from a file: Reame's export or ChatGPT's conversations.json."""
         user = user_of(request)
         try:
-            service.rename_chat(chat_id, new_title, user)
+            data = Path(upload).read_bytes()
+            made = service.import_chats(data, user)
         except ChatError as exc:
-            raise gr.Error(str(exc)) from None
-        return gr.Radio(choices=_choices(service, user), value=chat_id), ""
-
-    def ask_delete(chat_id):
-        if chat_id is None:
-            raise gr.Error("No chat is selected.")
-        return gr.Row(visible=True)
-
-    def delete(chat_id, request: gr.Request):
-        user = user_of(request)
-        if chat_id is not None:
-            try:
-                service.delete_chat(chat_id, user)
-            except ChatNotFound:
-                pass
-        chats = service.list_chats(user)
-        return (*show(chats[0].id if chats else None, request), gr.Row(visible=False))
+            raise gr.Error(f"Nothing was imported: {exc}", print_exception=False) from None
+        gr.Info(f"Imported {len(made):,} chat{'s' if len(made) != 1 else ''}.")
+        return show(made[0].id if made else chat_id, request)
 
     def save_settings(chat_id, prompt, temp, top, max_tok, request: gr.Request):
         if chat_id is None:
@@ -300,7 +360,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
 
     # wiring
 
-    view = [current, chat_list, chatbot, *chat_settings]
+    view = [current, chat_list, chatbot, *chat_settings, search]
     # One load event for the whole page, not queued: a quick read that fills it at once
     # (tests/browser_helpers.py waits for its one /run/predict answer as "page ready").
     show_settings, settings_outputs = settings_view or (lambda request: (), [])
@@ -312,18 +372,23 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     def on_load_page(request: gr.Request):
         user = user_of(request)
         admin = can_configure(user)
+        name = name_of(user)
+        signed_in = ("" if name is None else
+                     f'Signed in as <strong>{html.escape(name)}</strong> · '
+                     '<a href="logout" class="reame-logout">Log out</a>')
         return (*on_load(request), cache_markdown(service, user, whole_server=admin),
-                "admin" if admin else "user", *show_settings(request))
+                "admin" if admin else "user", signed_in, *show_settings(request))
 
-    demo.load(on_load_page, None, [*view, cache_md, role, *settings_outputs], queue=False,
+    demo.load(on_load_page, None, [*view, cache_md, role, account, *settings_outputs],
+              queue=False,
               **HIDDEN).then(None, [role], None, js=ROLE_JS, **HIDDEN)
 
     # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
     # badge over the conversation even with show_progress="hidden".
     sending = message.submit(
-        begin_send, [message, current, pending, *chat_settings],
+        begin_send, [message, current, pending, search, *chat_settings],
         [current, pending, chatbot, message, chat_list], validator=check_send,
-        js=panel_js(3), show_progress="hidden", show_progress_on=[message], **HIDDEN,
+        js=panel_js(4), show_progress="hidden", show_progress_on=[message], **HIDDEN,
     )
     # Progress (the "..." bubble) on the chatbot only, not over the textbox.
     streaming = sending.success(
@@ -332,29 +397,38 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     )
     # Runs after the reply ends, also when cancelled (stop, chat switch, delete).
     after = [chatbot, message, chat_list, pending, cache_md]
-    streaming.then(end_send, [current], after, queue=False, **HIDDEN)
-    # Regenerate (the retry button under the last reply) and edit (a user message).
-    for trigger, fn, inputs in ((chatbot.retry, regenerate, [current]),
-                                (chatbot.edit, edit, [current])):
-        trigger(fn, inputs, [chatbot], show_progress="minimal", show_progress_on=[chatbot],
-                concurrency_limit=None, **HIDDEN).then(
-            end_send, [current], after, queue=False, **HIDDEN)
-    message.stop(None, None, None, cancels=[streaming], **HIDDEN)
+    streaming.then(end_send, [current, search], after, queue=False, **HIDDEN)
+    # Regenerate (the retry button under the last reply) and edit (a user message): the
+    # message box's Stop stops them too.
+    replies = [streaming]
+    for trigger, fn in ((chatbot.retry, regenerate), (chatbot.edit, edit)):
+        reply = trigger(fn, [current], [chatbot, message], show_progress="minimal",
+                        show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN)
+        reply.then(end_send, [current, search], after, queue=False, **HIDDEN)
+        replies.append(reply)
+    message.stop(None, None, None, cancels=replies, js=FOCUS_MESSAGE_JS, **HIDDEN)
     # While the user types, the part of the prompt the message already fixes is evaluated
     # (never waiting for the model): sending then evaluates only the rest.
     message.change(type_ahead, [message, current], None, trigger_mode="always_last",
                    queue=False, show_progress="hidden", **HIDDEN)
 
-    # Switching chats stops a reply in progress (its partial text is saved).
-    new_btn.click(on_new_chat, None, view, cancels=[streaming], **HIDDEN)
-    chat_list.input(show, [chat_list], view, cancels=[streaming], **HIDDEN)
-    for trigger in (rename_btn.click, rename_box.submit):
-        trigger(rename, [current, rename_box], [chat_list, rename_box],
-                show_progress="hidden", **HIDDEN)
-    delete_btn.click(ask_delete, [current], [confirm_row], **HIDDEN)
-    cancel_btn.click(lambda: gr.Row(visible=False), None, [confirm_row], queue=False,
-                     **HIDDEN)
-    confirm_btn.click(delete, [current], [*view, confirm_row], cancels=[streaming], **HIDDEN)
+    # Opening, making or changing a chat stops a reply in progress (its partial text is
+    # saved), then typing goes on in the message box.
+    # The Chatbot's own Clear (its trash icon) empties the view: it opens an empty chat, the
+    # one cleared stays in the list (else its messages would come back at the next load).
+    for event in (
+            new_btn.click(on_new_chat, None, view, cancels=replies, **HIDDEN),
+            chatbot.clear(on_new_chat, None, view, cancels=replies, **HIDDEN),
+            action_btn.click(act, [action, current], [*view, download, cache_md],
+                             cancels=replies,
+                             js="(action, chat) => [window.reameAction || '', chat]",
+                             **HIDDEN)):
+        event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN)
+    download.change(None, [download], None, js=DOWNLOAD_JS, **HIDDEN)
+    search.input(find, [search, current], [chat_list], trigger_mode="always_last", queue=False,
+                 show_progress="hidden", **HIDDEN)
+    export_all_btn.click(export_all, None, [download], **HIDDEN)
+    import_btn.upload(import_chats, [import_btn, current], view, cancels=replies, **HIDDEN)
     for control in (system_prompt, max_tokens):
         control.blur(save_settings, [current, *chat_settings], None, js=panel_js(1),
                      **HIDDEN)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import gradio as gr
 
 CSS = """
-.reame-stats { font-size: 0.75em; opacity: 0.65; margin-top: 0.4em; }
-.reame-window { font-size: 0.75em; opacity: 0.65; margin-top: 0.6em; padding-top: 0.3em;
+.reame-stats { font-size: 0.75em; opacity: 0.85; margin-top: 0.4em; }
+.reame-window { font-size: 0.75em; opacity: 0.85; margin-top: 0.6em; padding-top: 0.3em;
                 border-top: 1px dashed currentColor; text-align: center; }
 .reame-panel { border: var(--block-border-width) solid var(--block-border-color);
                border-radius: var(--block-radius); padding: var(--block-padding);
@@ -26,9 +27,87 @@ CSS = """
 html[data-reame-role=user] #settings-tab-button { display: none !important; }
 #model-error { border: 1px solid var(--error-border-color, #f87171); border-radius: 8px;
                padding: 0.5em 1em; background: var(--error-background-fill, #fef2f2); }
+.reame-offscreen { display: none !important; }
+.reame-tools { display: flex; align-items: center; gap: 0.35em; margin-top: 0.5em;
+               font-size: 0.8em; }
+.reame-tool { border: 1px solid var(--border-color-primary); border-radius: 6px;
+              padding: 0.1em 0.55em; background: none; color: inherit; cursor: pointer;
+              min-height: 1.9em; min-width: 1.9em; }
+.reame-tool.reame-off { opacity: 0.35; cursor: default; border-color: transparent; }
+button.reame-tool:hover { background: var(--background-fill-secondary); }
+.reame-sr { position: absolute; width: 1px; height: 1px; overflow: hidden;
+            clip: rect(0 0 0 0); white-space: nowrap; }
+/* Only the list scrolls: the buttons above it and the panels below stay in view. */
+#chat-list { max-height: calc(100vh - 22rem); min-height: 8rem; overflow-y: auto !important; }
+#transfer-row { flex-wrap: nowrap !important; gap: 0.5rem; }
+#transfer-row > * { min-width: 0 !important; flex: 1 1 0 !important; }
+.reame-chats ul { list-style: none; margin: 0; padding: 0; }
+h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9em 0.4em 0.2em;
+                 text-transform: none; }
+.reame-row { display: flex; align-items: center; border-radius: 8px; position: relative; }
+.reame-row:hover, .reame-row:has([aria-current]) { background: var(--background-fill-secondary); }
+.reame-open { flex: 1 1 auto; min-width: 0; text-align: left; background: none; border: none;
+              color: inherit; padding: 0.45em 0.5em; cursor: pointer; border-radius: 8px;
+              display: flex; flex-direction: column; font-size: 0.9rem; font-weight: normal; }
+.reame-open[aria-current] { font-weight: 600; }
+.reame-title { font-size: 0.9rem; }
+.reame-title, .reame-snippet { display: block; overflow: hidden; white-space: nowrap;
+                               text-overflow: ellipsis; max-width: 100%; }
+.reame-snippet { font-size: 0.8em; opacity: 0.85; font-weight: normal; }
+.reame-snippet mark { background: var(--color-accent-soft, #fde68a); color: inherit; }
+.reame-menu summary { list-style: none; cursor: pointer; padding: 0.3em 0.55em;
+                      border-radius: 6px; opacity: 0.85; }
+.reame-menu summary::-webkit-details-marker { display: none; }
+.reame-menu summary:hover, .reame-menu[open] summary { opacity: 1;
+                      background: var(--background-fill-primary); }
+.reame-menu-items { position: absolute; right: 0; top: 100%; z-index: 20; display: flex;
+                    flex-direction: column; min-width: 11em; padding: 0.3em;
+                    background: var(--background-fill-primary); border-radius: 8px;
+                    border: 1px solid var(--border-color-primary);
+                    box-shadow: 0 4px 16px rgba(0, 0, 0, 0.18); }
+.reame-menu-items button { text-align: left; background: none; border: none; color: inherit;
+                           padding: 0.45em 0.6em; border-radius: 6px; cursor: pointer; }
+.reame-menu-items button:hover { background: var(--background-fill-secondary); }
+.reame-danger { color: var(--error-text-color, #dc2626) !important; }
+.reame-rename { flex: 1 1 auto; min-width: 0; margin: 0.2em; padding: 0.3em 0.4em; }
+#reame-hint { font-size: 0.85em; min-height: 1.2em; margin: 0.2em 0.4em; }
+@media (max-width: 768px) {
+    /* A finger-sized sidebar button, inside the screen. */
+    .sidebar .toggle-button { width: 44px !important; height: 44px !important; }
+    .sidebar:not(.open) .toggle-button { transform: translateX(8px); }
+}
+#account { font-size: 0.85em; }
+/* Readable against the page (WCAG AA, checked by axe-core in tests/test_page_access.py):
+   the primary button's white text, and Gradio's footer. */
+#new-chat { background: #c2410c !important; border-color: #c2410c !important; color: #fff; }
+footer, footer a, footer button { color: #52525b !important; }
+.dark footer, .dark footer a, .dark footer button { color: #d4d4d8 !important; }
+.reame-list-note { font-size: 0.8em; opacity: 0.85; margin: 0.6em 0.4em; }
 """
 
+# Runs once when the page loads (mount_gradio_app's js): the chat list's grouping and keys,
+# the buttons inside messages, the keyboard shortcuts, copying without the stats line.
+PAGE_JS = (Path(__file__).parent / "page.js").read_text(encoding="utf-8")
+# Saves what an export returned ({"name", "type", "text"}) as a file in the browser.
+DOWNLOAD_JS = """(payload) => {
+    if (!payload) return;
+    const {name, type, text} = JSON.parse(payload);
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(new Blob([text], {type}));
+    link.download = name;
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+}"""
+
 HIDDEN = dict(api_visibility="private")
+# After a chat is opened, made or changed from the list or a message: typing goes on there
+# (and on a phone, the sidebar makes way for the chat).
+FOCUS_MESSAGE_JS = """() => {
+    window.reameCloseSidebarOnPhone?.();
+    document.querySelector('#message textarea')?.focus();
+}"""
 ROLE_JS = "(role) => { document.documentElement.dataset.reameRole = role; }"
 
 

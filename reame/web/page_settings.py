@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import logging
 import queue
 import threading
@@ -68,27 +69,53 @@ def model_banner(service: ChatService, loading: Path | str | None = None) -> tup
 
 def cache_markdown(service: ChatService, user: str | None = None, *,
                    whole_server: bool = True) -> str:
-    """The Cache panel: the whole server's figures and files (an administrator, or no
-    accounts), else only the user's own turns'."""
+    """The Cache panel: one line in plain words (time saved, chats ready to continue), the
+    figures on demand. An administrator (or a server without accounts) sees the whole
+    server's and its files; another user, those of their own turns and chats."""
     s = service.cache_stats(user, whole_server=whole_server)
     if not s.get("enabled"):
         return ("The disk cache is **off** (`[cache] enabled = false`): only the live context "
                 "is reused.")
-    hit_rate = f"{s['hit_rate']:.0%}" if s["hit_rate"] is not None else "—"
+    restored = s["tokens_restored"]
     if s["prefill_tokens_per_s"]:
-        saved = (f"**{s['time_saved_s']:,.1f} s** "
-                 f"(at {s['prefill_tokens_per_s']:,.0f} tok/s prefill)")
+        saved = f"≈ {_duration(s['time_saved_s'])} of recomputation saved"
     else:
-        saved = "not measured yet (needs one prefill of 32+ tokens in this run)"
-    turns = (f"hit rate **{hit_rate}** ({s['hits']} of {s['lookups']} lookups) · "
-             f"**{s['tokens_restored']:,}** tokens restored · time saved {saved}")
-    if "counters" not in s:
-        return "Your turns: " + turns
-    c = s["counters"]
-    return (f"**{s['files']}** KV files · **{s['disk_bytes'] / 2**20:,.1f} MB** of "
-            f"{s['max_disk_bytes'] / 2**20:,.0f} MB\n\n{turns}\n\n"
-            f"unusable files replaced: {c['rejected']} · failed writes: "
-            f"{c['write_errors']} · evicted: {c['evicted']}")
+        saved = f"{restored:,} tokens restored instead of recomputed"
+    ready = s["chats_ready"]
+    line = f"{saved} · {ready:,} chat{'' if ready == 1 else 's'} ready to continue"
+    rate = (f"at {s['prefill_tokens_per_s']:,.0f} tokens/s, this machine's prefill speed"
+            if s["prefill_tokens_per_s"] else "the prefill speed is measured at the first "
+            "long enough prompt")
+    details = [f"{restored:,} tokens of history restored from disk instead of recomputed "
+               f"({rate})",
+               f"{s['hits']:,} of {s['lookups']:,} look-ups on disk found a file"]
+    if "counters" in s:
+        c = s["counters"]
+        details += [f"{s['files']:,} KV files, {s['disk_bytes'] / 2**20:,.1f} MB of "
+                    f"{s['max_disk_bytes'] / 2**20:,.0f} MB allowed (the oldest go first)",
+                    f"unusable files replaced: {c['rejected']} · failed writes: "
+                    f"{c['write_errors']} · evicted: {c['evicted']}"]
+    items = "".join(f"<li>{html.escape(d)}</li>" for d in details)
+    return (f'<p class="reame-cache-line">{html.escape(line)}</p>'
+            f'<details class="reame-cache-details"><summary>Details</summary><ul>{items}</ul>'
+            "</details>")
+
+
+def picker_info(found: int, folder: Path) -> str:
+    """Under the model picker: where it looked, and what it found there."""
+    if not found:
+        return (f"No .gguf file in {folder}. Put GGUF files there and press Rescan, or give "
+                "a path below.")
+    return f"{found} model file{'s' if found != 1 else ''} in {folder}"
+
+
+def _duration(seconds: float) -> str:
+    """12 s, 3 min, 1.5 h: a time in the unit people say."""
+    if seconds < 90:
+        return f"{seconds:,.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:,.0f} min"
+    return f"{seconds / 3600:,.1f} h"
 
 
 def build_settings_tab(settings: Settings, *, settings_group: str,
@@ -149,7 +176,8 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
         loaded = service.engine.model_path if service.engine else None
         chosen = next((m["path"] for m in models if loaded and m["path"] == str(loaded)), None)
         return (status_text(), *model_banner(service, settings.loading_model),
-                gr.Dropdown(choices=choices, value=chosen),
+                gr.Dropdown(choices=choices, value=chosen,
+                            info=picker_info(len(models), settings.models_dir)),
                 "" if chosen or loaded is None else str(loaded), now["model"]["n_ctx"],
                 now["model"]["n_threads"], now["cache"]["kv_type"], now["cache"]["enabled"],
                 now["cache"]["max_disk_mb"], now["generation"]["system_prompt"],

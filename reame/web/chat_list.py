@@ -1,0 +1,72 @@
+"""The sidebar's chat list as HTML: one row per chat (title cut with "…", a menu of actions),
+pinned chats first, or the chats a search found with their matching snippet.
+
+Every control carries a data-reame-action that the page's script sends to the server
+(page_parts.PAGE_JS); the script also groups the rows by the browser's own day (Today,
+Yesterday, ...) from their data-updated time, and moves between them with the arrow keys.
+Titles and snippets are users' text: escaped here, never markup.
+"""
+
+from __future__ import annotations
+
+import html
+
+from ..store import END_MARK, MARK, Chat, Found
+
+SHOWN = 200  # rows at most; older chats are found by searching
+
+
+def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None = None) -> str:
+    """The list of chats (pinned first, then most recent), current one marked."""
+    if not chats:
+        return _nav('<p class="reame-list-note">No chats yet.</p>')
+    rows = [_row(chat, chat.id == current) for chat in chats[:SHOWN]]
+    total = len(chats) if total is None else total
+    note = (f'<p class="reame-list-note">Showing the {SHOWN:,} most recent of {total:,} '
+            "chats: search to find the others.</p>" if total > SHOWN else "")
+    return _nav(f'<ul class="reame-rows">{"".join(rows)}</ul>{note}')
+
+
+def search_results_html(found: list[Found], current: int | None, words: str) -> str:
+    """The chats a search for words found, each with a snippet of a matching message."""
+    if not found:
+        return _nav(f'<p class="reame-list-note">No chat holds “{html.escape(words)}”.</p>',
+                    searching=True)
+    rows = [_row(f.chat, f.chat.id == current, snippet=f.snippet) for f in found]
+    return _nav(f'<ul class="reame-rows">{"".join(rows)}</ul>', searching=True)
+
+
+def _nav(body: str, *, searching: bool = False) -> str:
+    label = "Search results" if searching else "Chats"
+    return (f'<nav class="reame-chats" aria-label="{label}" '
+            f'data-searching="{str(searching).lower()}">{body}</nav>')
+
+
+def _row(chat: Chat, current: bool, *, snippet: str = "") -> str:
+    title = html.escape(chat.title)
+    shown = _snippet_html(snippet) if snippet else ""
+    pin = "Unpin" if chat.pinned else "Pin"
+    marked = ' aria-current="page"' if current else ""
+    # The chat's button opens it; only the current one is a Tab stop (the arrow keys move
+    # between rows), so that the message box is a few Tabs away whatever the number of chats.
+    return (
+        f'<li class="reame-row" data-chat="{chat.id}" data-updated="{chat.updated_at:.0f}" '
+        f'data-pinned="{str(chat.pinned).lower()}">'
+        f'<button class="reame-open" data-reame-action="open:{chat.id}" title="{title}"'
+        f'{marked} tabindex="{0 if current else -1}">'
+        f'<span class="reame-title">{title}</span>{shown}</button>'
+        f'<details class="reame-menu"><summary aria-label="Options for {title}" '
+        f'title="Options">⋯</summary><div class="reame-menu-items" role="group">'
+        f'<button data-reame-action="pin:{chat.id}">{pin}</button>'
+        f'<button data-reame-action="rename:{chat.id}" data-title="{title}">Rename</button>'
+        f'<button data-reame-action="export:{chat.id}">Export (JSON)</button>'
+        f'<button data-reame-action="markdown:{chat.id}">Export (Markdown)</button>'
+        f'<button data-reame-action="delete:{chat.id}" data-title="{title}" '
+        f'class="reame-danger">Delete</button>'
+        f"</div></details></li>")
+
+
+def _snippet_html(snippet: str) -> str:
+    """A search snippet with its matches marked (store.MARK ... END_MARK), escaped."""
+    escaped = html.escape(snippet).replace(MARK, "<mark>").replace(END_MARK, "</mark>")
+    return f'<span class="reame-snippet">{escaped}</span>'

@@ -1,0 +1,201 @@
+() => {
+    // The page's own behaviour, run once when it loads (reame/web/page_parts.py, PAGE_JS).
+    // Buttons rendered by the server (the chat list, a message's tools) carry a
+    // data-reame-action; it reaches the server through the hidden action button.
+    const $ = (selector, root = document) => root.querySelector(selector);
+    const send = (action) => {
+        window.reameAction = action;
+        $("#reame-action-btn").click();
+    };
+
+    const renameInline = (button) => {
+        const row = button.closest(".reame-row");
+        const title = $(".reame-title", row);
+        const id = button.dataset.reameAction.split(":")[1];
+        const input = document.createElement("input");
+        input.className = "reame-rename";
+        input.value = button.dataset.title;
+        input.setAttribute("aria-label", "New title");
+        input.maxLength = 200;
+        title.replaceWith(input);
+        $("details", row)?.removeAttribute("open");
+        input.focus();
+        input.select();
+        let done = false;
+        const finish = (save) => {
+            if (done) return;
+            done = true;
+            if (save && input.value.trim() && input.value !== button.dataset.title) {
+                send(`rename:${id}:${input.value}`);
+            } else {
+                input.replaceWith(title);
+                $(".reame-open", row)?.focus();
+            }
+        };
+        input.addEventListener("keydown", (event) => {
+            event.stopPropagation();  // not a list or page shortcut
+            if (event.key === "Enter") { event.preventDefault(); finish(true); }
+            if (event.key === "Escape") { event.preventDefault(); finish(false); }
+        });
+        input.addEventListener("click", (event) => event.stopPropagation());
+        input.addEventListener("blur", () => finish(true));
+    };
+
+    // The action of a button: its data-reame-action (the chat list), or, inside a message
+    // (whose markup the Chatbot's sanitizer cuts down to classes), its reame-act-KIND-ID.
+    const actionOf = (button) => {
+        if (button.dataset.reameAction) return button.dataset.reameAction;
+        const match = button.className.match(/\breame-act-([a-z]+)-(\d+)\b/);
+        return match ? `${match[1]}:${match[2]}` : null;
+    };
+    document.addEventListener("click", (event) => {
+        for (const menu of document.querySelectorAll("#chat-list details[open]")) {
+            if (!menu.contains(event.target)) menu.removeAttribute("open");
+        }
+        const button = event.target.closest(
+            "#chat-list [data-reame-action], #chatbot button.reame-tool");
+        const action = button && actionOf(button);
+        if (!action) return;
+        event.preventDefault();
+        event.stopPropagation();
+        const kind = action.split(":")[0];
+        button.closest("details")?.removeAttribute("open");
+        if (kind === "rename") return renameInline(button);
+        if (kind === "delete" && !window.confirm(
+            `Delete “${button.dataset.title}” and all its messages? This cannot be undone.`)) {
+            return;
+        }
+        if (kind === "open" || kind === "branch") closeSidebarOnPhone();
+        send(action);
+    }, true);
+
+    // On a phone the sidebar covers the chat: it starts closed, and closes once a chat is
+    // picked or made (its button toggles it).
+    const narrow = window.matchMedia("(max-width: 768px)");
+    const closeSidebarOnPhone = () => {
+        if (narrow.matches && $(".sidebar.open")) $(".sidebar .toggle-button")?.click();
+    };
+    const whenSidebar = () => ($(".sidebar") ? closeSidebarOnPhone()
+        : requestAnimationFrame(whenSidebar));
+    whenSidebar();
+    window.reameCloseSidebarOnPhone = closeSidebarOnPhone;
+
+    // The chat list: rows grouped by the browser's own days; arrow keys move between rows.
+    const groupOf = (seconds) => {
+        const day = (d) => new Date(d.getFullYear(), d.getMonth(), d.getDate()).getTime();
+        const when = new Date(seconds * 1000);
+        const days = Math.round((day(new Date()) - day(when)) / 86400000);
+        if (days <= 0) return "Today";
+        if (days === 1) return "Yesterday";
+        if (days < 7) return "Previous 7 days";
+        if (days < 30) return "Previous 30 days";
+        return when.toLocaleDateString(undefined, {month: "long", year: "numeric"});
+    };
+    const arrange = (nav) => {
+        if (nav.dataset.arranged) return;
+        nav.dataset.arranged = "true";
+        const list = nav.querySelector("ul.reame-rows");
+        if (list && nav.dataset.searching !== "true") {
+            // One heading and one list per group.
+            const groups = document.createDocumentFragment();
+            let rows = null, last = null;
+            for (const row of [...list.children]) {
+                const group = row.dataset.pinned === "true" ? "Pinned"
+                    : groupOf(Number(row.dataset.updated));
+                if (group !== last) {
+                    const heading = document.createElement("h3");
+                    heading.className = "reame-group";
+                    heading.textContent = group;
+                    rows = document.createElement("ul");
+                    rows.className = "reame-rows";
+                    groups.append(heading, rows);
+                    last = group;
+                }
+                rows.append(row);
+            }
+            list.replaceWith(groups);
+        }
+        const buttons = nav.querySelectorAll(".reame-open");
+        if (buttons.length && !nav.querySelector('.reame-open[tabindex="0"]')) {
+            buttons[0].tabIndex = 0;
+        }
+    };
+    // Gradio's send and stop buttons are icons without a name: say what they do.
+    const NAMES = {"#message [data-testid=submit-button]": "Send",
+                   "#message [data-testid=stop-button]": "Stop the reply"};
+    const name = () => {
+        for (const [selector, label] of Object.entries(NAMES)) {
+            for (const button of document.querySelectorAll(selector)) {
+                if (!button.getAttribute("aria-label")) button.setAttribute("aria-label", label);
+            }
+        }
+    };
+    new MutationObserver(() => {
+        document.querySelectorAll("#chat-list nav.reame-chats").forEach(arrange);
+        name();
+    }).observe(document.body, {childList: true, subtree: true});
+
+    // While a reply is written, Enter keeps the next message in the box and says why, instead
+    // of sending it into the reply under way.
+    const writing = () => {
+        const stop = $("#message [data-testid=stop-button]");
+        return stop !== null && stop.offsetParent !== null;
+    };
+    const hint = (text) => {
+        let note = $("#reame-hint");
+        if (!note) {
+            note = document.createElement("div");
+            note.id = "reame-hint";
+            note.setAttribute("role", "status");
+            $("#message").after(note);
+        }
+        note.textContent = text;
+        clearTimeout(note.timer);
+        note.timer = setTimeout(() => { note.textContent = ""; }, 6000);
+    };
+    document.addEventListener("keydown", (event) => {
+        if (event.key === "Enter" && !event.shiftKey && !event.isComposing
+                && event.target.closest?.("#message") && writing()) {
+            event.preventDefault();
+            event.stopImmediatePropagation();
+            hint("A reply is being written: your message stays here until it ends. " +
+                 "Press Esc to stop it.");
+        }
+    }, true);
+
+    document.addEventListener("keydown", (event) => {
+        const inList = event.target.closest?.("#chat-list .reame-open");
+        if (inList && (event.key === "ArrowDown" || event.key === "ArrowUp")) {
+            event.preventDefault();
+            const buttons = [...document.querySelectorAll("#chat-list .reame-open")];
+            const at = buttons.indexOf(inList) + (event.key === "ArrowDown" ? 1 : -1);
+            const next = buttons[Math.max(0, Math.min(buttons.length - 1, at))];
+            buttons.forEach((b) => { b.tabIndex = b === next ? 0 : -1; });
+            next.focus();
+            return;
+        }
+        const key = event.key.toLowerCase();
+        if ((event.ctrlKey || event.metaKey) && event.shiftKey && key === "o") {
+            event.preventDefault();
+            $("#new-chat")?.click();
+        } else if ((event.ctrlKey || event.metaKey) && !event.shiftKey && key === "k") {
+            event.preventDefault();
+            if (!$(".sidebar.open")) $(".sidebar .toggle-button")?.click();
+            $("#chat-search textarea, #chat-search input")?.focus();
+        } else if (event.key === "Escape" && !event.target.closest?.(".reame-rename")
+                   && writing()) {
+            event.preventDefault();
+            $("#message [data-testid=stop-button]").click();
+            $("#message textarea")?.focus();
+        }
+    });
+
+    // Copying a message copies its text: without the stats line, the tools and the window
+    // marker that the page adds to it (all <div class="reame-...">, never nested).
+    const clipboard = navigator.clipboard;
+    if (clipboard && clipboard.writeText) {
+        const write = clipboard.writeText.bind(clipboard);
+        clipboard.writeText = (text) => write(String(text)
+            .replace(/\s*<div class="reame-[a-z]+">[\s\S]*?<\/div>/g, "").trimEnd());
+    }
+}
