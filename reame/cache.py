@@ -30,14 +30,14 @@ from pathlib import Path
 from .batches import CHUNK, cold_prefix, resume_point
 from .engine import Engine, Sequence, common_prefix
 from .kvindex import SHARED, FileIndex, prompt_key
-from .kvstore import BLOCK, KVStore, block_hashes
+from .kvfile import TMP_PREFIX
+from .kvstore import BLOCK, TOTALS_NAME, KVStore, block_hashes
 
 log = logging.getLogger(__name__)
 
 # Where restored history comes from when it is read from a file: the chat's own, the chat it
 # was branched from, a prefix shared with other chats.
 FROM_FILES = ("disk", "branch", "prefix")
-TOTALS_FILE = "totals.json"  # in the KV folder: the Cache panel's figures, kept at restart
 MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
 
 
@@ -397,7 +397,7 @@ class KVCache:
 
     @property
     def _totals_path(self) -> Path | None:
-        return self.files.folder / TOTALS_FILE if self.files is not None else None
+        return self.files.folder / TOTALS_NAME if self.files is not None else None
 
     def _load_totals(self) -> None:
         path = self._totals_path
@@ -431,7 +431,7 @@ class KVCache:
             scope: [c.lookups, c.hits, c.tokens_saved] for scope, c in self.counts.items()}}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".tmp")
+            partial = path.with_name(f"{TMP_PREFIX}totals.tmp")
             partial.write_text(json.dumps(data), encoding="utf-8")
             os.replace(partial, path)
         except OSError as exc:

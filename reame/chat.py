@@ -198,8 +198,15 @@ class ChatService:
                                    "keeps for one user: delete some to start a new one")
             yield
 
-    def list_chats(self, user: str | None = None) -> list[Chat]:
-        return self.store.list_chats(owner=user)
+    def list_chats(self, user: str | None = None, limit: int | None = None) -> list[Chat]:
+        return self.store.list_chats(owner=user, limit=limit)
+
+    def count_chats(self, user: str | None = None) -> int:
+        return self.store.count_chats(user)
+
+    def latest_chat(self, user: str | None = None) -> Chat | None:
+        """The user's most recently active chat, pinned or not: the one a page opens on."""
+        return self.store.newest_chat(user, active=True)
 
     def get_chat(self, chat_id: int, user: str | None = None) -> Chat:
         chat = self.store.get_chat(chat_id)

@@ -35,6 +35,7 @@ BLOCK = 64  # tokens per block of the shared-prefix chained hash
 # The files Reame writes in the folder: anything else there is left alone, whatever its name
 # ([cache] dir may be any folder). A .kv file is deleted only if its name and magic say so.
 _OWN_NAME = re.compile(r"^(chat-\d+|prefix-[0-9a-f]+)-[0-9a-f]{12}\.kv$")
+TOTALS_NAME = "reame-totals.json"  # the cache's figures, kept beside its files (cache.py)
 
 
 @dataclass
@@ -273,14 +274,14 @@ class KVStore:
 
 def check_folder(folder: Path) -> None:
     """Refuse (ValueError, saying why) a folder that cannot hold the KV files: one that is not
-    a folder, cannot be written, or holds other files than Reame's (KV files and their
-    temporary files), so that a setting never points the cache at someone else's folder."""
+    a folder, cannot be written, or holds other files than Reame's (KV files, their
+    temporary files, the cache's totals), so that a setting never points the cache at someone else's folder."""
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file, not a folder")
     if folder.is_dir():
         foreign = sorted(p.name for p in folder.iterdir()
-                         if not (_OWN_NAME.match(p.name) or (p.name.startswith(TMP_PREFIX)
-                                                              and p.name.endswith(".tmp"))))
+                         if not (_OWN_NAME.match(p.name) or p.name == TOTALS_NAME
+                                 or (p.name.startswith(TMP_PREFIX) and p.name.endswith(".tmp"))))
         if foreign:
             shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
             raise ValueError(f"{folder} holds {len(foreign)} entries Reame did not write "

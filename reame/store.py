@@ -247,50 +247,60 @@ class Store:
         with self._session() as session:
             return session.get(Chat, chat_id) is not None
 
-    def list_chats(self, owner: str | None = None) -> list[Chat]:
+    def list_chats(self, owner: str | None = None, limit: int | None = None) -> list[Chat]:
         """The owner's chats (None: the chats made without accounts): pinned ones first, then
-        the most recently active first."""
+        the most recently active first; the first limit of them (None: all)."""
         with self._session() as session:
-            query = select(Chat).where(_owned_by(owner))
-            return list(session.exec(query.order_by(Chat.pinned.desc(), Chat.updated_at.desc(),
-                                                    Chat.id.desc())))
+            query = select(Chat).where(_owned_by(owner)).order_by(
+                Chat.pinned.desc(), Chat.updated_at.desc(), Chat.id.desc())
+            return list(session.exec(query.limit(limit) if limit is not None else query))
 
     def search(self, owner: str | None, words: str, limit: int = 50) -> list[Found]:
         """The owner's chats whose title or messages hold every word of `words` (the last one
-        may be the start of a word), most recently active first, each with a snippet of a
-        matching message (its matches between MARK and END_MARK)."""
+        may be the start of a word), each with a snippet of its newest matching message (its
+        matches between MARK and END_MARK; "" if only the title matched): those with the
+        newest matches, at most limit, pinned first, then the most recently active first.
+
+        The index is read newest match first and left as soon as limit chats are found, so
+        a word in every chat costs no more than a rare one."""
         query = _match_query(words)
         if not query:
             return []
-        owned = "owner = :owner" if owner is not None else "owner IS NULL"
+        owned = "c.owner = :owner" if owner is not None else "c.owner IS NULL"
+        found: dict[int, str] = {}
         with self.engine.connect() as conn:
-            ids = [row[0] for row in conn.execute(text(
-                f"SELECT id FROM chat WHERE {owned} AND id IN ("
-                f"SELECT rowid FROM chat_fts WHERE chat_fts MATCH :q UNION "
-                f"SELECT chat_id FROM message_fts WHERE message_fts MATCH :q) "
-                f"ORDER BY pinned DESC, updated_at DESC, id DESC LIMIT :limit"),
-                {"q": query, "owner": owner, "limit": limit})]
-        if not ids:
+            titles = conn.execute(text(
+                f"SELECT c.id FROM chat_fts JOIN chat AS c ON c.id = chat_fts.rowid "
+                f"WHERE chat_fts MATCH :q AND {owned} ORDER BY chat_fts.rowid DESC "
+                f"LIMIT :limit"), {"q": query, "owner": owner, "limit": limit})
+            found.update((row[0], "") for row in titles)
+            matches = conn.execute(text(
+                f"SELECT message_fts.chat_id, snippet(message_fts, 0, :mark, :end, '…', 12) "
+                f"FROM message_fts JOIN chat AS c ON c.id = message_fts.chat_id "
+                f"WHERE message_fts MATCH :q AND {owned} ORDER BY message_fts.rowid DESC"),
+                {"q": query, "owner": owner, "mark": MARK, "end": END_MARK})
+            snippets: dict[int, str] = {}
+            for chat_id, snippet in matches:
+                if chat_id not in snippets:
+                    snippets[chat_id] = snippet
+                    if len(snippets) >= limit:
+                        break
+            matches.close()
+        found.update(snippets)
+        if not found:
             return []
         with self._session() as session:
-            by_id = {c.id: c for c in session.exec(select(Chat).where(Chat.id.in_(ids)))}
-        chats = [by_id[i] for i in ids if i in by_id]
-        # Snippets only for the chats shown: the newest matching message of each.
-        snippets: dict[int, str] = {}
-        listed = ", ".join(str(i) for i in ids)  # integers from the database
-        with self.engine.connect() as conn:
-            for chat_id, snippet in conn.execute(text(
-                    f"SELECT chat_id, snippet(message_fts, 0, :mark, :end, '…', 12) "
-                    f"FROM message_fts WHERE message_fts MATCH :q AND chat_id IN ({listed}) "
-                    f"ORDER BY rowid DESC"), {"q": query, "mark": MARK, "end": END_MARK}):
-                snippets.setdefault(chat_id, snippet)
-        return [Found(chat, snippets.get(chat.id, "")) for chat in chats]
+            chats = list(session.exec(select(Chat).where(Chat.id.in_(list(found)))))
+        chats.sort(key=lambda c: (not c.pinned, -c.updated_at, -c.id))
+        return [Found(chat, found[chat.id]) for chat in chats[:limit]]
 
-    def newest_chat(self, owner: str | None = None) -> Chat | None:
-        """The owner's chat made last (None if they have none)."""
+    def newest_chat(self, owner: str | None = None, *, active: bool = False) -> Chat | None:
+        """The owner's chat made last, or (active) the most recently active, pinned or not
+        (None if they have none)."""
+        order = (Chat.updated_at.desc(), Chat.id.desc()) if active else (Chat.id.desc(),)
         with self._session() as session:
             return session.exec(select(Chat).where(_owned_by(owner))
-                                .order_by(Chat.id.desc()).limit(1)).first()
+                                .order_by(*order).limit(1)).first()
 
     def count_chats(self, owner: str | None = None) -> int:
         """How many chats the owner has (None: chats made without accounts)."""

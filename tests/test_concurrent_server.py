@@ -104,12 +104,15 @@ def test_the_page_shows_a_turn_its_place_in_line(browser, tmp_path, model_path):
         first, second = (c.new_page() for c in contexts)
         for page in (first, second):
             page.set_default_timeout(REPLY_TIMEOUT)
-            open_app(page, server)
-            new_chat(page)
+        open_app(first, server)
+        new_chat(first)
         first.locator(BOX).fill(LONG)
         first.locator(BOX).press("Enter")
         expect(first.locator(STOP)).to_be_visible()
         expect(first.locator(BOT).last).not_to_be_empty()  # its reply is being written
+        # (New chat only now: an empty chat is reused, and the first one is not empty.)
+        open_app(second, server)
+        new_chat(second)
         second.locator(BOX).fill("What is the capital of France?")
         second.locator(BOX).press("Enter")
         expect(second.locator(".reame-queued")).to_have_text(

@@ -97,10 +97,13 @@ def model(request, model_path, gemma_path):
 @pytest.mark.parametrize("sampling", list(SAMPLINGS))
 def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
         tmp_path, model, sampling):
+    # Greedy replies flip at near ties, so every prompt is tried greedily; seeded sampling
+    # adds its own path (the sampler), for which half of them do (the suite's time).
+    prompts = PROMPTS if sampling == "greedy" else PROMPTS[:11]  # every preamble length
     # Cold: nothing live, no cache, each prompt from position 0.
     cold_node = Node(tmp_path / "cold", model, cache=False)
     cold = {}
-    for prompt in PROMPTS:
+    for prompt in prompts:
         cold_node.engine.clear()
         cold[prompt] = cold_node.ask(prompt, sampling)[:2]
         # Again with the cache off: the live KV is reused, the reply is the same.
@@ -115,7 +118,7 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
     folder = tmp_path / "served"
     node = Node(folder, model)
     sources = set()
-    for n, prompt in enumerate(PROMPTS):
+    for n, prompt in enumerate(prompts):
         text, logits, source = node.ask(prompt, sampling)
         if n:
             sources.add(source)
@@ -128,7 +131,7 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
 
     # A restart: every prompt again, its KV read from the file its first answer wrote.
     node = Node(folder, model)
-    for prompt in PROMPTS:
+    for prompt in prompts:
         node.engine.clear()  # nothing live: the prompt's KV comes from a file
         text, logits, source = node.ask(prompt, sampling)
         assert source == "prefix", f"no file was restored for {prompt!r}"

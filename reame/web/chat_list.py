@@ -17,7 +17,8 @@ SHOWN = 200  # rows at most; older chats are found by searching
 
 
 def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None = None) -> str:
-    """The list of chats (pinned first, then most recent), current one marked."""
+    """The list of chats (pinned first, then most recent), current one marked; total: how
+    many the user has (when chats holds only the first SHOWN)."""
     if not chats:
         return _nav('<p class="reame-list-note">No chats yet.</p>')
     rows = [_row(chat, chat.id == current) for chat in chats[:SHOWN]]

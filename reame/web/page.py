@@ -17,7 +17,7 @@ from ..chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, NoModel,
 from ..chat_settings import FIELD, ChatSettings
 from ..render import inert_html, shown_reply, to_chatbot
 from ..settings import Settings
-from .chat_list import chat_list_html, search_results_html
+from .chat_list import SHOWN, chat_list_html, search_results_html
 from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, HIDDEN, ROLE_JS, flatten, panel,
                          panel_js)
 from .page_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
@@ -39,13 +39,13 @@ def _listing(service: ChatService, user: str | None, chat_id: int | None,
     """The chat list's HTML: the user's chats, or those a search for words found."""
     if words.strip():
         return search_results_html(service.search(words, user), chat_id, words)
-    return chat_list_html(service.list_chats(user), chat_id)
+    return chat_list_html(service.list_chats(user, limit=SHOWN), chat_id,
+                          total=service.count_chats(user))
 
 
 def _latest(service: ChatService, user: str | None) -> int | None:
-    """The user's most recently active chat, pinned or not: the one a page opens on."""
-    chats = service.list_chats(user)
-    return max(chats, key=lambda c: (c.updated_at, c.id)).id if chats else None
+    chat = service.latest_chat(user)
+    return chat.id if chat is not None else None
 
 
 def _download(file: dict) -> str:
