@@ -70,10 +70,7 @@ def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
 
 def test_regenerate_and_edit_through_the_api(server):
     client = client_for(server)
-    chat_id = client.predict("t", None, api_name="/new_chat")
-    client.predict(chat_id, "Say hello.", api_name="/send")
-    client.predict(chat_id, "Which planet do we live on?", api_name="/send")
-    before = client.predict(chat_id, api_name="/get_chat")["messages"]
+    chat_id, before = two_turns(client, "t")
 
     job = client.submit(chat_id, api_name="/regenerate")
     regenerated = job.result()
@@ -152,12 +149,17 @@ def test_a_malformed_config_stops_the_start_naming_the_line(tmp_path):
     assert "line 3: n_threads 4" in result.stderr
 
 
-def test_versions_and_branches_through_the_api(server):
-    client = client_for(server)
-    chat_id = client.predict("", None, api_name="/new_chat")
+def two_turns(client, title: str) -> tuple[int, list[dict]]:
+    """A new chat with two turns; its id and messages."""
+    chat_id = client.predict(title, None, api_name="/new_chat")
     client.predict(chat_id, "Say hello.", api_name="/send")
     client.predict(chat_id, "Which planet do we live on?", api_name="/send")
-    before = client.predict(chat_id, api_name="/get_chat")["messages"]
+    return chat_id, client.predict(chat_id, api_name="/get_chat")["messages"]
+
+
+def test_versions_and_branches_through_the_api(server):
+    client = client_for(server)
+    chat_id, before = two_turns(client, "")
     assert [m["version"] for m in before] == [1, 1, 1, 1]
     edited = client.predict(chat_id, before[2]["id"], "Say goodbye.", api_name="/edit_message")
     shown = client.predict(chat_id, api_name="/get_chat")["messages"]

@@ -42,12 +42,17 @@ def test_a_retry_keeps_the_old_reply_as_a_version(node):
         "Tell me a short story about a cat.", first.text]
 
 
+def chat_of(node, *messages):
+    """A new chat of node's service, with a reply to each message."""
+    chat = node.service.new_chat()
+    for text in messages:
+        node.say(chat.id, text)
+    return chat
+
+
 def test_an_edit_keeps_the_later_turns_in_the_old_version(node):
     service = node.service
-    chat = service.new_chat()
-    node.say(chat.id, "Which planet do we live on?")
-    node.say(chat.id, "Say hello.")
-    node.say(chat.id, "Thank you!")
+    chat = chat_of(node, "Which planet do we live on?", "Say hello.", "Thank you!")
     before = service.messages(chat.id)
     node.finish(service.edit_message(chat.id, before[2].id, "Say goodbye."))
     after = service.messages(chat.id)
@@ -61,10 +66,8 @@ def test_an_edit_keeps_the_later_turns_in_the_old_version(node):
 def test_a_branch_restores_the_shared_history_from_its_parent_file(node, tmp_path,
                                                                      model_path):
     service = node.service
-    chat = service.new_chat()
-    node.say(chat.id, "Which planet do we live on?")
-    node.say(chat.id, "Name a large ocean on it.")
-    node.say(chat.id, "Thank you!")
+    chat = chat_of(node, "Which planet do we live on?", "Name a large ocean on it.",
+                   "Thank you!")
     messages = service.messages(chat.id)
     node.kv.flush()
     branch = service.branch(chat.id, messages[3].id)
