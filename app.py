@@ -35,6 +35,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     import gradio as gr
     from fastapi import FastAPI
 
+    from reame.web.health import build_health_router
     from reame.web.openai_api import build_router, internal_error
 
     settings = Settings(config, service)
@@ -53,6 +54,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         WebLogins(accounts).install(app)  # before Gradio's own /login is mounted
 
     app.include_router(build_router(service, accounts))
+    app.include_router(build_health_router(service))  # no login: it tells only the state
     # Unexpected errors: OpenAI's error shape, no traceback (uvicorn logs it).
     app.add_exception_handler(Exception, internal_error)
     app = gr.mount_gradio_app(

@@ -1,0 +1,30 @@
+"""GET /health: whether this server can answer now, for a load balancer, systemd or a probe.
+
+200 {"status": "ok"} while it serves; 503 {"status": "loading"} (with Retry-After) while a
+model loads, 503 {"status": "no_model"} when none is loaded. No login is needed, so it says
+nothing more: no model name, path or error text (the Settings tab and the log have those).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from ..chat import ChatService
+
+RETRY_AFTER_S = 2  # a model load usually ends within seconds
+
+
+def build_health_router(service: ChatService) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    def health() -> JSONResponse:
+        if service.loading:
+            return JSONResponse({"status": "loading"}, status_code=503,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
+        if service.engine is None:
+            return JSONResponse({"status": "no_model"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    return router
