@@ -111,6 +111,7 @@ class KVCache:
         self.counts: dict[str, Counts] = {}  # per scope
         self._live: dict[int, Live] = {}  # per engine sequence
         self.index = FileIndex(files) if files is not None else None
+        self._rates: dict[str, float] = {}  # prefill rates per model, as kept on disk
         self._load_totals()
 
     @property
@@ -403,7 +404,8 @@ class KVCache:
         path = self._totals_path
         try:
             data = json.loads(path.read_text(encoding="utf-8")) if path else {}
-            rate = data.get("prefill_rates", {}).get(self.engine.fingerprint, 0.0)
+            rates = dict(data.get("prefill_rates", {}))
+            rate = rates.get(self.engine.fingerprint, 0.0)
             counts = {str(scope): Counts(*(int(n) for n in numbers))
                       for scope, numbers in data.get("counts", {}).items()}
         except FileNotFoundError:
@@ -412,22 +414,20 @@ class KVCache:
             log.warning("the cache's totals in %s are unreadable (%s): starting from zero",
                         path, exc)
             return
+        self._rates = rates
         if isinstance(rate, (int, float)) and rate > 0:
             self.prefill_rate = float(rate)
         self.counts.update(counts)
 
     def _save_totals(self) -> None:
+        """Write the totals (at each save: one small file, the other models' rates as read
+        at start-up, not read again)."""
         path = self._totals_path
         if path is None:
             return
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-            rates = dict(old.get("prefill_rates", {}))
-        except (OSError, ValueError, AttributeError):
-            rates = {}
         if self.prefill_rate:
-            rates[self.engine.fingerprint] = round(self.prefill_rate, 2)
-        data = {"prefill_rates": rates, "counts": {
+            self._rates[self.engine.fingerprint] = round(self.prefill_rate, 2)
+        data = {"prefill_rates": self._rates, "counts": {
             scope: [c.lookups, c.hits, c.tokens_saved] for scope, c in self.counts.items()}}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
