@@ -36,6 +36,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     from fastapi import FastAPI
 
     from reame.web.health import build_health_router
+    from reame.web.metrics import CountRequests, Metrics, build_metrics_router
     from reame.web.openai_api import build_router, internal_error
 
     settings = Settings(config, service)
@@ -55,6 +56,8 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
 
     app.include_router(build_router(service, accounts))
     app.include_router(build_health_router(service))  # no login: it tells only the state
+    metrics = Metrics(service)
+    app.include_router(build_metrics_router(metrics, accounts))  # admin or this machine
     # Unexpected errors: OpenAI's error shape, no traceback (uvicorn logs it).
     app.add_exception_handler(Exception, internal_error)
     app = gr.mount_gradio_app(
@@ -65,9 +68,9 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         # Not Gradio's own "Settings" link: the page has a Settings tab of its own.
         footer_links=["api", "gradio"])
     server = config.server
-    return Guard(app, allowed_hosts=server.allowed_host_names, max_body=MAX_REQUEST_BYTES,
-                 max_upload=MAX_UPLOAD_BYTES,
-                 allowed_origins=server.allowed_origin_list)
+    guarded = Guard(app, allowed_hosts=server.allowed_host_names, max_body=MAX_REQUEST_BYTES,
+                    max_upload=MAX_UPLOAD_BYTES, allowed_origins=server.allowed_origin_list)
+    return CountRequests(guarded, metrics)  # the refused ones too
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -32,7 +32,7 @@ from .scheduler import Scheduler, Waiting
 from .store import Chat, ChatNotFound, Found, Message, MessageNotFound, Store, Thread
 from .titles import DEFAULT_TITLE, checked_title, title_from
 from .transfer import BadImport, export_all, export_chat, parse_import, to_markdown
-from .turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
+from .turn import Decoding, Job, TurnObserver, TurnRunner, TurnStats, TurnUpdate
 from .window import Window, fit
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class ChatService:
         # it, API clients are told to come back.
         self.loading_model: Path | None = None
         self.replies = ReplyMemory()  # stateless replies' exact tokens
+        self.observe_turn: TurnObserver | None = None  # told of every turn (metrics)
 
     @property
     def loading(self) -> bool:
@@ -519,7 +520,7 @@ class ChatService:
                    branched_from=chat.branched_from)
 
     def _runner(self) -> TurnRunner:
-        return TurnRunner(self.engine, self.cache, self.prompts)
+        return TurnRunner(self.engine, self.cache, self.prompts, self.observe_turn)
 
     # stateless completions (the OpenAI route): nothing stored, the KV cache still used
 

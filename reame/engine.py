@@ -135,9 +135,9 @@ class Engine:
         # One decode's tokens (a plan's decodes are at most CHUNK), built here with the
         # sequence's id.
         self._batch = llama_cpp.llama_batch_init(CHUNK, 0, 1)
+        self.load_s = time.perf_counter() - started  # reported by /metrics
         log.info("loaded %s (n_ctx %d, %d slot%s, %d threads) in %.2f s", model_path.name,
-                 self.n_ctx, slots, "" if slots == 1 else "s", threads,
-                 time.perf_counter() - started)
+                 self.n_ctx, slots, "" if slots == 1 else "s", threads, self.load_s)
 
     @property
     def name(self) -> str:

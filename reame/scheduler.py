@@ -185,6 +185,12 @@ class Scheduler:
         with self._cond:
             return sum(not t.background for t in (*self._active, *self._line))
 
+    def load(self) -> tuple[int, int]:
+        """Turns on a slot and turns waiting for one (background tasks not counted)."""
+        with self._cond:
+            return (sum(not t.background for t in self._active),
+                    sum(not t.background for t in self._line))
+
     def _enter(self, task: Task) -> None:
         """Put task in line and make sure the engine's thread runs (the lock is held)."""
         self._line.append(task)

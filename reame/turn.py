@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -108,6 +108,7 @@ class Decoding:
             engine, sampling, max_tokens, stops)
         self.started = started
         self.first_at: float | None = None
+        self.token_times: list[float] = []  # when each token came (perf_counter)
         self.generated: list[int] = []
         self.text = ""
         self.cut = False  # ended by a stop string: the tokens run past the text
@@ -118,8 +119,10 @@ class Decoding:
         stream = self.engine.text_stream()
         self.first_logits = self.engine.logits_digest()
         for token in self.engine.generate(self.sampling, self.max_tokens):
+            now = time.perf_counter()
             if self.first_at is None:
-                self.first_at = time.perf_counter()
+                self.first_at = now
+            self.token_times.append(now)
             self.generated.append(token)
             self.text += stream.push(token)
             stop_at = _find_stop(self.text, self.stops)
@@ -152,11 +155,18 @@ class Decoding:
         stats.stopped = not self.finished
 
 
+# Told of every turn once it ends, however it ends (metrics): its stats, its decoding (the
+# tokens' times), and whether it was a stored chat's.
+TurnObserver = Callable[["TurnStats", "Decoding", bool], None]
+
+
 class TurnRunner:
     """Runs jobs on one engine, its KV cache and its prompt builder."""
 
-    def __init__(self, engine: Engine, cache: KVCache, prompts: PromptBuilder):
+    def __init__(self, engine: Engine, cache: KVCache, prompts: PromptBuilder,
+                 observe: TurnObserver | None = None):
         self.engine, self.cache, self.prompts = engine, cache, prompts
+        self.observe = observe
 
     def run(self, job: Job, keeper: Keeper) -> Iterator[TurnUpdate]:
         """Prefill, stream the reply, keep it. The reply is kept also when the caller stops
@@ -180,11 +190,20 @@ class TurnRunner:
                 stats.save_ms = self.cache.save(job.chat_id)
                 message_id, kept = keeper.keep(decoding, stats), True
                 log.info("chat %s: %s", job.chat_id or "-", _log_line(stats))
+            self._tell(stats, decoding, job.chat_id is not None)
         if not kept:  # the chat was deleted while it answered
             raise ChatNotFound(job.chat_id)
         yield TurnUpdate(decoding.text.strip(), done=True, stats=stats, message_id=message_id,
                          user_message_id=job.user_message_id, chat_id=job.chat_id,
                          finish_reason=decoding.finish_reason)
+
+    def _tell(self, stats: TurnStats, decoding: Decoding, stored: bool) -> None:
+        if self.observe is None:
+            return
+        try:
+            self.observe(stats, decoding, stored)
+        except Exception:  # counting must never break a turn
+            log.exception("the turn observer failed")
 
     def prefill_steps(self, job: Job, stats: TurnStats) -> Generator[None, None, Restored]:
         """Restore what the cache has for the prompt, snapshot its opening if that is new,
