@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 SUDO        := $(shell [ $$(id -u) = 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv model browser run test bench clean
+.PHONY: help venv model browser tools run test bench clean
 
 help: ## List the targets
 	@echo "Reame make targets:"
@@ -38,10 +38,19 @@ browser: ## Install Debian's chromium (for the UI tests) if /usr/bin/chromium is
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
 	fi
 
+tools: ## Install Debian's systemd (systemd-analyze, for the service tests) if it is missing
+	@if [ -x /usr/bin/systemd-analyze ]; then \
+		echo "systemd-analyze present: /usr/bin/systemd-analyze"; \
+	else \
+		echo "Installing systemd with apt-get"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y systemd; \
+	fi
+
 run: venv model ## Start the chat server (app.py)
 	$(VENV_PY) app.py
 
-test: venv model browser ## Run the test suite
+test: venv model browser tools ## Run the test suite
 	$(VENV_PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: venv model ## Run the benchmark (python -m bench; adds requirements-bench.txt)
