@@ -115,6 +115,32 @@ def read_head(path: Path, fingerprint: str) -> Head | None:
     return Head(tokens.tolist(), header["batches"], header["scope"])
 
 
+def fingerprint_of(path: Path) -> str:
+    """The fingerprint the file says it was made with (a backup takes every model's files);
+    Unusable if its head is unreadable."""
+    try:
+        with path.open("rb") as f:
+            length = _header_length(f.read(_PREAMBLE.size))
+            return str(json.loads(f.read(length))["fingerprint"])
+    except OSError as exc:
+        raise Unusable(f"cannot read: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError):
+        raise Unusable("unreadable header") from None
+
+
+def problem(path: Path) -> str | None:
+    """Why the file could not be restored by the model that made it (its head, sizes and
+    checksum checked); None: it is whole."""
+    try:
+        entry = load(path, fingerprint_of(path))
+    except Unusable as exc:
+        return str(exc)
+    if entry is None:
+        return "missing"
+    with entry:
+        return None if entry.verified() else "checksum mismatch"
+
+
 def load(path: Path, fingerprint: str) -> KVEntry | None:
     """The file mapped, its header checked and its checksum started; None if there is no file,
     Unusable if it is not one of fingerprint's. The caller closes the entry and must check

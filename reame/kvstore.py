@@ -38,6 +38,11 @@ _OWN_NAME = re.compile(r"^(chat-\d+|prefix-[0-9a-f]+)-[0-9a-f]{12}\.kv$")
 TOTALS_NAME = "reame-totals.json"  # the cache's figures, kept beside its files (cache.py)
 
 
+def is_own_name(name: str) -> bool:
+    """Whether a file of that name in the KV folder is Reame's (a KV file or the totals)."""
+    return bool(_OWN_NAME.match(name)) or name == TOTALS_NAME
+
+
 @dataclass
 class CacheCounters:
     rejected: int = 0  # files found but unusable: corrupt, foreign model, old format
@@ -280,7 +285,7 @@ def check_folder(folder: Path) -> None:
         raise ValueError(f"{folder} is a file, not a folder")
     if folder.is_dir():
         foreign = sorted(p.name for p in folder.iterdir()
-                         if not (_OWN_NAME.match(p.name) or p.name == TOTALS_NAME
+                         if not (is_own_name(p.name)
                                  or (p.name.startswith(TMP_PREFIX) and p.name.endswith(".tmp"))))
         if foreign:
             shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
