@@ -1,14 +1,20 @@
 """Reame's entry point: read reame.conf, build the parts, serve the page, the Gradio API and the
-OpenAI-compatible API on one port. `python app.py adduser NAME` and friends manage accounts."""
+OpenAI-compatible API on one port. `python app.py adduser NAME` and friends manage accounts;
+`install-service`, `backup DIR`, `restore DIR` and `pull REPO FILE` are for running it."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
+
+# huggingface_hub (under Gradio, and `pull`) would otherwise ask its endpoint for things at
+# its first request: nothing leaves this machine unless a user asks for a download.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from reame.accounts import AccountError, Accounts
 from reame.accounts_cli import COMMANDS, give_ids, run_command
@@ -122,12 +128,43 @@ def finish_writes_on_sigterm(service: ChatService) -> None:
     signal.signal(signal.SIGTERM, end_after_writes)
 
 
+def _install_service(argv: list[str]) -> int:
+    from reame import service_unit
+
+    return service_unit.run(argv, DEFAULT_CONFIG)
+
+
+def _backup(argv: list[str]) -> int:
+    from reame.backup import run_backup
+
+    return run_backup(argv, DEFAULT_CONFIG)
+
+
+def _restore(argv: list[str]) -> int:
+    from reame.backup import run_restore
+
+    return run_restore(argv, DEFAULT_CONFIG)
+
+
+def _pull(argv: list[str]) -> int:
+    from reame.pull import run_pull
+
+    return run_pull(argv, DEFAULT_CONFIG)
+
+
+# Commands for running Reame (each imports only what it needs: no model, no Gradio).
+OPERATIONS = {"install-service": _install_service, "backup": _backup, "restore": _restore,
+              "pull": _pull}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if argv and argv[0] in COMMANDS:
         return run_command(argv, DEFAULT_CONFIG)
+    if argv and argv[0] in OPERATIONS:
+        return OPERATIONS[argv[0]](argv[1:])
     args = parse_args(argv)
     try:
         config = load_config(args.config)

@@ -42,10 +42,39 @@ class ModelChoice:
                 "kv_bytes_per_token": i.kv_bytes_per_token(kv_type)}
 
 
-def list_models(models_dir: Path) -> list[ModelChoice]:
-    """Every .gguf under models_dir, described from its header."""
+def _inside(folder: Path, parent: Path) -> bool:
+    return Path(os.path.realpath(folder)).is_relative_to(os.path.realpath(parent))
+
+
+def model_folders(models_dir: Path, current: Path | None = None) -> list[Path]:
+    """Where the picker looks: models_dir, and the current model's folder when it lies outside
+    it (a reame.conf elsewhere names a model elsewhere: the picker still offers it)."""
+    folders = [models_dir]
+    if current is not None and not _inside(current.parent, models_dir):
+        folders.append(current.parent)
+    return folders
+
+
+def _candidates(models_dir: Path, current: Path | None) -> list[Path]:
+    """The .gguf files of model_folders, each file once (symlinks too), the current model's
+    own path kept so that the picker can show it as chosen."""
+    found = list(gguf_files(models_dir))
+    for folder in model_folders(models_dir, current)[1:]:
+        # Only the folder itself: the current model may sit in a home or downloads folder.
+        found += sorted(p for p in folder.glob("*.gguf") if p.is_file())
+    kept: dict[str, Path] = {}
+    for path in found:
+        key = os.path.realpath(path)
+        if key not in kept or (current is not None and path == current):
+            kept[key] = path
+    return list(kept.values())
+
+
+def list_models(models_dir: Path, *, current: Path | None = None) -> list[ModelChoice]:
+    """Every .gguf under models_dir and beside the current model, once each, described from
+    its header."""
     out = []
-    for path in gguf_files(models_dir):
+    for path in _candidates(models_dir, current):
         try:
             out.append(ModelChoice(read_gguf_info(path), path))
         except (NotGGUF, OSError) as exc:

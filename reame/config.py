@@ -24,6 +24,8 @@ class ConfigError(Exception):
 SETTINGS: tuple[Setting, ...] = (
     Setting("model", "model_path", Path, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
             "GGUF model file; relative to this file's folder"),
+    Setting("model", "models_dir", Path, "models",
+            "folder of GGUF files: the Settings tab lists them, `pull` downloads into it"),
     Setting("model", "n_ctx", int, 4096, "context window in tokens (prompt + reply)", 256, 131072),
     Setting("model", "n_threads", int, 0, "CPU threads for inference; 0 = all cores", 0, 512),
     Setting("model", "slots", int, 4, "replies written at once, each with n_ctx tokens of KV "
@@ -62,6 +64,7 @@ SETTINGS: tuple[Setting, ...] = (
 @dataclass(frozen=True)
 class ModelConfig:
     model_path: Path
+    models_dir: Path
     n_ctx: int
     n_threads: int
     slots: int

@@ -25,7 +25,7 @@ def build_engine(config: Config) -> Engine:
     """Load the configured model; ModelLoadError says why it cannot be."""
     model = config.model
     return Engine(model.model_path, n_ctx=model.n_ctx, n_threads=model.n_threads,
-                  kv_type=config.cache.kv_type, models_dir=config.base_dir / "models",
+                  kv_type=config.cache.kv_type, models_dir=config.model.models_dir,
                   slots=model.slots, kv_budget_bytes=model.kv_ram_mb * 2**20)
 
 

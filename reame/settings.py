@@ -15,11 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .catalog import ModelCheckError, check_model, list_models
+from .catalog import ModelCheckError, check_model, list_models, model_folders
 from .chat import ChatService
 from .config import SETTINGS, Config, ConfigError, update_config, validate_value
 from .kvstore import check_folder
 from .model_file import ModelLoadError
+from .pull import Progress, Pulled, pull_model
 from .runtime import build_engine, config_cache
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,9 @@ RELOAD = {("model", "model_path"), ("model", "n_ctx"), ("model", "n_threads"),
           ("cache", "kv_type"), ("cache", "enabled"), ("cache", "dir")}
 # What the panel may change; [server] and [storage] need a restart and stay file-only.
 EDITABLE = RELOAD | {(s.section, s.key) for s in SETTINGS if s.section == "generation"} | {
-    ("cache", "max_disk_mb")}
+    ("cache", "max_disk_mb"), ("model", "models_dir")}
+# Paths written back relative to reame.conf's folder when they lie inside it.
+RELATIVE = {("model", "model_path"), ("model", "models_dir")}
 
 
 class SettingsError(ValueError):
@@ -50,7 +53,11 @@ class Settings:
 
     @property
     def models_dir(self) -> Path:
-        return self.config.base_dir / "models"
+        return self.config.model.models_dir
+
+    def model_folders(self) -> list[Path]:
+        """Where models() looks: [model] models_dir, and the current model's folder."""
+        return model_folders(self.models_dir, self.config.model.model_path)
 
     def current(self) -> dict[str, Any]:
         values: dict[str, dict[str, Any]] = {}
@@ -80,7 +87,15 @@ class Settings:
 
     def models(self) -> list[dict]:
         kv_type = self.config.cache.kv_type
-        return [choice.as_dict(kv_type) for choice in list_models(self.models_dir)]
+        return [choice.as_dict(kv_type) for choice in
+                list_models(self.models_dir, current=self.config.model.model_path)]
+
+    def pull(self, repo_id: str, filename: str, *, revision: str | None = None,
+             on_progress: Progress | None = None) -> Pulled:
+        """Download a GGUF from the Hugging Face Hub into models_dir (see reame/pull.py);
+        models() offers it next. The model serving is not changed."""
+        return pull_model(repo_id, filename, self.models_dir, revision=revision,
+                          on_progress=on_progress)
 
     def update(self, changes: dict[str, dict[str, Any]], *,
                on_step: Callable[[str, Path], None] | None = None) -> dict[str, Any]:
@@ -110,6 +125,9 @@ class Settings:
                 check_folder(new_dir)
             except ValueError as exc:
                 raise SettingsError(f"[cache] dir: {exc}") from None
+        new_models = typed.get(("model", "models_dir"))
+        if new_models is not None and new_models.exists() and not new_models.is_dir():
+            raise SettingsError(f"[model] models_dir: {new_models} is not a folder")
         new_config = _with(self.config, typed)
         reload = any(key in RELOAD for key in typed) and self._differs(new_config)
         if reload or self.service.engine is None:
@@ -126,7 +144,9 @@ class Settings:
 
     def _differs(self, new: Config) -> bool:
         old = self.config
-        return (new.model != old.model or new.cache.kv_type != old.cache.kv_type
+        # models_dir is only where the picker looks: the engine does not change with it.
+        model = dataclasses.replace(new.model, models_dir=old.model.models_dir)
+        return (model != old.model or new.cache.kv_type != old.cache.kv_type
                 or new.cache.enabled != old.cache.enabled or new.cache.dir != old.cache.dir)
 
     def _check(self, config: Config) -> None:
@@ -162,7 +182,7 @@ class Settings:
             return config
         to_write = {}
         for key, value in flat.items():
-            if key == ("model", "model_path"):
+            if key in RELATIVE:
                 value = _relative(typed[key], self.config.base_dir)
             to_write[key] = value
         try:

@@ -1,12 +1,15 @@
-"""The Settings tab in a real browser: pick a model, apply it live, chat with it; and an apply
-that fails, which leaves the old model serving.
+"""The Settings tab in a real browser: pick a model, apply it live, chat with it; an apply
+that fails, which leaves the old model serving; a model downloaded from the Hub (a stand-in on
+127.0.0.1, tests/hub_server.py), then offered in the picker.
 
 One server for the module, whose models/ holds the default model and Gemma 3 270M (symlinks).
-Only the switch test changes the model; the refusal test works whichever model serves.
+Only the switch test changes the model; the refusal test works whichever model serves. The
+download test has a server of its own, started with HF_ENDPOINT pointing at the stand-in.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
     BOT, BOX, CAPITAL, ERROR_BADGE, PLANET, REPLY_TIMEOUT, STATS, STATS_TAIL, TOAST, USER, api,
     browser, new_chat, open_app, page, send, without_stats)
 from .conftest import Server, start_server
+from .hub_server import FakeHub
 
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
 STATUS = "#settings-status"
@@ -199,3 +203,79 @@ def test_a_file_that_is_not_a_model_is_refused_and_the_old_model_keeps_serving(p
     expect(page.locator(USER)).to_have_count(0)
     reply = send(page, PLANET)
     assert "Earth" in without_stats(reply), reply
+
+
+HUB_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+PULLED = "smollm2-135m-instruct-q4_1.gguf"  # the default model, under another file name
+
+
+@pytest.fixture(scope="module")
+def hub(model_path):
+    with FakeHub({HUB_REPO: {PULLED: model_path.read_bytes(), "README.md": b"# GGUF\n"}}) as hub:
+        yield hub
+
+
+@pytest.fixture(scope="module")
+def pull_server(hub, model_path):
+    """A server that downloads from the stand-in Hub, whose model lies outside its models
+    folder (which does not exist yet): (the server, its folder)."""
+    with tempfile.TemporaryDirectory(prefix="reame-") as tmp:
+        folder = Path(tmp)
+        with pytest.MonkeyPatch.context() as env:  # the server's environment only
+            env.setenv("HF_ENDPOINT", hub.url)
+            env.setenv("HF_HOME", str(folder / "hf-home"))
+            env.delenv("HF_TOKEN", raising=False)
+            server = start_server(folder, model_path=model_path, max_tokens=24)
+        try:
+            yield server, folder
+        finally:
+            server.stop()
+
+
+def test_a_model_downloaded_in_settings_is_offered_in_the_picker(page, pull_server, hub,
+                                                                 model_path):
+    server, folder = pull_server
+    models = folder / "models"
+    config_before = Path(server.config).read_bytes()
+    open_app(page, server)
+    open_settings(page)
+    # The model lies outside models/: the picker looks in its folder too, and selects it.
+    picker, chosen = page.locator("#model-picker"), page.locator("#model-picker input")
+    expect(picker).to_contain_text(f"in {models} and {model_path.parent}")
+    expect(chosen).to_have_value(re.compile(re.escape(model_path.name)))
+
+    repo_box = page.locator("#pull-repo input, #pull-repo textarea")
+    file_box = page.locator("#pull-file input, #pull-file textarea")
+    said = page.locator("#pull-status")
+    # A repository the Hub does not have: said in the box's status and in a toast.
+    repo_box.fill("nobody/nothing-GGUF")
+    file_box.fill(PULLED)
+    page.click("#pull-model")
+    expect(said).to_contain_text("Not downloaded: no repository nobody/nothing-GGUF")
+    expect(page.locator(TOAST).filter(has_text="no repository")).to_be_visible()
+    # A file that is not a GGUF: refused before the Hub is asked.
+    repo_box.fill(HUB_REPO)
+    file_box.fill("README.md")
+    page.click("#pull-model")
+    expect(said).to_contain_text("is not a .gguf file")
+    assert not [r for r in hub.requests if r.path.endswith("README.md")]
+    assert not models.exists() or not list(models.iterdir())
+
+    file_box.fill(PULLED)
+    page.click("#pull-model")
+    expect(said).to_contain_text(f"Downloaded {PULLED}", timeout=LOAD_TIMEOUT)
+    expect(said).to_contain_text("Apply switches to it")
+    assert (models / PULLED).read_bytes() == model_path.read_bytes()
+    # Offered: listed, described and selected in the picker. Not switched to: the old model
+    # serves, and reame.conf is as it was, until Apply.
+    expect(chosen).to_have_value(re.compile(re.escape(PULLED)))
+    expect(picker).to_contain_text(re.compile(
+        rf"\d+ model files in {re.escape(str(models))} and {re.escape(str(model_path.parent))}"))
+    chosen.click()
+    expect(page.locator("#model-picker [role=option]").filter(has_text=PULLED)).to_contain_text(
+        "llama")
+    expect(page.locator("#model-picker [role=option]").filter(
+        has_text=model_path.name)).to_have_count(1)
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    assert api(server).predict(api_name="/get_settings")["loaded_model"] == str(model_path)
+    assert Path(server.config).read_bytes() == config_before

@@ -13,6 +13,7 @@ import gradio as gr
 
 from ..chat import ChatService
 from ..chat_settings import FIELD
+from ..pull import Pulled, PullError
 from ..render import inert_html
 from ..settings import Settings, SettingsError
 from .user import user_of
@@ -101,12 +102,22 @@ def cache_markdown(service: ChatService, user: str | None = None, *,
             "</details>")
 
 
-def picker_info(found: int, folder: Path) -> str:
-    """Under the model picker: where it looked, and what it found there."""
+def picker_info(found: int, folders: list[Path]) -> str:
+    """Under the model picker: where it looked (models_dir, and the current model's folder
+    when it lies elsewhere), and what it found there."""
     if not found:
-        return (f"No .gguf file in {folder}. Put GGUF files there and press Rescan, or give "
-                "a path below.")
-    return f"{found} model file{'s' if found != 1 else ''} in {folder}"
+        return (f"No .gguf file in {' or '.join(map(str, folders))}. Put GGUF files in "
+                f"{folders[0]} (or download one below) and press Rescan, or give a path below.")
+    return (f"{found} model file{'s' if found != 1 else ''} in "
+            f"{' and '.join(map(str, folders))}")
+
+
+def pulled_markdown(pulled: Pulled) -> str:
+    """Under the Download box once the file is there: where, and how to switch to it."""
+    where = f"`{pulled.path.name}` ({pulled.info.size / 2**20:,.0f} MB, checksum verified)"
+    done = (f"Downloaded {where} into `{pulled.path.parent}`" if pulled.downloaded else
+            f"{where} is in `{pulled.path.parent}` already")
+    return f"{done}. It is selected in the model picker: **Apply** switches to it."
 
 
 def _duration(seconds: float) -> str:
@@ -129,10 +140,18 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
     service = settings.service
     status = gr.Markdown(elem_id="settings-status")
     with gr.Row():
-        picker = gr.Dropdown(label="Model (from models/)", elem_id="model-picker", scale=3,
+        picker = gr.Dropdown(label="Model", elem_id="model-picker", scale=3,
                              allow_custom_value=False)
-        refresh = gr.Button("Rescan models/", elem_id="rescan-models", scale=0, size="sm")
+        refresh = gr.Button("Rescan", elem_id="rescan-models", scale=0, size="sm")
     other_path = gr.Textbox(label="…or a GGUF file elsewhere (path)", elem_id="model-path")
+    with gr.Group(elem_id="pull-box"):
+        with gr.Row():
+            pull_repo = gr.Textbox(label="Download from Hugging Face: repository",
+                                   placeholder="owner/Model-GGUF", elem_id="pull-repo", scale=2)
+            pull_file = gr.Textbox(label="File in it (.gguf)", placeholder="model.Q4_K_M.gguf",
+                                   elem_id="pull-file", scale=2)
+            pull = gr.Button("Download", elem_id="pull-model", scale=0)
+        pull_status = gr.Markdown(elem_id="pull-status")
     with gr.Row():
         n_ctx = gr.Number(label="n_ctx (256–131072)", precision=0, elem_id="n-ctx")
         n_threads = gr.Number(label="n_threads (0 = all cores)", precision=0, elem_id="n-threads")
@@ -164,6 +183,16 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
             text = f"**Not applied:** {inert_html(error)}\n\n{text}"
         return text
 
+    def picker_update(select: str | None = None) -> tuple[gr.Dropdown, str | None]:
+        """The picker with the model files there are now; select (a path), or else the
+        loaded model when it is listed, chosen."""
+        models = settings.models()
+        paths = [m["path"] for m in models]
+        loaded = str(service.engine.model_path) if service.engine else None
+        chosen = select if select in paths else loaded if loaded in paths else None
+        return gr.Dropdown(choices=[(model_label(m), m["path"]) for m in models], value=chosen,
+                           info=picker_info(len(models), settings.model_folders())), chosen
+
     def show(request: gr.Request = None):
         if not can_configure(user_of(request)):
             # Who may not change the settings does not see them (paths, files): the model
@@ -171,13 +200,9 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
             return (gr.skip(), *model_banner(service, settings.loading_model),
                     *(gr.skip() for _ in fields))
         now = settings.current()["settings"]
-        models = settings.models()
-        choices = [(model_label(m), m["path"]) for m in models]
         loaded = service.engine.model_path if service.engine else None
-        chosen = next((m["path"] for m in models if loaded and m["path"] == str(loaded)), None)
-        return (status_text(), *model_banner(service, settings.loading_model),
-                gr.Dropdown(choices=choices, value=chosen,
-                            info=picker_info(len(models), settings.models_dir)),
+        dropdown, chosen = picker_update()
+        return (status_text(), *model_banner(service, settings.loading_model), dropdown,
                 "" if chosen or loaded is None else str(loaded), now["model"]["n_ctx"],
                 now["model"]["n_threads"], now["cache"]["kv_type"], now["cache"]["enabled"],
                 now["cache"]["max_disk_mb"], now["generation"]["system_prompt"],
@@ -243,8 +268,51 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
                 yield (status_text(value), *model_banner(service), *skip)
                 return
 
+    def download(repo, filename, request: gr.Request, progress=gr.Progress()):
+        """Download a GGUF from the Hub into models_dir, then offer it in the picker (the
+        model serving stays: Apply switches)."""
+        if not can_configure(user_of(request)):
+            gr.Warning("Only an admin can download models.")
+            yield "**Not downloaded:** only an admin can download models.", gr.skip()
+            return
+        # The download runs in a thread so that its progress reaches the page as it goes.
+        events: queue.SimpleQueue = queue.SimpleQueue()
+
+        def run():
+            try:
+                events.put(("done", settings.pull(
+                    repo or "", filename or "",
+                    on_progress=lambda done, total: events.put(("bytes", (done, total))))))
+            except PullError as exc:
+                events.put(("error", str(exc)))
+            except Exception as exc:  # noqa: BLE001 - shown to the user, logged in full
+                log.exception("downloading a model failed")
+                events.put(("error", f"unexpected error: {exc}"))
+
+        threading.Thread(target=run, name="pull-model", daemon=True).start()
+        progress(0, desc="Asking the Hub…")
+        while True:
+            kind, value = events.get()
+            if kind == "bytes":
+                done, total = value
+                progress((done // 2**20, max(total // 2**20, 1)), unit="MB",
+                         desc="Checking the checksum…" if done >= total else "Downloading…")
+            elif kind == "done":
+                gr.Info(f"{value.path.name} is ready: Apply switches to it.")
+                yield pulled_markdown(value), picker_update(select=str(value.path))[0]
+                return
+            else:
+                gr.Warning(value)
+                yield f"**Not downloaded:** {inert_html(value)}", gr.skip()
+                return
+
     outputs = [status, *banner, *fields]
     gr.on([refresh.click], show, None, outputs, api_visibility="private")
     apply.click(save, fields, outputs, concurrency_id=settings_group, concurrency_limit=1,
                 show_progress_on=[picker], api_visibility="private", js=SCROLL_TO_STATUS)
+    # One download at a time (a second of the same file would be refused anyway); it does
+    # not wait for Apply, nor Apply for it.
+    pull.click(download, [pull_repo, pull_file], [pull_status, picker],
+               concurrency_id="pull-model", concurrency_limit=1, api_visibility="private",
+               show_progress_on=[pull_status])
     return show, outputs
