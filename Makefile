@@ -38,13 +38,17 @@ browser: ## Install Debian's chromium (for the UI tests) if /usr/bin/chromium is
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
 	fi
 
-tools: ## Install Debian's systemd (systemd-analyze, for the service tests) if it is missing
-	@if [ -x /usr/bin/systemd-analyze ]; then \
-		echo "systemd-analyze present: /usr/bin/systemd-analyze"; \
+tools: ## Install Debian's systemd, nginx and PostgreSQL (for the self-hosting tests) where missing
+	@missing=""; \
+	[ -x /usr/bin/systemd-analyze ] || missing="$$missing systemd"; \
+	[ -x /usr/sbin/nginx ] || missing="$$missing nginx-light"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	if [ -z "$$missing" ]; then \
+		echo "systemd-analyze, nginx and PostgreSQL present"; \
 	else \
-		echo "Installing systemd with apt-get"; \
+		echo "Installing$$missing with apt-get"; \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y systemd; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
 	fi
 
 run: venv model ## Start the chat server (app.py)

@@ -71,6 +71,8 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         auth_message="Reame: log in with your user name and password.", css=CSS, js=PAGE_JS,
         # Only gr.Error messages reach clients; anything else is logged, not shown.
         show_error=False, ssr_mode=False, run_history=False,
+        # Behind a proxy that serves it under a path: the page's own links and API calls.
+        root_path=config.server.public_root or None,
         # Not Gradio's own "Settings" link: the page has a Settings tab of its own.
         footer_links=["api", "gradio"])
     server = config.server

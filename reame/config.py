@@ -48,6 +48,8 @@ SETTINGS: tuple[Setting, ...] = (
             "https://example.org); empty = only the server's own page"),
     Setting("server", "max_waiting", int, 16, "turns that may wait for a free slot; beyond, "
             "/v1 answers 429 and the page says the server is full", 0, 100_000),
+    Setting("server", "root_path", str, "",
+            "the path a reverse proxy serves Reame under (e.g. /reame); empty = the root"),
     Setting("storage", "sessions_dir", Path, "sessions",
             "folder for reame.db (SQLite) and the KV files"),
     Setting("storage", "max_chats_per_user", int, 5000,
@@ -90,6 +92,13 @@ class ServerConfig:
     allowed_hosts: str
     allowed_origins: str
     max_waiting: int
+    root_path: str
+
+    @property
+    def public_root(self) -> str:
+        """root_path as "/a/b" (no trailing slash), or "" for the root."""
+        path = self.root_path.strip().strip("/")
+        return f"/{path}" if path else ""
 
     @property
     def local_only(self) -> bool:

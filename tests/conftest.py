@@ -87,8 +87,9 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
                  max_tokens: int = 24, temperature: float = 0.0, port: int | None = None,
                  host: str = "127.0.0.1", users_file: str = "", extra: str = "",
                  system_prompt: str = "You are a helpful assistant.", slots: int = 4,
-                 max_waiting: int = 16) -> Path:
-    """A reame.conf in folder with its sessions beside it."""
+                 max_waiting: int = 16, server_extra: str = "") -> Path:
+    """A reame.conf in folder with its sessions beside it; extra goes at the end (after
+    [storage]), server_extra into [server]."""
     path = folder / "reame.conf"
     path.write_text(
         "# test config\n"
@@ -97,7 +98,7 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
         f"[generation]\nsystem_prompt = {system_prompt}\n"
         f"temperature = {temperature}\ntop_p = 1.0\nmax_tokens = {max_tokens}\n\n"
         f"[server]\nhost = {host}\nport = {port or free_port()}\nusers_file = {users_file}\n"
-        f"max_waiting = {max_waiting}\n\n"
+        f"max_waiting = {max_waiting}\n{server_extra}\n"
         f"[storage]\nsessions_dir = sessions\n{extra}",
         encoding="utf-8",
     )

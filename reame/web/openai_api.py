@@ -119,7 +119,9 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
         if parsed.stream:
             return StreamingResponse(_sse(updates, completion_id, parsed),
                                      media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+                                     # nginx passes each event on as it comes
+                                     headers={"Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
         return await run_in_threadpool(_whole, updates, completion_id, parsed)
 
     return router
