@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .accounts import AccountError, Accounts
 from .config import ConfigError, load_config, update_config
+from .store import DatabaseUnavailable, Store
 
 COMMANDS = ("adduser", "passwd", "deluser", "addkey", "revokekey", "users", "adopt")
 DEFAULT_USERS_FILE = "users.json"
@@ -51,13 +52,11 @@ def run_command(argv: list[str], default_config: Path) -> int:
         accounts = _accounts(args.config, create=args.command == "adduser")
         given = accounts.assign_ids()
         if given:
-            from .store import Store
-
-            give_ids(given, Store(load_config(args.config).storage.database_path))
+            give_ids(given, Store(load_config(args.config).storage.database))
         if args.command == "adopt":
             return _adopt(args, accounts)
         return _run(args, accounts)
-    except (AccountError, ConfigError) as exc:
+    except (AccountError, ConfigError, DatabaseUnavailable) as exc:
         print(f"reame: {exc}", file=sys.stderr)
         return 2
 
@@ -90,11 +89,9 @@ def _accounts(config_path: Path, *, create: bool) -> Accounts:
 
 
 def _adopt(args: argparse.Namespace, accounts: Accounts) -> int:
-    from .store import Store
-
     if args.name not in accounts.names():
         raise AccountError(f"no user {args.name!r} (add one with `python app.py adduser NAME`)")
-    store = Store(load_config(args.config).storage.database_path)
+    store = Store(load_config(args.config).storage.database)
     source = args.from_user
     if source is not None:  # a user's name, else an id (of a removed user) or an old name
         source = accounts.user_id(source) or source

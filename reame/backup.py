@@ -9,6 +9,10 @@ A backup folder holds:
     reame.conf      the config file
     manifest.json   written last: every file's part, size and SHA-256
 
+With [storage] database_url the chats are in PostgreSQL: a backup then holds everything but
+the database (its manifest says so), which is PostgreSQL's own tools' to copy (pg_dump, and
+pg_restore to put it back); backup and restore say so when they finish.
+
 A folder without manifest.json is a backup that did not finish: restore refuses it. Restore
 checks every file against the manifest before it touches anything, and refuses while a process
 (a running server) has the target database open. It never deletes: what it replaces is moved
@@ -32,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from . import __version__, kvfile
 from .config import SETTINGS, Config, ConfigError, load_config
@@ -45,6 +50,7 @@ KV_DIR = "kv"
 ACCOUNTS_NAME = "users.json"
 CONFIG_NAME = "reame.conf"
 ASIDE = "before-restore"  # what restore moves aside is named <name>.before-restore-<time>
+SQLITE, POSTGRESQL = "sqlite", "postgresql"  # where a backup's chats are (Manifest.database)
 _CHUNK = 1 << 20
 
 
@@ -71,6 +77,8 @@ class Manifest:
     created_at: str  # ISO 8601, UTC
     files: list[FileEntry]
     left_out: dict[str, str] = field(default_factory=dict)
+    # Where the chats were: SQLITE (the database is in the backup) or POSTGRESQL (it is not).
+    database: str = SQLITE
 
     def of_part(self, part: str) -> list[FileEntry]:
         return [entry for entry in self.files if entry.part == part]
@@ -78,7 +86,8 @@ class Manifest:
     def to_json(self) -> dict:
         return {"format": FORMAT, "reame_version": self.reame_version,
                 "created_at": self.created_at,
-                "files": [asdict(entry) for entry in self.files], "left_out": self.left_out}
+                "files": [asdict(entry) for entry in self.files], "left_out": self.left_out,
+                "database": self.database}
 
     @classmethod
     def from_json(cls, data: dict) -> Manifest:
@@ -90,7 +99,7 @@ class Manifest:
             files = [FileEntry(str(f["path"]), str(f["part"]), int(f["size"]), str(f["sha256"]))
                      for f in data["files"]]
             return cls(str(data["reame_version"]), str(data["created_at"]), files,
-                       dict(data.get("left_out") or {}))
+                       dict(data.get("left_out") or {}), str(data.get("database", SQLITE)))
         except (KeyError, TypeError, ValueError) as exc:
             raise BackupError(f"{MANIFEST_NAME} is malformed ({exc!r})") from None
 
@@ -111,14 +120,17 @@ def backup(config: Config, dest: Path, *, pages: int = -1,
            progress: Callable[[int, int, int], object] | None = None) -> Manifest:
     """Copy config's database, KV files, accounts file and config file into dest (new or
     empty), safely while the server runs; manifest.json last. pages, progress: the database
-    copy's steps, as sqlite3.Connection.backup takes them (-1: one step)."""
+    copy's steps, as sqlite3.Connection.backup takes them (-1: one step). With a
+    database_url, everything but the database (pg_dump's to copy)."""
     database = config.storage.database_path
-    if not database.is_file():
+    on_server = bool(config.storage.database_url)
+    if not on_server and not database.is_file():
         raise BackupError(f"no database at {database}: nothing to back up "
                           f"(is --config the server's?)")
     _check_destination(dest, config)
     dest.mkdir(mode=0o700, parents=True, exist_ok=True)
-    files = [_copy_database(database, dest, pages=pages, progress=progress)]
+    files = [] if on_server else [_copy_database(database, dest, pages=pages,
+                                                 progress=progress)]
     kv_files, left_out = _backup_kv(config.cache.dir, dest / KV_DIR)
     files += kv_files
     if config.users_path is not None and config.users_path.is_file():
@@ -126,7 +138,7 @@ def backup(config: Config, dest: Path, *, pages: int = -1,
     if config.path is not None and config.path.is_file():
         files.append(_copy_file(config.path, dest, CONFIG_NAME, "config"))
     manifest = Manifest(__version__, datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                        files, left_out)
+                        files, left_out, POSTGRESQL if on_server else SQLITE)
     _write_manifest(dest, manifest)
     return manifest
 
@@ -246,8 +258,10 @@ def check_backup(src: Path) -> Manifest:
         if path.stat().st_size != entry.size or _sha256(path) != entry.sha256:
             raise BackupError(f"{entry.path} in the backup {src} is damaged (its SHA-256 "
                               f"differs from the manifest's): nothing restored")
-    if len(manifest.of_part("database")) != 1:
-        raise BackupError(f"{MANIFEST_NAME} in {src} lists no database")
+    expected_databases = 1 if manifest.database == SQLITE else 0
+    if len(manifest.of_part("database")) != expected_databases:
+        raise BackupError(f"{MANIFEST_NAME} in {src} lists {'no' if expected_databases else 'a'}"
+                          f" database")
     return manifest
 
 
@@ -290,9 +304,10 @@ def restore(src: Path, config: Config, *, force: bool = False,
     aside, never deleted. The database is written last."""
     manifest = check_backup(src)
     target = _backup_config(src, manifest, config) if with_config else config
+    _check_same_kind(manifest, target)
     places = _places(manifest, target, config.path if with_config else None)
-    database = target.storage.database_path
-    _check_not_in_use(database)
+    if not target.storage.database_url:
+        _check_not_in_use(target.storage.database_path)
     existing = _existing(target, manifest)
     if existing and not force:
         shown = ", ".join(str(p) for p in existing)
@@ -359,6 +374,20 @@ def _places(manifest: Manifest, target: Config,
     return places
 
 
+def _check_same_kind(manifest: Manifest, target: Config) -> None:
+    """Refuse to restore chats kept in one kind of database into a config of the other: a
+    SQLite file would be ignored by a server's config, and a backup of a server's holds no
+    database for a config that wants the file."""
+    if manifest.database == SQLITE and target.storage.database_url:
+        raise BackupError("this backup's chats are in a SQLite file, but the config keeps them "
+                          "in PostgreSQL ([storage] database_url): restore with a config "
+                          "without database_url")
+    if manifest.database == POSTGRESQL and not target.storage.database_url:
+        raise BackupError("this backup holds no database: its chats were in PostgreSQL, which "
+                          "pg_dump backs up. Restore with a config whose [storage] "
+                          "database_url names that server, and the database with pg_restore")
+
+
 def _check_not_in_use(database: Path) -> None:
     """Refuse while another connection holds the database open (a running server keeps its
     connections open): an exclusive lock cannot be had then."""
@@ -380,10 +409,11 @@ def _check_not_in_use(database: Path) -> None:
 def _existing(target: Config, manifest: Manifest) -> list[Path]:
     """The data restore would replace: the database with its WAL files (a WAL left beside the
     restored database would be replayed into it), a KV folder that holds anything, the
-    accounts file if the backup has one."""
+    accounts file if the backup has one. (A server's database is not the restore's.)"""
     database = target.storage.database_path
-    found = [p for p in (database, database.with_name(database.name + "-wal"),
-                         database.with_name(database.name + "-shm")) if p.exists()]
+    found = [] if target.storage.database_url else [
+        p for p in (database, database.with_name(database.name + "-wal"),
+                    database.with_name(database.name + "-shm")) if p.exists()]
     kv = target.cache.dir
     if kv.is_dir() and any(kv.iterdir()):
         found.append(kv)
@@ -481,10 +511,15 @@ def run_backup(argv: list[str], default_config: Path) -> int:
               f"restored: delete it", file=sys.stderr)
         return 1
     print(f"backed up to {args.dest} in {time.perf_counter() - started:.1f} s: "
-          f"{_summary(manifest.files)}")
+          f"{_summary(manifest.files, manifest.database)}")
     for path, why in manifest.left_out.items():
         print(f"left out {path}: {why} (only a cache: that chat's history is recomputed "
               f"at its next turn)")
+    if manifest.database == POSTGRESQL:
+        url = _shown_url(load_config(args.config).storage.database_url)
+        print(f"the chats are in PostgreSQL ([storage] database_url), not in {args.dest}: back "
+              f"them up with pg_dump, e.g.\n"
+              f"    pg_dump --format=custom --file=reame.pgdump '{url}'")
     return 0
 
 
@@ -513,9 +548,14 @@ def run_restore(argv: list[str], default_config: Path) -> int:
         return 1
     manifest = restored.manifest
     print(f"restored from {args.src} (made {manifest.created_at} by Reame "
-          f"{manifest.reame_version}): {_summary([entry for entry, _ in restored.written])}")
+          f"{manifest.reame_version}): "
+          f"{_summary([entry for entry, _ in restored.written], manifest.database)}")
     for old, new in restored.moved_aside:
         print(f"moved aside: {old} -> {new}")
+    if manifest.database == POSTGRESQL:
+        print("the chats are in PostgreSQL, not in a backup: put them back with pg_restore "
+              "(every node stopped), e.g.\n"
+              "    pg_restore --clean --if-exists --dbname='postgresql://...' reame.pgdump")
     return 0
 
 
@@ -527,11 +567,22 @@ def _target_config(path: Path, with_config: bool) -> Config:
     return load_config(path)
 
 
-def _summary(files: list[FileEntry]) -> str:
+def _shown_url(url: str) -> str:
+    """A database_url as PostgreSQL's own tools take it (postgresql://, no driver name), without
+    its password (they read it from ~/.pgpass or PGPASSWORD, or ask)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    netloc = f"{user}@{host}" if user else host
+    return urlunsplit(("postgresql", netloc, parts.path, parts.query, parts.fragment))
+
+
+def _summary(files: list[FileEntry], database_kind: str = SQLITE) -> str:
     """How many files and bytes, part by part: "3 files, 1.2 MB (the database: 1.1 MB; ...)"."""
     kv = [entry for entry in files if entry.part == "kv"]
     database = sum(entry.size for entry in files if entry.part == "database")
-    parts = [f"the database: {_mb(database)}",
+    shown = _mb(database) if database_kind == SQLITE else "in PostgreSQL, not here"
+    parts = [f"the database: {shown}",
              f"{len(kv)} KV file{'' if len(kv) == 1 else 's'}: {_mb(sum(e.size for e in kv))}"]
     parts += [f"the {part} file" for part in ("accounts", "config")
               if any(entry.part == part for entry in files)]

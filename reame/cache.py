@@ -431,7 +431,8 @@ class KVCache:
             scope: [c.lookups, c.hits, c.tokens_saved] for scope, c in self.counts.items()}}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f"{TMP_PREFIX}totals.tmp")
+            # A name of this process's own: nodes sharing the folder may write it at once.
+            partial = path.with_name(f"{TMP_PREFIX}totals-{os.getpid()}.tmp")
             partial.write_text(json.dumps(data), encoding="utf-8")
             os.replace(partial, path)
         except OSError as exc:

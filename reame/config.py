@@ -52,6 +52,9 @@ SETTINGS: tuple[Setting, ...] = (
             "the path a reverse proxy serves Reame under (e.g. /reame); empty = the root"),
     Setting("storage", "sessions_dir", Path, "sessions",
             "folder for reame.db (SQLite) and the KV files"),
+    Setting("storage", "database_url", str, "",
+            "PostgreSQL server several Reame nodes share, postgresql://USER:PASSWORD@HOST:PORT/"
+            "DATABASE; empty = the SQLite file reame.db in sessions_dir"),
     Setting("storage", "max_chats_per_user", int, 5000,
             "most chats one user may keep; a new one beyond is refused", 1, 10_000_000),
     Setting("cache", "enabled", bool, True, "keep each chat's KV cache on disk and restore it"),
@@ -121,11 +124,18 @@ class ServerConfig:
 @dataclass(frozen=True)
 class StorageConfig:
     sessions_dir: Path
+    database_url: str
     max_chats_per_user: int
 
     @property
     def database_path(self) -> Path:
+        """The SQLite file (the database unless database_url names a server)."""
         return self.sessions_dir / "reame.db"
+
+    @property
+    def database(self) -> Path | str:
+        """What the store opens: the server's URL, or the SQLite file (a Path)."""
+        return self.database_url or self.database_path
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,25 @@ _BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,
              "false": False, "no": False, "off": False, "0": False}
 
 
+DATABASE_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
+
+
+def _database_url(where: str, raw: str) -> str:
+    """A PostgreSQL URL, or "" (the SQLite file). The error names the scheme only: the rest
+    may hold a password."""
+    url = raw.strip()
+    scheme, found, _ = url.partition("://")
+    if url and not (found and scheme.lower() in DATABASE_SCHEMES):
+        seen = f"this one starts with {scheme}://" if found else "this one has no scheme://"
+        raise ConfigError(f"{where}: expected a PostgreSQL URL, postgresql://USER:PASSWORD@HOST"
+                          f":PORT/DATABASE, or nothing for the SQLite file; {seen}")
+    return url
+
+
+# Settings whose text must have a shape: (section, key) -> check(where, raw) -> value.
+_TEXT_CHECKS = {("storage", "database_url"): _database_url}
+
+
 def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
     where = f"[{setting.section}] {setting.key}"
     if setting.kind is Path:
@@ -185,6 +214,9 @@ def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
             raise ConfigError(f"{where} = {raw!r}: expected true or false")
         return _BOOLEANS[value]
     if setting.kind is str:
+        check = _TEXT_CHECKS.get((setting.section, setting.key))
+        if check is not None:
+            return check(where, raw)
         if setting.choices and raw.strip() not in setting.choices:
             raise ConfigError(f"{where} = {raw!r}: expected one of {', '.join(setting.choices)}")
         return raw.strip() if setting.choices else raw

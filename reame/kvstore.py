@@ -12,6 +12,7 @@ copying the state out of llama.cpp; a read of a file first waits for its pending
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -35,6 +36,7 @@ BLOCK = 64  # tokens per block of the shared-prefix chained hash
 # The files Reame writes in the folder: anything else there is left alone, whatever its name
 # ([cache] dir may be any folder). A .kv file is deleted only if its name and magic say so.
 _OWN_NAME = re.compile(r"^(chat-\d+|prefix-[0-9a-f]+)-[0-9a-f]{12}\.kv$")
+STALE_TMP_S = 600  # a temp file this old is no write under way
 TOTALS_NAME = "reame-totals.json"  # the cache's figures, kept beside its files (cache.py)
 
 
@@ -151,7 +153,11 @@ class KVStore:
         self._writer = _Writer()
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob(f"{TMP_PREFIX}*.tmp"):
-            stale.unlink(missing_ok=True)
+            # Left by a process that ended mid-write; a fresh one may be another process's
+            # write under way (nodes sharing the folder).
+            with contextlib.suppress(OSError):
+                if time.time() - stale.stat().st_mtime > STALE_TMP_S:
+                    stale.unlink()
 
     # names
 

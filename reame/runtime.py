@@ -51,7 +51,8 @@ def config_cache(config: Config, engine: Engine, store: Store) -> KVCache:
 
 def build_service(config: Config) -> ChatService:
     """Everything a chat needs. A model that cannot load leaves the service up, saying why."""
-    store = Store(config.storage.database_path)
+    store = Store(config.storage.database)  # the SQLite file, or the server nodes share
+    log.info("chats in %s", store.where)
     limits = {"max_chats": config.storage.max_chats_per_user,
               "max_waiting": config.server.max_waiting}
     try:

@@ -63,6 +63,8 @@ class Settings:
         values: dict[str, dict[str, Any]] = {}
         for item in SETTINGS:
             value = getattr(getattr(self.config, item.section), item.key)
+            if (item.section, item.key) == ("storage", "database_url") and value:
+                value = without_password(value)  # the tab shows it; the password stays out
             values.setdefault(item.section, {})[item.key] = (
                 str(value) if isinstance(value, Path) else value)
         engine = self.service.engine
@@ -214,3 +216,13 @@ def _relative(path: Path, base: Path) -> str:
 
 
 __all__ = ["Settings", "SettingsError", "EDITABLE", "RELOAD"]
+
+
+def without_password(url: str) -> str:
+    """A database URL as it may be shown: its password replaced by ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - unparsable: show nothing of it
+        return "(a database URL)"

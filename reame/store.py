@@ -1,4 +1,10 @@
-"""Chats and messages in SQLite through sqlmodel. The only module that knows SQL."""
+"""Chats and messages through sqlmodel, in SQLite (one file, the default) or PostgreSQL
+([storage] database_url: several Reame nodes share it). The only module that knows SQL.
+
+The tables, the queries and the migrations are the same on both; what differs is said where it
+does: SQLite's PRAGMAs (WAL), and search (SQLite's FTS5 tables kept by triggers; PostgreSQL's
+tsvector columns with GIN indexes). A dialect-specific step names its dialect.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +15,28 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import event, text
-from sqlalchemy.engine import Connection, Engine
-from sqlmodel import Field, Session, SQLModel, create_engine, delete, func, select
+from sqlalchemy import BigInteger, Integer, event, inspect, text
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import AutoString, Field, Session, SQLModel, create_engine, delete, func, select
 
 from .chat_settings import FIELD
 
 
 def _storable_id(chat_id: int) -> bool:
-    """Whether chat_id fits SQLite's integer (a larger one would raise OverflowError)."""
+    """Whether chat_id fits a 64-bit integer, SQLite's and PostgreSQL's id (a larger one would
+    raise OverflowError)."""
     return -(1 << 63) <= chat_id < (1 << 63)
 
 
 def _owned_by(owner: str | None):
     """The chats of owner; None: those made without accounts."""
     return Chat.owner == owner if owner is not None else Chat.owner.is_(None)
+
+
+class DatabaseUnavailable(Exception):
+    """The database server ([storage] database_url) cannot be reached or refuses the login."""
 
 
 class ChatNotFound(LookupError):
@@ -42,11 +55,29 @@ class MessageNotFound(LookupError):
         self.message_id = message_id
 
 
+# Ids: SQLite's INTEGER is 64-bit (and must stay INTEGER to be the rowid); PostgreSQL's is
+# 32-bit, so there they are BIGINT, the same range.
+_ID = Integer().with_variant(BigInteger(), "postgresql")
+
+
+class _Text(TypeDecorator):
+    """A text column. PostgreSQL's text cannot hold NUL (SQLite's can): there a NUL is stored
+    as U+FFFD rather than failing the whole write (a reply, an import)."""
+
+    impl = AutoString
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and dialect.name == "postgresql" and "\x00" in value:
+            return value.replace("\x00", "\ufffd")
+        return value
+
+
 class Chat(SQLModel, table=True):
-    id: int | None = Field(default=None, primary_key=True)
-    title: str
+    id: int | None = Field(default=None, primary_key=True, sa_type=_ID)
+    title: str = Field(sa_type=_Text)
     # The chat's own settings (chat_settings.ChatSettings).
-    system_prompt: str = ""
+    system_prompt: str = Field(default="", sa_type=_Text)
     temperature: float = FIELD["temperature"].default
     top_p: float = FIELD["top_p"].default
     max_tokens: int = FIELD["max_tokens"].default
@@ -59,21 +90,21 @@ class Chat(SQLModel, table=True):
     updated_at: float = Field(default_factory=time.time, index=True)
     # The last message of the branch shown (None: no message yet). Messages form a tree: an
     # edit or a retry adds a version beside the old one, which stays.
-    leaf_id: int | None = None
+    leaf_id: int | None = Field(default=None, sa_type=_ID)
     # The chat this one was branched from ("Branch from here"): its KV file serves the
     # history they share.
-    branched_from: int | None = None
+    branched_from: int | None = Field(default=None, sa_type=_ID)
     pinned: bool = False  # shown at the top of the chat list
 
 
 class Message(SQLModel, table=True):
-    id: int | None = Field(default=None, primary_key=True)
-    chat_id: int = Field(foreign_key="chat.id", index=True)
+    id: int | None = Field(default=None, primary_key=True, sa_type=_ID)
+    chat_id: int = Field(foreign_key="chat.id", index=True, sa_type=_ID)
     # The message this one follows (None: the chat's first). Versions share a parent.
-    parent_id: int | None = Field(default=None, index=True)
+    parent_id: int | None = Field(default=None, index=True, sa_type=_ID)
     position: int  # depth in the tree: 0 for the first message
     role: str  # "user" | "assistant"
-    content: str
+    content: str = Field(sa_type=_Text)
     created_at: float = Field(default_factory=time.time)
     # The exact tokens the model generated for an assistant message (JSON list), and the
     # fingerprint of the model they belong to: re-tokenizing the text need not give them back.
@@ -100,6 +131,10 @@ def _add_window_start(conn: Connection) -> None:
         conn.execute(text("ALTER TABLE chat ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0"))
 
 
+def _postgres(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
 def _add_owner(conn: Connection) -> None:
     if "owner" not in _columns(conn, "chat"):
         conn.execute(text("ALTER TABLE chat ADD COLUMN owner VARCHAR"))
@@ -107,7 +142,7 @@ def _add_owner(conn: Connection) -> None:
 
 
 def _columns(conn: Connection, table: str) -> set[str]:
-    return {row[1] for row in conn.execute(text(f"PRAGMA table_info({table})"))}
+    return {column["name"] for column in inspect(conn).get_columns(table)}
 
 
 def _message_tree(conn: Connection) -> None:
@@ -130,7 +165,7 @@ def _message_tree(conn: Connection) -> None:
 
 # Full-text search over titles and messages (SQLite's FTS5), kept up to date by triggers: rows
 # are chat and message ids. Diacritics folded: "cafe" finds "café".
-_SEARCH_TABLES = (
+_SQLITE_SEARCH = (
     "CREATE VIRTUAL TABLE IF NOT EXISTS message_fts USING fts5(content, chat_id UNINDEXED, "
     "tokenize = 'unicode61 remove_diacritics 2')",
     "CREATE VIRTUAL TABLE IF NOT EXISTS chat_fts USING fts5(title, "
@@ -151,11 +186,39 @@ _SEARCH_TABLES = (
 )
 
 
+# The same on PostgreSQL: a tsvector column computed from each title and message (generated:
+# nothing else to keep up to date) with a GIN index. Its configuration folds case and
+# diacritics like FTS5's tokenizer (unaccent, then simple: no stemming, no stop words). Its
+# parser keeps "file.txt", "a@b.org" or "2.5" as one word where FTS5 makes two: those
+# characters are read as spaces, so that a search for "txt" finds "file.txt" on both.
+_TS_CONFIG = "reame_search"
+_TS_DOCUMENT = f"to_tsvector('{_TS_CONFIG}', translate({{column}}, '.@/:', '    '))"
+_POSTGRES_SEARCH = (
+    "CREATE EXTENSION IF NOT EXISTS unaccent",
+    f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_ts_config WHERE cfgname = '{_TS_CONFIG}') "
+    f"THEN CREATE TEXT SEARCH CONFIGURATION {_TS_CONFIG} (COPY = simple); "
+    f"ALTER TEXT SEARCH CONFIGURATION {_TS_CONFIG} ALTER MAPPING FOR asciiword, asciihword, "
+    f"hword_asciipart, word, hword, hword_part, numword, numhword, hword_numpart "
+    f"WITH unaccent, simple; END IF; END $$",
+    "ALTER TABLE message ADD COLUMN IF NOT EXISTS search_vector tsvector GENERATED ALWAYS AS "
+    f"({_TS_DOCUMENT.format(column='content')}) STORED",
+    "CREATE INDEX IF NOT EXISTS ix_message_search ON message USING GIN (search_vector)",
+    "ALTER TABLE chat ADD COLUMN IF NOT EXISTS search_vector tsvector GENERATED ALWAYS AS "
+    f"({_TS_DOCUMENT.format(column='title')}) STORED",
+    "CREATE INDEX IF NOT EXISTS ix_chat_search ON chat USING GIN (search_vector)",
+)
+
+
 def _search_and_pins(conn: Connection) -> None:
     """Chats can be pinned and searched: the search tables filled from what is stored."""
     if "pinned" not in _columns(conn, "chat"):
-        conn.execute(text("ALTER TABLE chat ADD COLUMN pinned BOOLEAN NOT NULL DEFAULT 0"))
-    for statement in _SEARCH_TABLES:
+        false = "false" if _postgres(conn) else "0"
+        conn.execute(text(f"ALTER TABLE chat ADD COLUMN pinned BOOLEAN NOT NULL DEFAULT {false}"))
+    if _postgres(conn):
+        for statement in _POSTGRES_SEARCH:  # generated columns: filled as they are added
+            conn.execute(text(statement))
+        return
+    for statement in _SQLITE_SEARCH:
         conn.execute(text(statement))
     conn.execute(text("DELETE FROM message_fts"))
     conn.execute(text("INSERT INTO message_fts (rowid, content, chat_id) "
@@ -186,12 +249,24 @@ def _enable_wal(dbapi_conn, _record) -> None:
     cursor.close()
 
 
+# Any constant: the key of the lock that lets one node at a time migrate a PostgreSQL database.
+_MIGRATION_LOCK = 0x7265616D65  # "reame"
+
+
 def migrate(engine: Engine) -> list[str]:
-    """Apply the migrations not yet recorded; return the names applied."""
+    """Apply the migrations not yet recorded; return the names applied.
+
+    One transaction. On PostgreSQL, nodes starting together take turns (an advisory lock held
+    to the commit): the second finds the first's migrations recorded; a failed step applies
+    nothing (its DDL is transactional too)."""
     applied: list[str] = []
     with engine.begin() as conn:
+        real = "REAL"
+        if _postgres(conn):
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+            real = "DOUBLE PRECISION"  # PostgreSQL's REAL is 4 bytes: minutes, not seconds
         conn.execute(text(
-            "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL)"
+            f"CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at {real})"
         ))
         done = {row[0] for row in conn.execute(text("SELECT name FROM migrations"))}
         for name, step in MIGRATIONS:
@@ -204,17 +279,53 @@ def migrate(engine: Engine) -> list[str]:
     return applied
 
 
-class Store:
-    """The chats of one database; every method opens and closes its own session."""
+def _server_url(url: str) -> URL:
+    """A database server's URL as the engine takes it: postgresql:// (and postgres://) use the
+    psycopg (3) driver, the one Reame installs."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
 
-    def __init__(self, database_path: Path):
-        database_path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = database_path
-        self.engine = create_engine(
-            f"sqlite:///{database_path}", connect_args={"check_same_thread": False}
-        )
-        event.listen(self.engine, "connect", _enable_wal)
+
+class Store:
+    """The chats of one database; every method opens and closes its own session.
+
+    database: the SQLite file (a Path), or a database server's URL (a str: postgresql://...),
+    which several Reame processes may share."""
+
+    def __init__(self, database: Path | str):
+        if isinstance(database, Path):
+            database.parent.mkdir(parents=True, exist_ok=True)
+            self.path: Path | None = database
+            self.engine = create_engine(
+                f"sqlite:///{database}", connect_args={"check_same_thread": False}
+            )
+            event.listen(self.engine, "connect", _enable_wal)
+        else:
+            self.path = None
+            # pre_ping: a connection the server dropped (a restart, a failover) is replaced
+            # before use instead of failing a user's action.
+            self.engine = create_engine(_server_url(database), pool_pre_ping=True,
+                                        connect_args={"application_name": "reame",
+                                                      "connect_timeout": 10})
+            self._reach()
         migrate(self.engine)
+
+    @property
+    def where(self) -> str:
+        """The database, for messages: its file, or its URL without the password."""
+        return str(self.path) if self.path else self.engine.url.render_as_string(
+            hide_password=True)
+
+    def _reach(self) -> None:
+        """Connect once; DatabaseUnavailable says why not (a server down, a wrong password)."""
+        try:
+            with self.engine.connect():
+                pass
+        except OperationalError as exc:
+            reason = str(exc.orig or exc).strip().splitlines()[0]
+            raise DatabaseUnavailable(f"cannot use the database {self.where}: {reason}") from None
 
     def _session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
@@ -263,30 +374,12 @@ class Store:
 
         The index is read newest match first and left as soon as limit chats are found, so
         a word in every chat costs no more than a rare one."""
-        query = _match_query(words)
-        if not query:
+        terms = _search_terms(words)
+        if not terms:
             return []
-        owned = "c.owner = :owner" if owner is not None else "c.owner IS NULL"
-        found: dict[int, str] = {}
         with self.engine.connect() as conn:
-            titles = conn.execute(text(
-                f"SELECT c.id FROM chat_fts JOIN chat AS c ON c.id = chat_fts.rowid "
-                f"WHERE chat_fts MATCH :q AND {owned} ORDER BY chat_fts.rowid DESC "
-                f"LIMIT :limit"), {"q": query, "owner": owner, "limit": limit})
-            found.update((row[0], "") for row in titles)
-            matches = conn.execute(text(
-                f"SELECT message_fts.chat_id, snippet(message_fts, 0, :mark, :end, '…', 12) "
-                f"FROM message_fts JOIN chat AS c ON c.id = message_fts.chat_id "
-                f"WHERE message_fts MATCH :q AND {owned} ORDER BY message_fts.rowid DESC"),
-                {"q": query, "owner": owner, "mark": MARK, "end": END_MARK})
-            snippets: dict[int, str] = {}
-            for chat_id, snippet in matches:
-                if chat_id not in snippets:
-                    snippets[chat_id] = snippet
-                    if len(snippets) >= limit:
-                        break
-            matches.close()
-        found.update(snippets)
+            find = _postgres_matches if _postgres(conn) else _sqlite_matches
+            found = find(conn, owner, terms, limit)
         if not found:
             return []
         with self._session() as session:
@@ -321,7 +414,7 @@ class Store:
 
     def update_chat(self, chat_id: int, **fields) -> Chat:
         with self._session() as session:
-            chat = session.get(Chat, chat_id)
+            chat = _locked_chat(session, chat_id)
             if chat is None:
                 raise ChatNotFound(chat_id)
             for name, value in fields.items():
@@ -337,7 +430,7 @@ class Store:
 
     def delete_chat(self, chat_id: int) -> None:
         with self._session() as session:
-            chat = session.get(Chat, chat_id)
+            chat = _locked_chat(session, chat_id)
             if chat is None:
                 raise ChatNotFound(chat_id)
             session.exec(delete(Message).where(Message.chat_id == chat_id))
@@ -373,7 +466,7 @@ class Store:
         """A message after `after` (a message id; None: the last of the branch shown); it
         becomes the last of the branch shown."""
         with self._session() as session:
-            chat = session.get(Chat, chat_id)
+            chat = _locked_chat(session, chat_id)
             if chat is None:
                 raise ChatNotFound(chat_id)
             parent_id = after if after is not None else chat.leaf_id
@@ -448,6 +541,14 @@ class Store:
         return self.thread(chat_id).branch
 
 
+def _locked_chat(session: Session, chat_id: int) -> Chat | None:
+    """The chat, its row locked until the session ends, on a database several processes write
+    (PostgreSQL: SELECT ... FOR UPDATE; SQLite has one writer at a time anyway and ignores
+    it). Two nodes adding to one chat then take turns: each new message sees the other's as
+    the chat's last (no lost leaf_id), and a delete never meets a message added meanwhile."""
+    return session.get(Chat, chat_id, with_for_update=True)
+
+
 MARK, END_MARK = "\x02", "\x03"  # around the matches in a search snippet
 
 
@@ -460,14 +561,105 @@ class Found:
     snippet: str
 
 
-def _match_query(words: str) -> str:
-    """An FTS5 query for every word of words, the last as a prefix ("" if none): each word
-    quoted, so that nothing a user types is taken as FTS5 syntax."""
-    tokens = re.findall(r"\w+", words)[:16]
-    if not tokens:
-        return ""
-    quoted = [f'"{token}"' for token in tokens]
+def _search_terms(words: str) -> list[str]:
+    """The words searched for: runs of letters, digits and _, at most 16."""
+    return re.findall(r"\w+", words)[:16]
+
+
+def _match_query(terms: list[str]) -> str:
+    """An FTS5 query for every term, the last as a prefix: each quoted, so that nothing a user
+    types is taken as FTS5 syntax."""
+    quoted = [f'"{term}"' for term in terms]
     return " ".join(quoted[:-1] + [quoted[-1] + "*"])
+
+
+def _owned(owner: str | None) -> str:
+    """The SQL condition on `c` (the chat) for the owner's chats."""
+    return "c.owner = :owner" if owner is not None else "c.owner IS NULL"
+
+
+def _sqlite_matches(conn: Connection, owner: str | None, terms: list[str],
+                    limit: int) -> dict[int, str]:
+    """Chat id -> snippet of its newest matching message ("" if only its title matched), for
+    at most limit chats of each kind, newest first: through the FTS5 tables."""
+    query, owned = _match_query(terms), _owned(owner)
+    titles = conn.execute(text(
+        f"SELECT c.id FROM chat_fts JOIN chat AS c ON c.id = chat_fts.rowid "
+        f"WHERE chat_fts MATCH :q AND {owned} ORDER BY chat_fts.rowid DESC "
+        f"LIMIT :limit"), {"q": query, "owner": owner, "limit": limit})
+    found = {row[0]: "" for row in titles}
+    matches = conn.execute(text(
+        f"SELECT message_fts.chat_id, snippet(message_fts, 0, :mark, :end, '…', 12) "
+        f"FROM message_fts JOIN chat AS c ON c.id = message_fts.chat_id "
+        f"WHERE message_fts MATCH :q AND {owned} ORDER BY message_fts.rowid DESC"),
+        {"q": query, "owner": owner, "mark": MARK, "end": END_MARK})
+    snippets: dict[int, str] = {}
+    for chat_id, snippet in matches:
+        if chat_id not in snippets:
+            snippets[chat_id] = snippet
+            if len(snippets) >= limit:
+                break
+    matches.close()
+    found.update(snippets)
+    return found
+
+
+def _tsquery(terms: list[str]) -> str:
+    """A PostgreSQL tsquery for every term, the last as a prefix: each quoted (terms are
+    letters, digits and _ only: no quote to escape)."""
+    quoted = [f"'{term}'" for term in terms]
+    return " & ".join(quoted[:-1] + [quoted[-1] + ":*"])
+
+
+# ts_headline's options: about FTS5's snippet (12 words around the first match).
+_HEADLINE = (f'StartSel="{MARK}", StopSel="{END_MARK}", MaxWords=12, MinWords=6, '
+             f'ShortWord=0, MaxFragments=1')
+
+
+def _postgres_matches(conn: Connection, owner: str | None, terms: list[str],
+                      limit: int) -> dict[int, str]:
+    """What _sqlite_matches finds, through the tsvector columns. The messages are read newest
+    first from a server-side cursor, left as soon as limit chats are found; snippets are made
+    for those messages only."""
+    query, owned = _tsquery(terms), _owned(owner)
+    matching = f"search_vector @@ to_tsquery('{_TS_CONFIG}', :q)"
+    titles = conn.execute(text(
+        f"SELECT c.id FROM chat AS c WHERE c.{matching} AND {owned} ORDER BY c.id DESC "
+        f"LIMIT :limit"), {"q": query, "owner": owner, "limit": limit})
+    found = {row[0]: "" for row in titles}
+    matches = conn.execution_options(yield_per=256).execute(text(
+        f"SELECT m.chat_id, m.id FROM message AS m JOIN chat AS c ON c.id = m.chat_id "
+        f"WHERE m.{matching} AND {owned} ORDER BY m.id DESC"), {"q": query, "owner": owner})
+    newest: dict[int, int] = {}  # chat id -> its newest matching message
+    for chat_id, message_id in matches:
+        if chat_id not in newest:
+            newest[chat_id] = message_id
+            if len(newest) >= limit:
+                break
+    matches.close()
+    if newest:
+        snippets = conn.execute(text(
+            f"SELECT m.id, m.content, ts_headline('{_TS_CONFIG}', m.content, "
+            f"to_tsquery('{_TS_CONFIG}', :q), :options) FROM message AS m "
+            f"WHERE m.id = ANY(:ids)"), {"q": query, "options": _HEADLINE,
+                                          "ids": list(newest.values())})
+        by_message = {message_id: _with_ellipses(content, headline)
+                      for message_id, content, headline in snippets}
+        found.update((chat_id, by_message[message_id]) for chat_id, message_id in newest.items()
+                     if message_id in by_message)  # (not its chat deleted meanwhile)
+    return found
+
+
+def _with_ellipses(content: str, headline: str) -> str:
+    """headline (a passage of content, its matches marked) with "…" where content goes on
+    before or after it, as FTS5's snippets have."""
+    plain = headline.replace(MARK, "").replace(END_MARK, "")
+    start = content.find(plain)
+    if start < 0:
+        return headline
+    before = "…" if content[:start].strip() else ""
+    after = "…" if content[start + len(plain):].strip() else ""
+    return before + headline + after
 
 
 @dataclass

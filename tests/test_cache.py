@@ -441,9 +441,15 @@ def test_files_reame_did_not_write_are_left_alone(folder, model_path):
                "prefix-abc-000000000000.kv": b"nor this"}
     for name, data in foreign.items():
         (kv / name).write_bytes(data)
-    (kv / "reame-kv-stale.tmp").write_bytes(b"a write cut short")  # Reame's own leftover
+    stale = kv / "reame-kv-stale.tmp"
+    stale.write_bytes(b"a write cut short")  # Reame's own leftover, an hour old
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    under_way = kv / "reame-kv-other-node.tmp"  # another process's write, under way
+    under_way.write_bytes(b"half a file")
     node = Node(folder, model_path, max_mb=16)
-    assert not (kv / "reame-kv-stale.tmp").exists()
+    assert not stale.exists()
+    assert under_way.exists(), "a fresh temp file may be another node's write"
+    under_way.unlink()
     chats = [node.service.new_chat(system_prompt=f"You are assistant {n}. " + "Be kind. " * 40)
              for n in range(6)]
     for chat in chats:

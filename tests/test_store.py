@@ -1,13 +1,42 @@
+"""The store on both databases it runs on: each test taking `database` runs on a SQLite file
+and on a fresh PostgreSQL database (tests/postgres.py), with the same assertions."""
+
 import sqlite3
 
 import pytest
+from sqlalchemy import text
 
-from reame.store import MIGRATIONS, ChatNotFound, Store
+from reame.store import END_MARK, MARK, MIGRATIONS, ChatNotFound, Store
+
+from .postgres import postgres, postgres_url  # noqa: F401 - fixtures
 
 
-def new_chat(store, title="t"):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request, tmp_path):
+    """Where a Store keeps the chats: a SQLite file, or a new PostgreSQL database's URL."""
+    if request.param == "sqlite":
+        return tmp_path / "reame.db"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def store(database) -> Store:
+    store = Store(database)
+    yield store
+    store.engine.dispose()
+
+
+def new_chat(store, title="t", owner=None):
     return store.create_chat(title=title, system_prompt="s", temperature=0.5, top_p=0.9,
-                             max_tokens=10)
+                             max_tokens=10, owner=owner)
+
+
+def run_sql(store: Store, *statements: str) -> None:
+    """Change the database behind the store's back (as an older release left it)."""
+    with store.engine.begin() as conn:
+        for statement in statements:
+            conn.execute(text(statement))
+    store.engine.dispose()
 
 
 def test_database_uses_wal_and_records_migrations(tmp_path):
@@ -19,34 +48,30 @@ def test_database_uses_wal_and_records_migrations(tmp_path):
     assert names == [name for name, _ in MIGRATIONS]
 
 
-def test_migrations_run_once(tmp_path):
-    Store(tmp_path / "reame.db")
-    again = Store(tmp_path / "reame.db")
+def test_migrations_run_once(database):
+    Store(database)
+    again = Store(database)
     with again.engine.connect() as conn:
-        from sqlalchemy import text
         assert conn.execute(text("SELECT count(*) FROM migrations")).scalar() == len(MIGRATIONS)
 
 
-def test_a_database_from_before_the_window_column_is_upgraded(tmp_path):
-    path = tmp_path / "reame.db"
-    chat = new_chat(Store(path))
-    conn = sqlite3.connect(path)  # make it look like a database of the first release
-    conn.execute("ALTER TABLE chat DROP COLUMN window_start")
-    conn.execute("DELETE FROM migrations WHERE name = '002_chat_window_start'")
-    conn.commit()
-    conn.close()
-    store = Store(path)
+def test_a_database_from_before_the_window_column_is_upgraded(database):
+    store = Store(database)
+    chat = new_chat(store)
+    run_sql(store, "ALTER TABLE chat DROP COLUMN window_start",  # as the first release made it
+            "DELETE FROM migrations WHERE name = '002_chat_window_start'")
+    store = Store(database)
     assert store.get_chat(chat.id).window_start == 0
     assert store.update_chat(chat.id, window_start=4).window_start == 4
 
 
-def test_chats_and_messages_survive_reopening(tmp_path):
-    store = Store(tmp_path / "reame.db")
+def test_chats_and_messages_survive_reopening(database):
+    store = Store(database)
     chat = new_chat(store, "first")
     store.add_message(chat.id, "user", "hello")
     store.add_message(chat.id, "assistant", "hi", tokens=[1, 2, 3], tokens_model="m",
                       stats={"generated": 3})
-    reopened = Store(tmp_path / "reame.db")
+    reopened = Store(database)
     messages = reopened.messages(chat.id)
     assert [(m.position, m.role, m.content) for m in messages] == [
         (0, "user", "hello"), (1, "assistant", "hi")]
@@ -62,15 +87,23 @@ def test_list_is_most_recently_active_first(store):
     assert [c.id for c in store.list_chats()] == [older.id, newer.id]
 
 
-def test_delete_chat_removes_its_messages(store, tmp_path):
+def test_pinned_chats_come_first_and_renames_are_kept(store):
+    pinned, other = new_chat(store, "pinned"), new_chat(store, "other")
+    store.update_chat(pinned.id, pinned=True, title="renamed")
+    assert [(c.title, c.pinned) for c in store.list_chats()] == [("renamed", True),
+                                                                ("other", False)]
+    assert store.newest_chat().id == other.id, "the chat made last, pinned or not"
+
+
+def test_delete_chat_removes_its_messages(store):
     chat, other = new_chat(store), new_chat(store)
     store.add_message(chat.id, "user", "x")
     store.add_message(other.id, "user", "y")
     store.delete_chat(chat.id)
     with pytest.raises(ChatNotFound):
         store.get_chat(chat.id)
-    conn = sqlite3.connect(store.path)
-    assert conn.execute("SELECT chat_id FROM message").fetchall() == [(other.id,)]
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT chat_id FROM message")).all() == [(other.id,)]
 
 
 def test_unknown_chat_raises(store):
@@ -80,6 +113,9 @@ def test_unknown_chat_raises(store):
         store.add_message(42, "user", "x")
     with pytest.raises(ChatNotFound):
         store.update_chat(42, title="x")
+    with pytest.raises(ChatNotFound):
+        store.get_chat(2**63)
+    assert not store.has_chat(2**40)
 
 
 def test_a_new_version_keeps_the_old_one(store):
@@ -110,23 +146,89 @@ def test_a_reply_follows_the_message_it_answers_whatever_is_shown(store):
     assert reply.position == 1
 
 
-def test_a_database_of_lists_becomes_one_branch_each(tmp_path):
-    path = tmp_path / "reame.db"
-    store = Store(path)
+def test_a_database_of_lists_becomes_one_branch_each(database):
+    store = Store(database)
     chat = new_chat(store)
     for n in range(3):
         store.add_message(chat.id, "user" if n % 2 == 0 else "assistant", str(n))
     empty = new_chat(store)
-    conn = sqlite3.connect(path)  # as a database made before the message tree
-    conn.execute("DROP INDEX ix_message_parent_id")
-    conn.execute("ALTER TABLE message DROP COLUMN parent_id")
-    conn.execute("ALTER TABLE chat DROP COLUMN leaf_id")
-    conn.execute("ALTER TABLE chat DROP COLUMN branched_from")
-    conn.execute("DELETE FROM migrations WHERE name = '004_message_tree'")
-    conn.commit()
-    conn.close()
-    upgraded = Store(path)
+    run_sql(store, "DROP INDEX ix_message_parent_id",  # as a database made before the tree
+            "ALTER TABLE message DROP COLUMN parent_id", "ALTER TABLE chat DROP COLUMN leaf_id",
+            "ALTER TABLE chat DROP COLUMN branched_from",
+            "DELETE FROM migrations WHERE name = '004_message_tree'")
+    upgraded = Store(database)
     assert [m.content for m in upgraded.messages(chat.id)] == ["0", "1", "2"]
     assert upgraded.messages(empty.id) == []
     upgraded.add_message(chat.id, "assistant", "3")
     assert [m.position for m in upgraded.messages(chat.id)] == [0, 1, 2, 3]
+
+
+# search: the same results from FTS5 (SQLite) and tsvector (PostgreSQL)
+
+
+def ids(found) -> list[int]:
+    return [f.chat.id for f in found]
+
+
+def test_search_wants_every_word_in_one_message_the_last_as_a_start(store):
+    zebras = new_chat(store, "Animals")
+    store.add_message(zebras.id, "user", "Where do zebras live?")
+    store.add_message(zebras.id, "assistant", "Zebras live in Africa, on the savanna.")
+    other = new_chat(store, "Other")
+    store.add_message(other.id, "user", "Nothing about them here")
+    assert ids(store.search(None, "zebras africa")) == [zebras.id]
+    assert ids(store.search(None, "AFRICA sava")) == [zebras.id], "the last word as a start"
+    assert store.search(None, "sava africa") == [], "only the last word is a start"
+    assert store.search(None, "animals zebras") == [], "title and message are searched apart"
+    assert store.search(None, "where savanna") == [], "every word in one message"
+    assert store.search(None, "  ?!  ") == [] and store.search(None, "") == []
+
+
+def test_search_folds_case_and_diacritics_and_marks_the_match(store):
+    chat = new_chat(store, "Breakfast")
+    store.add_message(chat.id, "user", "Le café est prêt")
+    [found] = store.search(None, "CAFE pret")
+    assert found.chat.id == chat.id
+    assert found.snippet == f"Le {MARK}café{END_MARK} est {MARK}prêt{END_MARK}"
+
+
+def test_search_snippets_are_of_the_newest_match_with_ellipses(store):
+    chat = new_chat(store)
+    store.add_message(chat.id, "user", "the river one")
+    filler = " ".join(f"word{n}" for n in range(30))
+    store.add_message(chat.id, "assistant", f"{filler} the river two {filler}")
+    [found] = store.search(None, "river")
+    assert found.snippet.startswith("…") and found.snippet.endswith("…"), found.snippet
+    assert f"{MARK}river{END_MARK} two" in found.snippet
+    assert len(found.snippet.split()) <= 16
+
+
+def test_search_finds_words_inside_names_and_addresses(store):
+    chat = new_chat(store)
+    store.add_message(chat.id, "user", "open notes.txt and mail bob@example.org about v2.5")
+    for words in ("txt", "notes.txt", "example", "bob@example.org", "v2"):
+        assert ids(store.search(None, words)) == [chat.id], words
+
+
+def test_search_orders_like_the_list_and_stops_at_the_limit(store):
+    chats = [new_chat(store, f"chat {n}") for n in range(5)]
+    for chat in chats:
+        store.add_message(chat.id, "user", f"ocean number {chat.id}")
+    assert ids(store.search(None, "ocean", limit=3)) == [c.id for c in chats[:1:-1]]
+    store.update_chat(chats[0].id, pinned=True)
+    assert ids(store.search(None, "ocean"))[0] == chats[0].id, "pinned first"
+    title_only = new_chat(store, "Quarterly report")
+    [found] = store.search(None, "quarter")
+    assert found.chat.id == title_only.id and found.snippet == ""
+
+
+def test_search_sees_renames_and_deletes_and_only_the_owners_chats(store):
+    mine = new_chat(store, "Holiday plans", owner="alice")
+    store.add_message(mine.id, "user", "Zanzibar in June")
+    assert ids(store.search("alice", "zanzibar")) == [mine.id]
+    assert store.search("bob", "zanzibar") == [] and store.search(None, "zanzibar") == []
+    store.update_chat(mine.id, title="Work trip")
+    assert store.search("alice", "holiday") == []
+    assert ids(store.search("alice", "work trip")) == [mine.id]
+    store.delete_chat(mine.id)
+    assert store.search("alice", "zanzibar") == [] and store.search("alice", "work") == []
