@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 # huggingface_hub (under Gradio, and `pull`) would otherwise ask its endpoint for things at
@@ -22,6 +23,7 @@ from reame.chat import ChatService
 from reame.config import Config, ConfigError, load_config
 from reame.runtime import build_service
 from reame.settings import Settings
+from reame.store import DatabaseUnavailable
 from reame.web.guard import Guard
 from reame.web.login import WebLogins
 from reame.web.named_api import register_api
@@ -130,6 +132,21 @@ def finish_writes_on_sigterm(service: ChatService) -> None:
     signal.signal(signal.SIGTERM, end_after_writes)
 
 
+def start_warm_up(service: ChatService) -> None:
+    """Run the model once on every slot while the server starts; /health says warming_up
+    until it is done (reame/warmup.py)."""
+    from reame.warmup import warm_slots
+
+    def warm() -> None:
+        try:
+            log.info("warmed up in %.2f s", warm_slots(service))
+        finally:
+            service.warming = False
+
+    service.warming = True  # before the server can answer /health
+    threading.Thread(target=warm, name="warm-up", daemon=True).start()
+
+
 def _install_service(argv: list[str]) -> int:
     from reame import service_unit
 
@@ -188,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"reame: {problem}", file=sys.stderr)
         return 2
-    service = build_service(config)
+    try:
+        service = build_service(config)
+    except DatabaseUnavailable as exc:  # a database server down, a wrong password
+        print(f"reame: {exc}", file=sys.stderr)
+        return 2
     if accounts is not None:
         give_ids(accounts.assign_ids(), service.store)
         warn_of_ownerless_chats(service.store)
@@ -199,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("Reame on http://%s:%d%s", config.server.host, config.server.port,
              " (accounts on)" if accounts is not None else "")
     finish_writes_on_sigterm(service)
+    if config.server.warm_up:
+        start_warm_up(service)
     uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning",
                 timeout_graceful_shutdown=5)
     return 0

@@ -90,6 +90,7 @@ class ChatService:
         self.loading_model: Path | None = None
         self.replies = ReplyMemory()  # stateless replies' exact tokens
         self.observe_turn: TurnObserver | None = None  # told of every turn (metrics)
+        self.warming = False  # the model runs once at start (warmup.py): not ready yet
 
     @property
     def loading(self) -> bool:

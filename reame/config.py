@@ -48,6 +48,8 @@ SETTINGS: tuple[Setting, ...] = (
             "https://example.org); empty = only the server's own page"),
     Setting("server", "max_waiting", int, 16, "turns that may wait for a free slot; beyond, "
             "/v1 answers 429 and the page says the server is full", 0, 100_000),
+    Setting("server", "warm_up", bool, True,
+            "run the model once on every slot at start, before /health says ok"),
     Setting("server", "root_path", str, "",
             "the path a reverse proxy serves Reame under (e.g. /reame); empty = the root"),
     Setting("storage", "sessions_dir", Path, "sessions",
@@ -95,6 +97,7 @@ class ServerConfig:
     allowed_hosts: str
     allowed_origins: str
     max_waiting: int
+    warm_up: bool
     root_path: str
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -127,11 +128,13 @@ class Server:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "config", timeout=2):
+            try:  # up once /health says ok, or why it cannot be (no model): not warming up
+                with urllib.request.urlopen(self.url + "health", timeout=2):
                     return self
-            except urllib.error.HTTPError:  # e.g. 401 with accounts on: it is up
-                return self
+            except urllib.error.HTTPError as answer:
+                if json.loads(answer.read()).get("status") != "warming_up":
+                    return self
+                time.sleep(0.05)
             except OSError:
                 time.sleep(0.3)
         self.stop()

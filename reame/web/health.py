@@ -1,7 +1,9 @@
 """GET /health: whether this server can answer now, for a load balancer, systemd or a probe.
 
 200 {"status": "ok"} while it serves; 503 {"status": "loading"} (with Retry-After) while a
-model loads, 503 {"status": "no_model"} when none is loaded. No login is needed, so it says
+model loads, 503 {"status": "no_model"} when none is loaded, 503 {"status": "warming_up"}
+while the model runs once at start (reame/warmup.py), so that the first request is as fast as
+the next. No login is needed, so it says
 nothing more: no model name, path or error text (the Settings tab and the log have those).
 """
 
@@ -25,6 +27,9 @@ def build_health_router(service: ChatService) -> APIRouter:
                                 headers={"Retry-After": str(RETRY_AFTER_S)})
         if service.engine is None:
             return JSONResponse({"status": "no_model"}, status_code=503)
+        if service.warming:
+            return JSONResponse({"status": "warming_up"}, status_code=503,
+                                headers={"Retry-After": "1"})
         return JSONResponse({"status": "ok"})
 
     return router

@@ -1,0 +1,82 @@
+"""The warm-up at start: it runs the model on every slot, leaves nothing behind (no KV, no file,
+no counted turn, the same replies), and GET /health says ok only once it is done."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from reame.engine import Engine
+from reame.runtime import service_over
+from reame.warmup import warm_slots
+
+from .conftest import GREEDY, ROOT, free_port, write_config
+
+QUESTION = "Name three colours of the rainbow."
+
+
+def reply_of(service) -> tuple[str, str]:
+    chat = service.new_chat()
+    *_, done = service.send(chat.id, QUESTION)
+    return done.text, done.stats.source
+
+
+def test_the_warm_up_runs_every_slot_and_leaves_nothing_behind(tmp_path, model_path):
+    engine = Engine(model_path, n_ctx=1024, slots=2)
+    try:
+        cold = service_over(tmp_path / "cold", engine, GREEDY)
+        expected = reply_of(cold)
+        for seq in engine.sequences:
+            engine.use(seq)
+            engine.clear()
+
+        service = service_over(tmp_path / "warm", engine, GREEDY)
+        before = [seq.evaluated for seq in engine.sequences]
+        assert warm_slots(service) > 0
+        assert all(seq.evaluated > was for seq, was in zip(engine.sequences, before)), (
+            "every slot ran the model")
+        assert all(not seq.tokens for seq in engine.sequences), "the slots are empty again"
+        assert service.cache.stats()["lookups"] == 0
+        assert list((tmp_path / "warm" / "kv").glob("*.kv")) == []
+        assert reply_of(service) == expected, "the same reply, from nothing reused"
+    finally:
+        engine.close()
+
+
+def health(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url + "health", timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as refused:
+        assert json.loads(refused.read())["status"] in ("warming_up", "loading"), refused
+        return refused.code
+    except OSError:
+        return None  # not listening yet
+
+
+def test_health_says_ok_only_once_the_warm_up_is_done(tmp_path, model_path):
+    config = write_config(tmp_path, model_path=model_path)
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "app.py"), "--config", str(config), "--port", str(port)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 120
+        while health(url) != 200:
+            assert process.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.01)
+        # The flag that keeps /health at 503 is cleared after this line is logged.
+        assert "warmed up in" in log_path.read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
