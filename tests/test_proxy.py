@@ -5,9 +5,7 @@ through the openai SDK, all at http://127.0.0.1:PORT/reame/."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,60 +14,27 @@ from gradio_client import Client
 from openai import OpenAI
 
 from .browser_helpers import BOT, browser, open_app, page, send  # noqa: F401 - fixtures
-from .conftest import ROOT, Server, free_port, write_config
-
-NGINX = Path("/usr/sbin/nginx")
+from .conftest import ROOT, Server, write_config
+from .nginx import Nginx
 LOCATION = ROOT / "deploy" / "nginx-reame.conf"
 PREFIX = "/reame"
 
 
-class Nginx:
-    """nginx in the foreground on a free port, its files in folder, with the documented
-    location blocks pointed at upstream's port."""
+class ProxyUnderPath(Nginx):
+    """nginx with the documented location blocks pointed at upstream's port."""
 
     def __init__(self, folder: Path, upstream_port: int):
-        if not NGINX.exists():
-            pytest.fail(f"nginx is missing at {NGINX}: run `make tools` (Debian's nginx-light)")
-        folder.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}{PREFIX}/"
         locations = LOCATION.read_text().replace("127.0.0.1:7860", f"127.0.0.1:{upstream_port}")
-        temp = "\n".join(f"    {kind}_temp_path {folder / kind};"
-                         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-        self.config = folder / "nginx.conf"
-        self.config.write_text(
-            f"worker_processes 1;\npid {folder / 'nginx.pid'};\n"
-            f"error_log {folder / 'error.log'} warn;\n"
-            f"events {{ worker_connections 256; }}\n"
-            f"http {{\n    access_log {folder / 'access.log'};\n{temp}\n"
-            f"    server {{\n        listen 127.0.0.1:{self.port};\n{locations}\n    }}\n}}\n")
-        self.folder = folder
-        self.process = subprocess.Popen(
-            [str(NGINX), "-c", str(self.config), "-p", str(folder), "-g", "daemon off;"],
-            stdout=subprocess.DEVNULL, stderr=(folder / "stderr.log").open("wb"))
-        self._wait()
-
-    def _wait(self, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nginx ended: {(self.folder / 'stderr.log').read_text()}")
-            try:
-                with urllib.request.urlopen(self.url + "health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("nginx did not pass /health on")
+        super().__init__(folder, lambda port: (
+            f"    access_log {folder / 'access.log'};\n"
+            f"    server {{\n        listen 127.0.0.1:{port};\n{locations}\n    }}"),
+            health_path=f"{PREFIX}/health")
+        self.url = f"http://127.0.0.1:{self.port}{PREFIX}/"
 
     def paths_seen(self) -> list[str]:
         """The paths of the requests nginx received (its access log)."""
         return [line.split('"')[1].split()[1]
                 for line in (self.folder / "access.log").read_text().splitlines() if '"' in line]
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +44,7 @@ def proxied(tmp_path_factory, model_path):
     config = write_config(folder, model_path=model_path, max_tokens=48,
                           server_extra=f"root_path = {PREFIX}\n")
     server = Server(config, folder / "server.log").start()
-    nginx = Nginx(folder / "nginx", server.port)
+    nginx = ProxyUnderPath(folder / "nginx", server.port)
     yield nginx
     nginx.stop()
     server.stop()

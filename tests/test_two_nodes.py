@@ -11,7 +11,6 @@ and both nodes show the same history.
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 import urllib.error
@@ -25,59 +24,34 @@ from types import SimpleNamespace
 import pytest
 from gradio_client import Client
 
-from .conftest import ROOT, Server, free_port, write_config
+from .conftest import ROOT, Server, write_config
+from .nginx import Nginx
 from .postgres import postgres  # noqa: F401 - fixture
 
-NGINX = Path("/usr/sbin/nginx")
 EXAMPLE = ROOT / "deploy" / "nginx-two-nodes.conf"
 EXAMPLE_NODES = ("192.0.2.11:7860", "192.0.2.12:7860")  # the addresses the example names
 COOKIE = "reame_node"
 
 
-class Nginx:
-    """nginx in the foreground on a free port, running the example with its nodes replaced by
-    127.0.0.1:<port> each; its files in folder. Its access log tells, for every request, the
-    key it was hashed by and the node that answered."""
+class TwoNodes(Nginx):
+    """nginx running the example with its nodes replaced by 127.0.0.1:<port> each. Its access
+    log tells, for every request, the key it was hashed by and the node that answered."""
 
     def __init__(self, folder: Path, node_ports: list[int]):
-        if not NGINX.exists():
-            pytest.fail(f"nginx is missing at {NGINX}: run `make tools` (Debian's nginx-light)")
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder, self.port = folder, free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        example = EXAMPLE.read_text().replace("listen 80;", f"listen 127.0.0.1:{self.port};")
-        assert example.count("listen 127.0.0.1:") == 1
+        example = EXAMPLE.read_text()
         for address, port in zip(EXAMPLE_NODES, node_ports, strict=True):
             assert address in example
             example = example.replace(address, f"127.0.0.1:{port}")
-        temp = "\n".join(f"    {kind}_temp_path {folder / kind};"
-                         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-        (folder / "nginx.conf").write_text(
-            f"worker_processes 1;\npid {folder / 'nginx.pid'};\n"
-            f"error_log {folder / 'error.log'} warn;\n"
-            f"events {{ worker_connections 256; }}\n"
-            f"http {{\n{temp}\n"
-            f"    log_format nodes '$reame_affinity|$reame_v1_key|$upstream_addr|$uri|$status';\n"
-            f"    access_log {folder / 'access.log'} nodes;\n"
-            f"{example}\n}}\n")
-        self.process = subprocess.Popen(
-            [str(NGINX), "-c", str(folder / "nginx.conf"), "-p", str(folder), "-g", "daemon off;"],
-            stdout=subprocess.DEVNULL, stderr=(folder / "stderr.log").open("wb"))
-        self._wait()
 
-    def _wait(self, timeout: float = 90) -> None:
-        """Until /health through nginx says ok (a node warming its model up says 503)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nginx ended: {(self.folder / 'stderr.log').read_text()}")
-            try:
-                with urllib.request.urlopen(self.url + "health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("nginx did not pass /health on")
+        def http_body(port: int) -> str:
+            assert example.count("listen 80;") == 1
+            return (f"    log_format nodes "
+                    f"'$reame_affinity|$reame_v1_key|$upstream_addr|$uri|$status';\n"
+                    f"    access_log {folder / 'access.log'} nodes;\n"
+                    + example.replace("listen 80;", f"listen 127.0.0.1:{port};"))
+
+        super().__init__(folder, http_body, health_path="health")
+        self.url = f"http://127.0.0.1:{self.port}/"
 
     def log(self) -> list[dict]:
         """The requests nginx passed on: key (page), v1_key, node (the last port tried), uri."""
@@ -113,9 +87,6 @@ class Nginx:
                 return key
         pytest.fail(f"no key of 64 hashes to the node on port {node}")
 
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=20)
 
 
 def fetch(url: str, *, cookie: str | None = None, body: dict | None = None,
@@ -171,7 +142,7 @@ class StandIn:
 
 def test_nginx_keeps_a_client_and_a_chat_on_their_node_and_moves_them_when_it_dies(tmp_path):
     stand_ins = [StandIn(), StandIn()]
-    nginx = Nginx(tmp_path / "nginx", [s.port for s in stand_ins])
+    nginx = TwoNodes(tmp_path / "nginx", [s.port for s in stand_ins])
     try:
         # A new client gets a key; everything it asks for with it goes to the same node.
         answer, headers = fetch(nginx.url + "config")
@@ -226,7 +197,7 @@ def cluster(tmp_path, postgres, model_path):  # noqa: F811
             config = write_config(folder, model_path=model_path, max_tokens=24,
                                   extra=f"database_url = {database}\n\n[cache]\ndir = {kv}\n")
             nodes.append(Server(config, folder / "server.log").start())
-        nginx = Nginx(tmp_path / "nginx", [node.port for node in nodes])
+        nginx = TwoNodes(tmp_path / "nginx", [node.port for node in nodes])
         yield SimpleNamespace(nodes=nodes, nginx=nginx, kv=kv, url=nginx.url)
     finally:
         if nginx is not None:
