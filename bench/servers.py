@@ -43,6 +43,7 @@ class Server:
     url: str  # ends with /v1
     model_id: str
     log_path: Path
+    pid: int = 0  # the server process (bench/memory.py reads its memory)
 
 
 def free_port() -> int:
@@ -69,15 +70,18 @@ def reame_knows_slots() -> bool:
 
 @contextlib.contextmanager
 def start(kind: str, folder: Path, model: Path, *, n_ctx: int, slots: int, threads: int = 0,
-          max_tokens: int = 200) -> Iterator[Server]:
-    """The server of that kind over folder, ended on exit. threads 0: all cores."""
+          max_tokens: int = 200, kv_type: str = "f16",
+          kv_ram_mb: int = 1000000) -> Iterator[Server]:
+    """The server of that kind over folder, ended on exit. threads 0: all cores. kv_type and
+    kv_ram_mb: reame's [cache] kv_type and [model] kv_ram_mb (the default lets every slot in)."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     if kind == LLAMA_SERVER:
         command = _llama_server_command(model, n_ctx, threads, port)
     else:
         config = _reame_config(folder, model, n_ctx=n_ctx, threads=threads, max_tokens=max_tokens,
-                               slots=1 if kind == REAME_SERIAL else slots)
+                               slots=1 if kind == REAME_SERIAL else slots, kv_type=kv_type,
+                               kv_ram_mb=kv_ram_mb)
         command = [sys.executable, str(ROOT / "app.py"), "--config", str(config),
                    "--port", str(port)]
     log_path = folder / "server.log"
@@ -88,7 +92,7 @@ def start(kind: str, folder: Path, model: Path, *, n_ctx: int, slots: int, threa
         url = f"http://127.0.0.1:{port}/v1"
         model_id = _wait_ready(process, url, log_path)
         log.info("%s: listening on port %d (model %s)", kind, port, model_id)
-        yield Server(kind, url, model_id, log_path)
+        yield Server(kind, url, model_id, log_path, process.pid)
     finally:
         stop(process)
 
@@ -104,18 +108,19 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def _reame_config(folder: Path, model: Path, *, n_ctx: int, threads: int, max_tokens: int,
-                  slots: int) -> Path:
+                  slots: int, kv_type: str = "f16", kv_ram_mb: int = 1000000) -> Path:
     sessions = folder / "sessions"
     config = folder / "reame.conf"
-    # kv_ram_mb and max_waiting high enough that every slot is used and no client is refused
-    # (a checkout without slots ignores the three keys).
+    # By default kv_ram_mb and max_waiting high enough that every slot is used and no client
+    # is refused (a checkout without slots ignores the three keys).
     config.write_text(
         f"[model]\nmodel_path = {model.resolve()}\nn_ctx = {n_ctx}\nn_threads = {threads}\n"
-        f"slots = {slots}\nkv_ram_mb = 1000000\n\n"
+        f"slots = {slots}\nkv_ram_mb = {kv_ram_mb}\n\n"
         f"[generation]\ntemperature = 0\ntop_p = 1\nmax_tokens = {max_tokens}\n\n"
         f"[server]\nusers_file =\nmax_waiting = 1000\n\n"
         f"[storage]\nsessions_dir = {sessions}\n\n"
-        f"[cache]\nenabled = true\ndir = {sessions / 'kv'}\nmax_disk_mb = 1000000\n")
+        f"[cache]\nenabled = true\ndir = {sessions / 'kv'}\nmax_disk_mb = 1000000\n"
+        f"kv_type = {kv_type}\n")
     return config
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -16,9 +17,12 @@ from .model_file import ModelLoadError, gguf_files
 
 log = logging.getLogger(__name__)
 
-# Beyond the weights and the KV: compute buffers, the logits, Python. Measured on SmolLM2 at
-# n_ctx 4096: about 150 MB; kept generous.
-OVERHEAD_BYTES = 256 * 1024 * 1024
+# A server's resident memory beyond the model file, its repacked weights and the KV: Python,
+# Gradio, FastAPI, SQLite, llama.cpp's library and vocabulary, and the compute buffers' pages
+# that decodes of CHUNK tokens touch. Measured by `python -m bench.memory` (app.py at idle,
+# less the rest): 194 MB with SmolLM2's 49k-token vocabulary to 222 MB with the Qwen2.5
+# shapes' 152k, plus 2-10 MB while answering (bench/results/memory/results.md).
+BASE_BYTES = 200 * 1024 * 1024
 
 
 class ModelCheckError(ValueError):
@@ -82,10 +86,31 @@ def list_models(models_dir: Path, *, current: Path | None = None) -> list[ModelC
     return out
 
 
-def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str, slots: int = 1) -> int:
-    """Weights, the slots' KV (n_ctx tokens each) and llama.cpp's working memory."""
+@functools.cache
+def cpu_repacks() -> bool:
+    """Whether the installed llama.cpp repacks Q4_0 / Q4_K / IQ4_NL weights on this CPU: its
+    CPU_REPACK buffer is built in, and the CPU has the kernels' instructions (AVX2 on x86,
+    dotprod, int8 matmul or SVE on ARM)."""
+    features = llama_cpp.llama_print_system_info().decode(errors="replace")
+    has = lambda name: f"{name} = 1" in features  # noqa: E731
+    return has("REPACK") and any(has(f) for f in ("AVX2", "DOTPROD", "MATMUL_INT8", "SVE"))
+
+
+def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str, slots: int = 1, *,
+                  repack: bool | None = None) -> int:
+    """The resident memory (RSS) of a server running this model, answering at full context.
+
+    The model file, mapped and read in whole at load; the repacked copy of its Q4_0 / Q4_K /
+    IQ4_NL matrices (repack None: if this CPU repacks, cpu_repacks()), while the file stays
+    mapped; the slots' KV, n_ctx tokens each; one full window's KV copied out of llama.cpp to
+    be written to its file after a reply; and the server itself (BASE_BYTES). Checked against
+    measured servers by tests/test_memory_estimate.py (within 15 %).
+    """
     per_token = info.kv_bytes_per_token(kv_type) or 0
-    return info.size + per_token * n_ctx * slots + OVERHEAD_BYTES
+    if repack is None:
+        repack = cpu_repacks()
+    weights = info.size + (info.repackable_bytes if repack else 0)
+    return BASE_BYTES + weights + per_token * n_ctx * (slots + 1)
 
 
 def _supported(path: Path) -> bool:
@@ -133,10 +158,12 @@ def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
         raise ModelCheckError(str(exc)) from None
     needed = memory_needed(info, n_ctx, kv_type, slots)
     available = psutil.virtual_memory().available + freed_bytes
-    if needed > available:
+    # The server asking is running: its own part (BASE_BYTES) is in memory already.
+    if needed - BASE_BYTES > available:
         raise ModelCheckError(
             f"{path.name} with a {n_ctx:,}-token context in {slots} slot"
-            f"{'' if slots == 1 else 's'} needs about {needed / 2**30:.1f} GB (weights "
-            f"{info.size / 2**30:.1f} GB + KV cache); {available / 2**30:.1f} GB is available. "
+            f"{'' if slots == 1 else 's'} needs about {needed / 2**30:.1f} GB in all (weights "
+            f"{info.size / 2**30:.1f} GB + KV cache + the server); "
+            f"{available / 2**30:.1f} GB is available. "
             "Choose a smaller n_ctx, fewer slots, q8_0 KV, or a smaller model.")
     return info

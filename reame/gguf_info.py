@@ -27,6 +27,11 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
               25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS",
               31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4"}
 
+# ggml tensor types that llama.cpp's CPU backend copies, at load, into an interleaved layout
+# for its matrix kernels (the CPU_REPACK buffer: AVX2 on x86, dotprod/i8mm on ARM), as
+# (values per block, bytes per block): Q4_0, Q4_K, IQ4_NL. The mapped file stays resident too.
+REPACKED_TYPES = {2: (32, 18), 12: (256, 144), 20: (32, 18)}
+
 
 class NotGGUF(ValueError):
     """The file is not a readable GGUF file."""
@@ -46,6 +51,9 @@ class GGUFInfo:
     kv_heads: int | None
     head_dim: int | None
     sliding_window: int | None
+    # Bytes of the matrix weights llama.cpp's CPU backend repacks at load (REPACKED_TYPES;
+    # not the token embedding, which is looked up, not multiplied): held twice in memory.
+    repackable_bytes: int = 0
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> int | None:
         """K and V for every layer, at 2 bytes (f16) or 34/32 bytes (q8_0) per value."""
@@ -108,15 +116,20 @@ def read_gguf_info(path: Path) -> GGUFInfo:
             meta[key] = _value(f, kind, keep=key != "tokenizer.chat_template")
             if key == "tokenizer.chat_template":
                 meta[key] = True
-        parameters = 0
+        parameters = repackable = 0
         for _ in range(n_tensors):
-            _skip_string(f)
+            name = _string(f)
             dims = [_read(f, "<Q") for _ in range(_read(f, "<I"))]
-            f.seek(4 + 8, 1)  # type, offset
+            kind = _read(f, "<I")
+            f.seek(8, 1)  # offset
             count = 1
             for d in dims:
                 count *= d
             parameters += count
+            if (kind in REPACKED_TYPES and len(dims) == 2 and dims[1] % 8 == 0
+                    and name != "token_embd.weight"):
+                block, size = REPACKED_TYPES[kind]
+                repackable += count // block * size
     arch = str(meta.get("general.architecture", "unknown"))
 
     def arch_int(key: str) -> int | None:
@@ -135,5 +148,5 @@ def read_gguf_info(path: Path) -> GGUFInfo:
         context_length=arch_int("context_length"),
         has_chat_template=bool(meta.get("tokenizer.chat_template")),
         layers=arch_int("block_count"), kv_heads=kv_heads or heads, head_dim=head_dim,
-        sliding_window=arch_int("attention.sliding_window"),
+        sliding_window=arch_int("attention.sliding_window"), repackable_bytes=repackable,
     )
