@@ -133,13 +133,13 @@ def finish_writes_on_sigterm(service: ChatService) -> None:
 
 
 def start_warm_up(service: ChatService) -> None:
-    """Run the model once on every slot while the server starts; /health says warming_up
-    until it is done (reame/warmup.py)."""
-    from reame.warmup import warm_slots
+    """Run the model and Gradio's first-call imports once while the server starts; /health
+    says warming_up until it is done (reame/warmup.py)."""
+    from reame.warmup import warm_up
 
     def warm() -> None:
         try:
-            log.info("warmed up in %.2f s", warm_slots(service))
+            log.info("warmed up in %.2f s", warm_up(service))
         finally:
             service.warming = False
 

@@ -1,16 +1,23 @@
 """Warm-up at start: the first user's request should be as fast as the next.
 
-A fresh process pays once for what every later request finds ready: llama.cpp's first decode
-and sampling on each slot, its first copy of a KV state out and back in, Python's first pass
-through the prompt template and the tokenizer. warm_slots() pays it before the server says it
-is ready (GET /health answers "warming_up" meanwhile), on every slot at once, with a prompt of
-a scope of its own that nobody's turn can reuse; the slots are emptied afterwards.
+A fresh process pays once for what every later request finds ready. Measured (`python -m
+bench.warmup`): the first call of the named API (the page's way) took 0.8 s to its first
+token and the next 0.3 s, though the server's own first-token time was 0.17 s both times:
+Gradio wraps every API call in a switch of matplotlib's backend
+(gradio.utils.MatplotlibBackendMananger), which imports matplotlib and pyplot at the first
+call. warm_request_path() does that import here, and the objects of the start-up are then
+frozen out of the garbage collector's reach (gc.freeze), so that the first turn does not pay a
+full collection of them. warm_model() runs a short turn's steps on one
+slot (llama.cpp's first decode reads the model file's pages, which after a reboot are not in
+memory yet; its first sampling and its first copy of a KV state out and back in), with a scope
+of its own that nobody's turn can reuse; the slot is emptied afterwards. GET /health answers
+"warming_up" until both are done.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
-import threading
 import time
 from collections.abc import Iterator
 
@@ -24,9 +31,34 @@ WARM_MESSAGE = "Hello! Please say hello back."
 WARM_TOKENS = 4  # sampled per slot
 
 
-def warm_slots(service) -> float:
-    """Run a short turn's steps on every slot of service's engine, at once; the seconds it
-    took (0 without a model)."""
+def warm_up(service) -> float:
+    """Both warm-ups, then the start-up's objects set aside from the garbage collector; the
+    seconds it took."""
+    started = time.perf_counter()
+    warm_request_path()
+    warm_model(service)
+    # Measured: without this, the first turn after the warm-up could pay a full collection of
+    # the millions of objects the imports made (0.5-0.9 s to its first token). They live as
+    # long as the process: frozen, later collections skip them.
+    gc.collect()
+    gc.freeze()
+    return time.perf_counter() - started
+
+
+def warm_request_path() -> None:
+    """Import what Gradio imports at its first API call (see the module's doc)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("agg")  # Gradio's own choice for a server: a switch to it is then free
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError:  # Gradio then skips it too
+        pass
+
+
+def warm_model(service) -> float:
+    """Run a short turn's steps on one slot of service's engine; the seconds it took (0
+    without a model)."""
     engine, scheduler = service.engine, service.scheduler
     if engine is None or scheduler is None:
         return 0.0
@@ -47,20 +79,9 @@ def warm_slots(service) -> float:
         engine.clear()
         yield
 
-    errors: list[BaseException] = []
-
-    def one_slot() -> None:
-        try:
-            with service.gate.turn():
-                scheduler.run(work, scope=WARM_SCOPE)
-        except BaseException as exc:  # reported below: a failed warm-up only costs speed
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one_slot, name="warm-up") for _ in scheduler.slots]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        log.warning("the warm-up failed (the first requests may be slower): %s", errors[0])
+    try:
+        with service.gate.turn():
+            scheduler.run(work, scope=WARM_SCOPE)
+    except Exception as exc:  # a failed warm-up only costs speed
+        log.warning("the warm-up failed (the first request may be slower): %s", exc)
     return time.perf_counter() - started
