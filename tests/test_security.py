@@ -20,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from email.message import Message
+from pathlib import Path
 
 import pytest
 from gradio_client import Client
@@ -281,7 +282,8 @@ def test_only_an_admin_sees_the_servers_settings_paths_and_files(browser, bank):
     with pytest.raises(Exception, match="only an admin"):
         bob.predict(api_name="/list_models")
     assert folder in json.dumps(alice.predict(api_name="/get_settings"))
-    assert isinstance(alice.predict(api_name="/list_models"), list)  # no refusal
+    listed = alice.predict(api_name="/list_models")  # no refusal; the model described
+    assert MODEL in [Path(m["model_path"]).name for m in listed], listed
     # In the page: the Settings tab is the admin's alone, the chat is everybody's.
     for name, has_tab in (("bob", False), ("alice", True)):
         context = browser.new_context()

@@ -334,11 +334,15 @@ def _register_settings(settings: Settings, *, settings_group: str,
         return settings.current()
 
     def list_models(request: gr.Request = None) -> list[dict]:
-        """Every .gguf in models/, described from its header (nothing is loaded). Admins only
-        when there are accounts."""
+        """Every .gguf in models_dir and beside the current model, described from its header
+        (nothing is loaded); each one's `model_path` is what update_settings takes. Admins
+        only when there are accounts."""
         if not can_configure(user_of(request)):
             raise gr.Error("only an admin can list the model files", print_exception=False)
-        return settings.models()
+        # Not "path": Gradio takes a dict with a "path" for a file to send, and the client
+        # then asks for the model file itself (refused: 403).
+        return [{("model_path" if key == "path" else key): value for key, value in m.items()}
+                for m in settings.models()]
 
     def update_settings(changes: dict, request: gr.Request = None) -> dict:
         """Change settings, e.g. {"model": {"model_path": "models/x.gguf", "n_ctx": 2048}}.
