@@ -23,6 +23,7 @@ $(VENV_PY):
 
 $(STAMP): requirements.txt | $(VENV_PY)
 	@echo "Installing requirements into $(VENV); the first install builds llama-cpp-python from source (6-10 minutes on 2 cores)."
+	deploy/llama-wheel.sh $(VENV_PY)
 	$(VENV_PY) -m pip install -r requirements.txt
 	@touch $@
 

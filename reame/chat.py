@@ -4,8 +4,10 @@ A stored chat's turn: its window of messages (window.py) becomes a Job for the T
 (turn.py), and the reply is kept as the chat's message and KV file (ChatKeeper). A stateless
 conversation (the OpenAI route) is the same run with another Job and Keeper (conversation.py).
 Turns run on the engine's thread (scheduler.py), several at once, each on its own slot; two
-turns of one chat take turns (the second sees the first's reply). A model switch waits for the
-turns under way (gate.py).
+turns of one chat take turns (the second reads the history once the first's reply is kept). The
+model and everything made for it is one ModelRuntime, replaced in one step at a model switch
+(model_runtime.py). Every turn is a TurnStream: it ends, and frees its slot, however its caller
+goes away (turn_stream.py, scheduler.py).
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from .conversation import ConversationKeeper, ReplyMemory
 from .engine import Engine, Sampling
 from .errors import (ChatError, EmptyMessage, MessageTooLong, NoModel, ServerBusy,
                      TooManyChats, check_seed, check_text)
-from .gate import Gate
+from .model_runtime import ModelRuntime
 from .prompt import PromptBuilder, Turn
-from .scheduler import Scheduler, Waiting
+from .scheduler import Limits, Replaced, Scheduler, Stopped, Waiting
 from .store import Chat, ChatNotFound, Found, Message, MessageNotFound, Store, Thread
 from .titles import DEFAULT_TITLE, checked_title, title_from
 from .transfer import BadImport, export_all, export_chat, parse_import, to_markdown
 from .turn import Decoding, Job, TurnObserver, TurnRunner, TurnStats, TurnUpdate
+from .turn_stream import TurnStream
 from .window import Window, fit
 
 log = logging.getLogger(__name__)
@@ -67,23 +70,18 @@ class ChatService:
 
     def __init__(self, store: Store, engine: Engine | None, defaults: ChatSettings, *,
                  cache: KVCache | None = None, load_error: str | None = None,
-                 max_chats: int = 5000, max_waiting: int = 16):
+                 max_chats: int = 5000, limits: Limits = Limits()):
         self.store = store
         self.max_chats = max_chats  # per user
         self._creating = threading.Lock()  # the count and the new chat, together
-        self.engine = engine
         self.defaults = defaults
         self.load_error = load_error
-        self.prompts = PromptBuilder(engine) if engine else None
+        self.limits = limits  # the line, stalled callers, fair shares (scheduler.py)
         # Without KV files, only the live context is reused (what plain servers do); without
-        # an engine there is no cache at all (None), and every path that uses it checks the
-        # engine first.
-        self.cache = cache or (KVCache(engine, None) if engine else None)
-        self.max_waiting = max_waiting  # turns waiting for a slot, at most
-        self.scheduler = self._scheduler()
-        self.gate = Gate()  # turns together, a model switch alone
-        self._chat_locks: dict[int, threading.Lock] = {}
-        self._chat_locks_guard = threading.Lock()
+        # an engine there is no runtime at all (None), and every path that uses it checks.
+        self.runtime: ModelRuntime | None = (
+            ModelRuntime(engine, cache or KVCache(engine, None), limits) if engine else None)
+        self._switch = threading.Condition()  # a model switch under way: turns wait for it
         self._loading = False
         # The model a settings change is checking and loading (loading_from); turns wait for
         # it, API clients are told to come back.
@@ -91,6 +89,54 @@ class ChatService:
         self.replies = ReplyMemory()  # stateless replies' exact tokens
         self.observe_turn: TurnObserver | None = None  # told of every turn (metrics)
         self.warming = False  # the model runs once at start (warmup.py): not ready yet
+
+    # The current runtime's parts (None without a model). A turn takes the runtime once and
+    # uses it throughout; these are for reading (metrics, the page, tests).
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.runtime.engine if self.runtime else None
+
+    @property
+    def cache(self) -> KVCache | None:
+        return self.runtime.cache if self.runtime else None
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self.runtime.prompts if self.runtime else None
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        return self.runtime.scheduler if self.runtime else None
+
+    @property
+    def max_waiting(self) -> int:
+        return self.limits.max_waiting
+
+    @contextmanager
+    def using_model(self) -> Iterator[ModelRuntime]:
+        """The current runtime, leased for the block (its engine stays open): once a model
+        switch under way is done; NoModel without one. For straight-line work only."""
+        while True:
+            runtime = self._current()
+            try:
+                with runtime.lease():
+                    yield runtime
+                return
+            except Replaced:
+                if runtime.retired and self.runtime is not runtime:
+                    continue  # switched meanwhile: the new one
+                raise
+
+    def _current(self) -> ModelRuntime:
+        """The runtime turns go to, once a model switch under way is done (NoModel: none)."""
+        with self._switch:
+            while self._loading:
+                self._switch.wait()
+            runtime = self.runtime
+        if runtime is None:
+            raise NoModel(self.load_error or "no model is loaded")
+        return runtime
 
     @property
     def loading(self) -> bool:
@@ -107,27 +153,29 @@ class ChatService:
             self.loading_model = None
 
     def replace_engine(self, load: Callable[[], tuple[Engine, KVCache]]) -> None:
-        """Switch to the engine load() builds. Turns wait meanwhile; if it fails, the current
-        engine keeps serving and the error propagates."""
-        self._loading = True
+        """Switch to the engine load() builds, as one step: the turns under way are stopped
+        (each keeps what it wrote), new turns and those waiting for a slot wait for the new
+        model. If it fails to load, the current one serves on and the error propagates."""
+        with self._switch:
+            while self._loading:  # one switch at a time
+                self._switch.wait()
+            self._loading = True
+        old = self.runtime
         try:
-            with self.gate.switch():
-                if self.scheduler is not None:
-                    self.scheduler.stop()  # idle: the gate let no turn in
-                if self.cache is not None:  # the old files complete before a new store reads
-                    self.cache.flush()
-                try:
-                    engine, cache = load()
-                except BaseException:
-                    self.scheduler = self._scheduler()  # the current engine serves on
-                    raise
-                old = self.engine
-                self.engine, self.cache = engine, cache
-                self.prompts = PromptBuilder(engine)
-                self.scheduler = self._scheduler()
-                self.load_error = None
+            if old is not None:
+                old.retire()  # its files complete before a new store reads them
+            try:
+                engine, cache = load()
+            except BaseException:
+                if old is not None:
+                    self.runtime = old.reopened()
+                raise
+            self.runtime = ModelRuntime(engine, cache, self.limits)
+            self.load_error = None
         finally:
-            self._loading = False
+            with self._switch:
+                self._loading = False
+                self._switch.notify_all()
         if old is not None:
             old.close()
         log.info("now serving %s", engine.name)
@@ -140,34 +188,44 @@ class ChatService:
 
     def share_default_prompt(self) -> None:
         """Put the default system prompt's opening on disk for every user (KVCache.share)."""
-        if self.engine is None or not self.cache.enabled:
+        if self.runtime is None or not self.cache.enabled:
             return
-        opening = self.prompts.fixed_head(self.defaults.system_prompt, [], SHARED)
+        with self.using_model() as runtime:
+            opening = runtime.prompts.fixed_head(self.defaults.system_prompt, [], SHARED)
 
-        def share() -> Iterator[None]:
-            self.cache.share(opening)
-            yield
+            def share() -> Iterator[None]:
+                runtime.cache.share(opening)
+                yield
 
-        with self.gate.turn():
-            self.scheduler.run(share, scope=SHARED)
+            runtime.scheduler.run(share, scope=SHARED)
 
     def close(self) -> None:
-        """Finish the turns under way and stop the engine's thread (the engine stays open)."""
-        if self.scheduler is not None:
-            self.scheduler.stop()
+        """Stop the turns under way (each keeps what it wrote) and the engine's thread, and
+        write the KV files; the engine stays open."""
+        if self.runtime is not None:
+            self.runtime.scheduler.stop(cancel=True)
+            self.runtime.cache.flush()
 
-    def _scheduler(self) -> Scheduler | None:
-        if self.engine is None:
-            return None
-        return Scheduler(self.engine, self.cache, max_waiting=self.max_waiting)
+    def stop_turn(self, chat_id: int, user: str | None = None) -> bool:
+        """Stop the chat's reply being written or waiting (the page's Stop), from any thread:
+        it keeps what it wrote, and its slot is free within one decode. False if none."""
+        self.get_chat(chat_id, user)
+        runtime = self.runtime
+        return runtime is not None and runtime.scheduler.cancel_chat(chat_id) > 0
 
-    @contextmanager
-    def _chat_turn(self, chat_id: int) -> Iterator[None]:
-        """One turn of a chat at a time: the next reads the history the last one left."""
-        with self._chat_locks_guard:
-            lock = self._chat_locks.setdefault(chat_id, threading.Lock())
-        with lock:
-            yield
+    def writing(self, user: str | None = None) -> set[int]:
+        """The user's chats with a reply being written or waiting for a slot."""
+        runtime = self.runtime
+        if runtime is None:
+            return set()
+        mine = set()
+        for chat_id in runtime.scheduler.writing():
+            try:
+                self.get_chat(chat_id, user)
+            except ChatNotFound:
+                continue
+            mine.add(chat_id)
+        return mine
 
     # chats
     #
@@ -331,17 +389,15 @@ class ChatService:
     def warm(self, chat_id: int, user: str | None = None) -> bool:
         """Restore the chat's KV from disk ahead of its next turn (called when a chat is
         opened), unless the engine stays busy. True if something was restored."""
-        if self.engine is None or not self.cache.enabled:
+        runtime = self.runtime
+        if runtime is None or self.loading or not runtime.cache.enabled:
             return False
         chat = self.get_chat(chat_id, user)
         scope = _scope(chat)
-        if not self.cache.has_file(chat_id):
+        if not runtime.cache.has_file(chat_id):
             return False  # nothing to restore: no slot given up for it
-        with self.gate.try_turn() as entered:
-            if not entered:
-                return False
-            started, restored = self.scheduler.try_run(
-                lambda: self._warm_steps(chat_id, scope), chat_id=chat_id, scope=scope)
+        started, restored = runtime.scheduler.try_run(
+            lambda: self._warm_steps(runtime, chat_id, scope), chat_id=chat_id, scope=scope)
         return bool(started and restored)
 
     def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
@@ -349,31 +405,35 @@ class ChatService:
         decodes the send makes: sent as it stands, its reply starts from these logits; typed
         on, only its last chunk and what follows are evaluated again. Never waits: when a turn
         (or another draft) holds the model, nothing is done. The tokens evaluated."""
-        if self.engine is None or not draft.strip():
+        runtime = self.runtime
+        if runtime is None or self.loading or not draft.strip():
             return 0
         chat = self.get_chat(chat_id, user)
-        with self.gate.try_turn() as entered:
-            if not entered or self.scheduler.busy:
-                return 0
-            try:
-                window = fit(self.prompts, chat, _scope(chat), self.store.messages(chat.id),
-                             Turn("user", draft), None)
-            except MessageTooLong:
-                return 0
-            if window.dropped_now:
-                return 0  # the turn will move the window: leave it to the turn
-            job, runner = self._job(chat, window, None), self._runner()
+        try:
+            with runtime.lease():
+                if runtime.scheduler.busy:
+                    return 0
+                try:
+                    window = fit(runtime.prompts, chat, _scope(chat),
+                                 self.store.messages(chat.id), Turn("user", draft), None)
+                except MessageTooLong:
+                    return 0
+        except Replaced:
+            return 0
+        if window.dropped_now:
+            return 0  # the turn will move the window: leave it to the turn
+        job, runner = self._job(chat, window, None), self._runner(runtime)
 
-            def type_ahead() -> Iterator[int | None]:
-                if self.engine.ready_for(job.prompt):
-                    return  # done already
-                stats = TurnStats()
-                restored = yield from runner.prefill_steps(job, stats)
-                self.cache.typed(chat.id, restored, len(job.prompt))
-                yield stats.prefilled
+        def type_ahead() -> Iterator[int | None]:
+            if runtime.engine.ready_for(job.prompt):
+                return  # done already
+            stats = TurnStats()
+            restored = yield from runner.prefill_steps(job, stats)
+            runtime.cache.typed(chat.id, restored, len(job.prompt))
+            yield stats.prefilled
 
-            _, prefilled = self.scheduler.try_run(type_ahead, chat_id=chat.id,
-                                                  scope=job.scope, background=True)
+        _, prefilled = runtime.scheduler.try_run(type_ahead, chat_id=chat.id,
+                                                 scope=job.scope, background=True)
         return prefilled or 0
 
     def cache_stats(self, user: str | None = None, *, whole_server: bool = True) -> dict:
@@ -391,17 +451,18 @@ class ChatService:
 
     def send(self, chat_id: int, text: str, *, seed: int | None = None,
              user: str | None = None, max_tokens: int | None = None,
-             stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
+             stop: tuple[str, ...] = ()) -> TurnStream:
         """Add the user's message and stream the reply. The reply is saved even when stopped.
         max_tokens and stop, when given, apply to this reply only (the OpenAI route)."""
         check_text(text)
         check_seed(seed)
         chat = self._chat_for_turn(chat_id, user)
         self._check_length(text)
-        return self._turn(chat, text, seed=seed, max_tokens=max_tokens, stop=stop)
+        return TurnStream(lambda stream: self._turn(
+            stream, chat, text, seed=seed, max_tokens=max_tokens, stop=stop))
 
     def regenerate(self, chat_id: int, *, seed: int | None = None,
-                   user: str | None = None) -> Iterator[TurnUpdate]:
+                   user: str | None = None) -> TurnStream:
         """Replace the last reply with a new one; the history's KV is reused up to it."""
         check_seed(seed)
         chat = self._chat_for_turn(chat_id, user)
@@ -409,11 +470,12 @@ class ChatService:
         if not messages:
             raise ChatError("there is no reply to regenerate: the chat is empty")
         kept = kept_on_regenerate(messages)
-        return self._turn(chat, None, seed=seed, cut_at=messages[len(kept)].position
-                          if len(kept) < len(messages) else None)
+        cut_at = messages[len(kept)].position if len(kept) < len(messages) else None
+        return TurnStream(lambda stream: self._turn(stream, chat, None, seed=seed,
+                                                    cut_at=cut_at))
 
     def edit_message(self, chat_id: int, message_id: int, text: str, *,
-                     seed: int | None = None, user: str | None = None) -> Iterator[TurnUpdate]:
+                     seed: int | None = None, user: str | None = None) -> TurnStream:
         """Replace one of the user's messages (and drop what followed it), then answer it."""
         check_text(text)
         check_seed(seed)
@@ -424,7 +486,8 @@ class ChatService:
             raise ChatError(f"message {message_id} is not in chat {chat_id}")
         if target.role != "user":
             raise ChatError("only the user's messages can be edited")
-        return self._turn(chat, text, cut_at=target.position, seed=seed)
+        return TurnStream(lambda stream: self._turn(stream, chat, text, cut_at=target.position,
+                                                    seed=seed))
 
     def check_message(self, text: str) -> None:
         """Refuse what send() would refuse before anything changes: an empty message, or no
@@ -449,52 +512,74 @@ class ChatService:
             raise NoModel(self.load_error or "no model is loaded")
         return chat
 
-    def _turn(self, chat: Chat, text: str | None, *, cut_at: int | None = None,
-              seed: int | None, max_tokens: int | None = None,
+    def _turn(self, stream: TurnStream, chat: Chat, text: str | None, *,
+              cut_at: int | None = None, seed: int | None, max_tokens: int | None = None,
               stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
-        with self._chat_turn(chat.id), self.gate.turn():
-            if self.engine is None:
-                raise NoModel(self.load_error or "no model is loaded")
-            scope = _scope(chat)
-            place = self.scheduler.reserve(  # or ServerBusy, before anything changes
-                chat_id=chat.id, scope=scope, prelude=self._restore_ahead(chat.id, scope))
+        scope = _scope(chat)
+        while True:  # until a slot of the current model's (a switch sends turns on)
+            runtime = self._current()
             try:
-                chat = self.get_chat(chat.id, chat.owner)  # as the chat's last turn left it
-                history = self.store.messages(chat.id)
-                kept = [m for m in history if cut_at is None or m.position < cut_at]
-                window = fit(self.prompts, chat, scope, kept,
-                             Turn("user", text) if text is not None else None, cut_at)
-                if cut_at is not None:  # a new version: the old one stays (versions)
-                    self.store.rewind(chat.id, cut_at)
-                if window.start != chat.window_start:
-                    chat = self.store.update_chat(chat.id, window_start=window.start)
-                user_message_id = None
-                if text is not None:
-                    user_message_id = self.store.add_message(chat.id, "user", text).id
-                    if chat.title == DEFAULT_TITLE and not kept:
-                        self.store.update_chat(chat.id, title=title_from(text))
-                after = user_message_id if text is not None else (
-                    kept[-1].id if kept else None)
+                place = runtime.scheduler.reserve(  # or ServerBusy, before anything changes
+                    chat_id=chat.id, scope=scope, owner=chat.owner,
+                    prelude=self._restore_ahead(runtime, chat.id, scope))
+            except Replaced:
+                continue
+            stream.bind(runtime.scheduler, place)
+            try:
+                # The chat's turn before this one has kept its reply once this one has a
+                # slot: the history is read after that.
+                for waiting in runtime.scheduler.wait_for_slot(place):
+                    yield TurnUpdate("", queued=waiting.position, chat_id=chat.id)
+                with runtime.lease():
+                    job, keeper = self._prepare_turn(runtime, chat.id, chat.owner, text,
+                                                     cut_at, seed, max_tokens, stop)
+            except Replaced:
+                continue
+            except Stopped:  # before its slot: nothing was stored
+                return
             except BaseException:
-                self.scheduler.cancel(place)
+                runtime.scheduler.cancel(place)
                 raise
-            job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
-                            user_message_id=user_message_id)
-            keeper = ChatKeeper(self.store, chat.id, self.engine.fingerprint, after)
-            runner = self._runner()
-            yield from self._updates(self.scheduler.results(place, lambda: runner.run(
-                job, keeper)), job)
+            break
+        runner = self._runner(runtime)
+        yield from self._updates(runtime.scheduler.results(place, lambda: runner.run(
+            job, keeper)), job)
 
-    def _restore_ahead(self, chat_id: int, scope: str) -> Callable[[], Iterator[bool]] | None:
+    def _prepare_turn(self, runtime: ModelRuntime, chat_id: int, owner: str | None,
+                      text: str | None, cut_at: int | None, seed: int | None,
+                      max_tokens: int | None, stop: tuple[str, ...]) -> tuple[Job, ChatKeeper]:
+        """Store the user's message and make the turn's job (its slot is held meanwhile)."""
+        chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
+        history = self.store.messages(chat.id)
+        kept = [m for m in history if cut_at is None or m.position < cut_at]
+        window = fit(runtime.prompts, chat, _scope(chat), kept,
+                     Turn("user", text) if text is not None else None, cut_at)
+        if cut_at is not None:  # a new version: the old one stays (versions)
+            self.store.rewind(chat.id, cut_at)
+        if window.start != chat.window_start:
+            chat = self.store.update_chat(chat.id, window_start=window.start)
+        user_message_id = None
+        if text is not None:
+            user_message_id = self.store.add_message(chat.id, "user", text).id
+            if chat.title == DEFAULT_TITLE and not kept:
+                self.store.update_chat(chat.id, title=title_from(text))
+        after = user_message_id if text is not None else (kept[-1].id if kept else None)
+        job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
+                        user_message_id=user_message_id)
+        return job, ChatKeeper(self.store, chat.id, runtime.engine.fingerprint, after)
+
+    def _restore_ahead(self, runtime: ModelRuntime, chat_id: int,
+                       scope: str) -> Callable[[], Iterator[bool]] | None:
         """What the turn's slot does while this thread reads the database and tokenizes the
         prompt: restore the chat's KV file (as when a chat is opened), if it has one."""
-        if not self.cache.has_file(chat_id):
+        if not runtime.cache.has_file(chat_id):
             return None
-        return lambda: self._warm_steps(chat_id, scope)
+        return lambda: self._warm_steps(runtime, chat_id, scope)
 
-    def _warm_steps(self, chat_id: int, scope: str) -> Iterator[bool]:
+    @staticmethod
+    def _warm_steps(runtime: ModelRuntime, chat_id: int, scope: str) -> Iterator[bool]:
         try:
-            yield self.cache.warm(chat_id, scope) is not None
+            yield runtime.cache.warm(chat_id, scope) is not None
         except Exception:  # a failed restore is a miss: the turn looks up again
             log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
             yield False
@@ -520,47 +605,57 @@ class ChatService:
                    shared_opening=chat.system_prompt == self.defaults.system_prompt,
                    branched_from=chat.branched_from)
 
-    def _runner(self) -> TurnRunner:
-        return TurnRunner(self.engine, self.cache, self.prompts, self.observe_turn)
+    def _runner(self, runtime: ModelRuntime) -> TurnRunner:
+        return TurnRunner(runtime.engine, runtime.cache, runtime.prompts, self.observe_turn)
 
     # stateless completions (the OpenAI route): nothing stored, the KV cache still used
 
     def complete(self, system_prompt: str, turns: list[Turn], *, max_tokens: int | None = None,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: tuple[str, ...] = (), user: str | None = None) -> Iterator[TurnUpdate]:
+                 stop: tuple[str, ...] = (), user: str | None = None) -> TurnStream:
         """Answer a whole conversation sent at once. Its KV is found by its tokens (the
         cache's block-hash index, within user's scope), so a conversation resent with one
         more message evaluates only that message. Refusals (no model, too long) raise before
         the first update."""
-        if self.engine is None:
+        if self.runtime is None:
             raise NoModel(self.load_error or "no model is loaded")
         check_seed(seed)
         self._check_length(system_prompt, *(t.content for t in turns))
-        scope = user_scope(user)
-        # Tokenized now, outside the lock (the model may be busy with another turn).
-        prompts = self.prompts
-        tokenized = self.replies.tokenize(prompts, system_prompt, turns, scope)
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
-        return self._complete(system_prompt, turns, prompts, tokenized, sampling, max_tokens,
-                              stop, scope)
+        return TurnStream(lambda stream: self._complete(
+            stream, system_prompt, turns, sampling, max_tokens, stop, user))
 
-    def _complete(self, system_prompt: str, sent: list[Turn], prompts: PromptBuilder,
-                  tokenized: tuple[list[Turn], list[int]], sampling: Sampling,
-                  max_tokens: int | None, stop: tuple[str, ...],
-                  scope: str) -> Iterator[TurnUpdate]:
-        with self.gate.turn():
-            if self.engine is None:
-                raise NoModel(self.load_error or "no model is loaded")
-            turns, prompt = tokenized
-            if prompts is not self.prompts:  # the model was switched meanwhile: its tokens
-                turns, prompt = self.replies.tokenize(self.prompts, system_prompt, sent, scope)
+    def _complete(self, stream: TurnStream, system_prompt: str, sent: list[Turn],
+                  sampling: Sampling, max_tokens: int | None, stop: tuple[str, ...],
+                  user: str | None) -> Iterator[TurnUpdate]:
+        scope = user_scope(user)
+        while True:  # until a slot of the current model's (a switch sends requests on)
+            with self.using_model() as runtime:  # tokenized with the model that answers
+                turns, prompt = self.replies.tokenize(runtime.prompts, system_prompt, sent,
+                                                      scope)
             job = Job(prompt, turns, system_prompt, scope, sampling,
                       max_tokens or self.defaults.max_tokens, stop,
                       shared_opening=system_prompt == self.defaults.system_prompt)
-            keeper = ConversationKeeper(self.replies, self.engine.fingerprint, scope)
-            runner = self._runner()
-            yield from self._updates(self.scheduler.stream(
-                lambda: runner.run(job, keeper), scope=scope, prompt=prompt), job)
+            keeper = ConversationKeeper(self.replies, runtime.engine.fingerprint, scope)
+            runner = self._runner(runtime)
+            try:
+                place = runtime.scheduler.reserve(scope=scope, prompt=prompt, owner=user)
+            except Replaced:
+                continue
+            stream.bind(runtime.scheduler, place)
+            updates = self._updates(runtime.scheduler.results(
+                place, lambda: runner.run(job, keeper)), job)
+            try:
+                first = next(updates)
+            except Replaced:  # the switch came before its slot: nothing was done
+                continue
+            except StopIteration:  # stopped before its first token
+                if runtime.retired and not stream.cancelled:
+                    continue  # by a switch: nothing was kept, the new model answers
+                return
+            yield first
+            yield from updates
+            return
 
 
 def kept_on_regenerate(messages: list[Message]) -> list[Message]:

@@ -48,6 +48,12 @@ SETTINGS: tuple[Setting, ...] = (
             "https://example.org); empty = only the server's own page"),
     Setting("server", "max_waiting", int, 16, "turns that may wait for a free slot; beyond, "
             "/v1 answers 429 and the page says the server is full", 0, 100_000),
+    Setting("server", "stalled_reply_s", int, 10,
+            "a client that reads nothing of its reply for this many seconds (hung up, stopped "
+            "reading) is gone: its reply stops and its slot is free", 1, 3600),
+    Setting("server", "user_share", float, 0.5,
+            "with accounts, the share of the slots, and of the waiting line, that one user or "
+            "API key may hold at once", 0.0, 1.0, low_open=True),
     Setting("server", "warm_up", bool, True,
             "run the model once on every slot at start, before /health says ok"),
     Setting("server", "root_path", str, "",
@@ -97,6 +103,8 @@ class ServerConfig:
     allowed_hosts: str
     allowed_origins: str
     max_waiting: int
+    stalled_reply_s: int
+    user_share: float
     warm_up: bool
     root_path: str
 

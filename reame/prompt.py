@@ -8,6 +8,7 @@ generated ones. The prompt of turn n+1 then starts with every token of turn n's 
 from __future__ import annotations
 
 import re
+import threading
 from array import array
 from dataclasses import dataclass
 
@@ -59,6 +60,7 @@ class PromptBuilder:
         # scope (cache.py): whether another user's text was tokenized before never shows.
         self._pieces: dict[tuple, array] = {}
         self._cached_tokens = 0
+        self._pieces_lock = threading.Lock()  # web threads and the engine's thread use them
 
     def tokens(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
         """The prompt for the next reply: the chat, then the template's assistant header. The
@@ -97,14 +99,19 @@ class PromptBuilder:
         each is tokenized once, the oldest forgotten past CACHED_TOKENS; a piece longer than
         the context is not kept (no prompt holding it can be answered)."""
         key = (kind, scope, text, add_bos)
-        tokens = self._pieces.pop(key, None)
-        if tokens is None:
-            tokens = array("i", self.engine.tokenize(text, add_bos=add_bos,
-                                                     special=kind == "template"))
-            if len(tokens) > self.engine.n_ctx:
+        with self._pieces_lock:
+            tokens = self._pieces.pop(key, None)
+            if tokens is not None:
+                self._pieces[key] = tokens  # the newest now
                 return tokens
-            self._cached_tokens += len(tokens)
-            while self._cached_tokens > CACHED_TOKENS and self._pieces:
+        tokens = array("i", self.engine.tokenize(text, add_bos=add_bos,
+                                                 special=kind == "template"))
+        if len(tokens) > self.engine.n_ctx:
+            return tokens
+        with self._pieces_lock:
+            if self._pieces.pop(key, None) is None:  # another thread may have added it
+                self._cached_tokens += len(tokens)
+            self._pieces[key] = tokens
+            while self._cached_tokens > CACHED_TOKENS and len(self._pieces) > 1:
                 self._cached_tokens -= len(self._pieces.pop(next(iter(self._pieces))))
-        self._pieces[key] = tokens
         return tokens

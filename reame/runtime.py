@@ -16,6 +16,7 @@ from .config import Config
 from .engine import Engine
 from .kvstore import KVStore
 from .model_file import ModelLoadError
+from .scheduler import Limits
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,10 @@ def build_service(config: Config) -> ChatService:
     """Everything a chat needs. A model that cannot load leaves the service up, saying why."""
     store = Store(config.storage.database)  # the SQLite file, or the server nodes share
     log.info("chats in %s", store.where)
+    server = config.server
     limits = {"max_chats": config.storage.max_chats_per_user,
-              "max_waiting": config.server.max_waiting}
+              "limits": Limits(max_waiting=server.max_waiting, stall_s=server.stalled_reply_s,
+                               share=server.user_share)}
     try:
         engine = build_engine(config)
     except ModelLoadError as exc:
@@ -68,9 +71,10 @@ def build_service(config: Config) -> ChatService:
 
 def service_over(folder: Path, engine: Engine, defaults: ChatSettings, *, cache: bool = True,
                  max_disk_bytes: int = 1 << 30, kv_dir: Path | None = None,
-                 max_waiting: int = 16) -> ChatService:
+                 max_waiting: int = 16, **limits) -> ChatService:
     """A service over folder (reame.db, and the KV files in kv_dir or folder/kv unless cache
     is off) with an engine already loaded."""
     kv = (kv_dir or folder / "kv") if cache else None
     return ChatService(Store(folder / "reame.db"), engine, defaults,
-                       cache=build_cache(engine, kv, max_disk_bytes), max_waiting=max_waiting)
+                       cache=build_cache(engine, kv, max_disk_bytes),
+                       limits=Limits(max_waiting=max_waiting, **limits))

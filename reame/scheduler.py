@@ -8,6 +8,12 @@ so a new message's first token waits for its own prefill plus one step of each o
 never for another reply to end. A task steps on only once its caller has asked for the next
 item (as a plain generator would): a stopped reply has exactly what its caller saw.
 
+However its caller goes away, a task ends: closing its stream, cancel() (a Stop, a client that
+hung up), cancel_chat(), stop(cancel=True) (a shutdown, a model switch), and a caller that
+stops asking: a task whose caller has held every item it was given for Limits.stall_s (a
+client that stopped reading, a stream dropped without being closed) is cancelled then. A
+cancelled task stops at its next step, within one decode, and gives its slot back.
+
 Each active task has a slot: one of the engine's sequences (engine.Sequence), its own KV
 cells. A slot keeps its KV when its task ends, so a chat's next turn goes back to the slot that
 holds its history ("live": nothing restored); a task with no such slot takes the one used
@@ -24,6 +30,7 @@ another), so an idle scheduler holds no thread.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -40,6 +47,34 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5  # what a refused client is told to wait
 
 Work = Callable[[], Iterator[object]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much the scheduler lets wait, and for how long a caller may stop asking."""
+
+    max_waiting: int = 16  # tasks waiting for a slot, beyond the free slots
+    stall_s: float = 10.0  # a caller that asks for nothing this long is gone: its task ends
+    share: float = 0.5  # of the slots, and of the line, one user may hold (with accounts)
+
+    def per_user(self, slots: int) -> tuple[int, int]:
+        """The slots and the places in line one user may hold."""
+        return (max(1, math.floor(slots * self.share)),
+                max(1, math.floor(self.max_waiting * self.share)))
+
+
+class Replaced(ServerBusy):
+    """The model was replaced before the task got a slot: nothing was done, send again."""
+
+    def __init__(self):
+        super().__init__("the model was replaced: send again", 1)
+
+
+class Stopped(Exception):
+    """The reserved task was stopped (cancelled, or a shutdown) before it got its slot."""
+
+
+ADMITTED = object()  # put in a reserved task's queue when it gets its slot
 
 
 @dataclass(frozen=True)
@@ -65,6 +100,7 @@ class Task:
     scope: str
     prompt: list[int] | None
     background: bool
+    owner: str | None = None  # the user it is for (fair shares); None: no accounts
     prelude: Work | None = None  # run on the task's slot while its caller gets ready
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     done: threading.Event = field(default_factory=threading.Event)
@@ -75,6 +111,7 @@ class Task:
     position: int = 0
     asked: int = 0  # items its caller has asked for
     given: int = 0  # items put in its queue
+    idle_since: float | None = None  # its caller holds every item given, and asks for none
 
     @property
     def wants(self) -> bool:
@@ -94,20 +131,31 @@ class _End:
 class Scheduler:
     """Runs tasks on one engine from its own thread."""
 
-    def __init__(self, engine: Engine, cache: KVCache, *, max_waiting: int = 16):
+    def __init__(self, engine: Engine, cache: KVCache, limits: Limits = Limits()):
         self.engine, self.cache = engine, cache
-        self.max_waiting = max_waiting
+        self.limits = limits
         self.slots = [Slot(seq) for seq in engine.sequences]
         self._line: deque[Task] = deque()  # waiting for a slot, first come first served
         self._active: list[Task] = []
         self._cond = threading.Condition()
         self._running = False  # the engine's thread
         self._stopping = False
+        self._stop_error: BaseException | None = None  # what tasks in line are told
 
-    def stop(self) -> None:
-        """Refuse new tasks; return once the tasks under way are done."""
+    @property
+    def max_waiting(self) -> int:
+        return self.limits.max_waiting
+
+    def stop(self, *, cancel: bool = False, error: BaseException | None = None) -> None:
+        """Refuse new tasks; return once the tasks under way are done. With cancel, they are
+        stopped at their next step (a shutdown, a model switch); tasks still in line end
+        with error (None: they just end)."""
         with self._cond:
             self._stopping = True
+            if cancel:
+                self._stop_error = error
+                for task in (*self._active, *self._line):
+                    task.cancel()
             self._cond.notify_all()
             while self._running and threading.current_thread().name != "reame-engine":
                 self._cond.wait()
@@ -115,30 +163,42 @@ class Scheduler:
     # the callers' side
 
     def stream(self, work: Work, *, chat_id: int | None = None, scope: str = "",
-               prompt: list[int] | None = None) -> Iterator[object]:
+               prompt: list[int] | None = None, owner: str | None = None) -> Iterator[object]:
         """Run work's steps on the engine and yield what they yield (Waiting while in line);
         re-raise what work raises. Closing this iterator stops the work at its next step and
         waits for it to wind down (its finally blocks run on the engine's thread)."""
-        task = self.reserve(chat_id=chat_id, scope=scope, prompt=prompt)
+        task = self.reserve(chat_id=chat_id, scope=scope, prompt=prompt, owner=owner)
         return self.results(task, work)
 
     def reserve(self, *, chat_id: int | None = None, scope: str = "",
-                prompt: list[int] | None = None, prelude: Work | None = None) -> Task:
+                prompt: list[int] | None = None, prelude: Work | None = None,
+                owner: str | None = None) -> Task:
         """A place in line for work to come (results() gives it), or ServerBusy now, before
-        the caller changes anything. prelude, if any, runs on the task's slot meanwhile (e.g.
-        restoring the chat's KV while the caller builds the prompt). A reserved place not
-        used is given back with cancel()."""
-        task = Task(None, chat_id, scope, prompt, background=False, prelude=prelude)
+        the caller changes anything. prelude, if any, runs on the task's slot once it has one
+        (e.g. restoring the chat's KV while the caller builds the prompt). wait_for_slot()
+        tells the caller when the task holds its slot. A reserved place not used is given back
+        with cancel()."""
+        task = Task(None, chat_id, scope, prompt, background=False, prelude=prelude,
+                    owner=owner)
         with self._cond:
             if self._stopping:
-                raise ServerBusy("the model is being replaced: try again in a moment",
-                                 RETRY_AFTER_S)
+                raise self._stop_error or ServerBusy(
+                    "the model is being replaced: try again in a moment", RETRY_AFTER_S)
             waiting = sum(not t.background for t in self._line)
             free = sum(s.task is None or s.task.background for s in self.slots)
-            if waiting + 1 > free + self.max_waiting:  # it would wait beyond the bound
+            if waiting + 1 > free + self.limits.max_waiting:  # it would wait beyond the bound
                 raise ServerBusy(
                     f"the server is full: {len(self.slots) - free} replies are being written "
                     f"and {waiting} are waiting. Try again in a moment.", RETRY_AFTER_S)
+            if owner is not None:
+                slots, places = self.limits.per_user(len(self.slots))
+                mine = sum(t.owner == owner and not t.background
+                           for t in (*self._active, *self._line))
+                if mine >= slots + places:
+                    raise ServerBusy(
+                        f"you have {mine} replies being written or waiting, the most one user "
+                        "may have at once on this server. Try again when one has ended.",
+                        RETRY_AFTER_S)
             self._enter(task)
         return task
 
@@ -146,6 +206,29 @@ class Scheduler:
         with self._cond:
             task.cancel()
             self._cond.notify_all()
+
+    def cancel_chat(self, chat_id: int) -> int:
+        """Stop the chat's tasks, under way or waiting (a Stop in the page); how many."""
+        with self._cond:
+            tasks = [t for t in (*self._active, *self._line)
+                     if t.chat_id == chat_id and not t.background and not t.cancelled]
+            for task in tasks:
+                task.cancel()
+            self._cond.notify_all()
+        return len(tasks)
+
+    def wait_for_slot(self, task: Task) -> Iterator[Waiting]:
+        """Yield the reserved task's place in line (Waiting) until it holds its slot. Raises
+        the scheduler's stop error (Replaced) if it was stopped before that, or Stopped if
+        the task was cancelled meanwhile."""
+        while True:
+            self._ask(task)
+            item = task.out.get()
+            if item is ADMITTED:
+                return
+            if isinstance(item, _End):
+                raise item.error or Stopped()
+            yield item
 
     def results(self, task: Task, work: Work) -> Iterator[object]:
         """Let the reserved task run work; its stream (as stream())."""
@@ -191,6 +274,12 @@ class Scheduler:
             return (sum(not t.background for t in self._active),
                     sum(not t.background for t in self._line))
 
+    def writing(self) -> set[int]:
+        """The chats whose turn holds a slot or waits for one."""
+        with self._cond:
+            return {t.chat_id for t in (*self._active, *self._line)
+                    if t.chat_id is not None and not t.background and not t.cancelled}
+
     def _enter(self, task: Task) -> None:
         """Put task in line and make sure the engine's thread runs (the lock is held)."""
         self._line.append(task)
@@ -199,13 +288,19 @@ class Scheduler:
             threading.Thread(target=self._drive, name="reame-engine", daemon=True).start()
         self._cond.notify_all()
 
+    def _ask(self, task: Task) -> None:
+        with self._cond:
+            task.asked += 1
+            task.idle_since = None
+            self._cond.notify_all()
+
     def _results(self, task: Task) -> Iterator[object]:
         try:
             while True:
-                with self._cond:
-                    task.asked += 1
-                    self._cond.notify_all()
+                self._ask(task)
                 item = task.out.get()
+                if item is ADMITTED:  # reserved and given its work before that
+                    continue
                 if isinstance(item, _End):
                     if item.error is not None:
                         raise item.error
@@ -239,6 +334,7 @@ class Scheduler:
         while True:
             with self._cond:
                 while True:
+                    timeout = self._end_stalled()
                     self._drop_cancelled()
                     self._admit()
                     others = any(not t.background for t in self._active)
@@ -251,12 +347,28 @@ class Scheduler:
                         self._running = False
                         self._cond.notify_all()  # stop() waits for this
                         return
-                    self._cond.wait()
+                    self._cond.wait(timeout)
             for task in ready:
                 if task.cancelled:
                     self._close(task)
                 else:
                     self._step(task)
+
+    def _end_stalled(self) -> float | None:
+        """Cancel the tasks whose caller has asked for nothing for stall_s (the lock is held);
+        the seconds until the next one would be, None if none."""
+        now, bound, soonest = time.monotonic(), self.limits.stall_s, None
+        for task in (*self._active, *self._line):
+            if task.idle_since is None or task.cancelled:
+                continue
+            left = task.idle_since + bound - now
+            if left <= 0:
+                log.info("a caller asked for nothing for %.1f s: its turn (chat %s) is "
+                         "stopped", bound, task.chat_id or "-")
+                task.cancel()
+            elif soonest is None or left < soonest:
+                soonest = left
+        return soonest
 
     @staticmethod
     def _runnable(task: Task) -> bool:
@@ -271,19 +383,22 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         for task in [t for t in self._line if t.cancelled]:
             self._line.remove(task)
-            self._finish(task, None)
+            self._finish(task, self._stop_error)  # nothing was done: a switch says so
 
     def _admit(self) -> None:
         """Give free slots to the tasks in line, first come first served; a background task
-        gives its slot (or its chat) up to a task in line."""
+        gives its slot (or its chat) up to a task in line. A user at their share of the slots
+        waits, and lets the others pass."""
+        share = self.limits.per_user(len(self.slots))[0]
         for task in list(self._line):
-            if task.work is None and task.prelude is None:
-                continue  # reserved: it keeps its place until its caller is ready
             same_chat = [t for t in self._active
                          if task.chat_id is not None and t.chat_id == task.chat_id]
             if same_chat:  # after the chat's task under way
                 if not task.background:
                     self._stop_background(same_chat)
+                continue
+            if task.owner is not None and sum(
+                    t.owner == task.owner for t in self._active) >= share:
                 continue
             slot = self._pick_slot(task)
             if slot is None:
@@ -293,6 +408,9 @@ class Scheduler:
             self._line.remove(task)
             slot.task, task.slot = task, slot
             self._active.append(task)
+            if task.work is None:  # reserved: its caller waits for this
+                task.given += 1
+                task.out.put(ADMITTED)
         self._tell_positions()
 
     def _pick_slot(self, task: Task) -> Slot | None:
@@ -333,10 +451,17 @@ class Scheduler:
             if task.background or task.chat_id in chats:
                 continue  # not waiting for a slot
             position += 1
-            if task.work is not None and task.position != position and task.wants:
+            if task.position != position and task.wants:
                 task.position = position
-                task.given += 1
-                task.out.put(Waiting(position))
+                self._give(task, Waiting(position))
+
+    def _give(self, task: Task, item: object) -> None:
+        """Put an item the caller asked for in its queue; from then its caller is idle until
+        it asks again."""
+        task.given += 1
+        if not task.wants:
+            task.idle_since = time.monotonic()
+        task.out.put(item)
 
     def _step(self, task: Task) -> None:
         self.engine.use(task.slot.seq)
@@ -360,8 +485,8 @@ class Scheduler:
             self._finish(task, exc)  # the caller gets it; the engine's thread goes on
         else:
             if item is not None and task.in_work:
-                task.given += 1
-                task.out.put(item)
+                with self._cond:
+                    self._give(task, item)
 
     def _close(self, task: Task) -> None:
         """Stop a cancelled task: its generator's finally blocks run here (a reply keeps what
@@ -374,6 +499,8 @@ class Scheduler:
             except BaseException as exc:
                 log.exception("a stopped task failed while winding down")
                 error = exc
+        elif task.work is None:  # reserved, its caller not back yet: it tells them
+            error = self._stop_error
         self._finish(task, error)
 
     def _finish(self, task: Task, error: BaseException | None) -> None:
@@ -382,6 +509,7 @@ class Scheduler:
                 self._active.remove(task)
             if task.slot is not None:
                 task.slot.task, task.slot.used = None, time.monotonic()
+            task.idle_since = None
             self._cond.notify_all()
         task.out.put(_End(error))
         task.done.set()

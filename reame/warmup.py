@@ -59,15 +59,23 @@ def warm_request_path() -> None:
 def warm_model(service) -> float:
     """Run a short turn's steps on one slot of service's engine; the seconds it took (0
     without a model)."""
-    engine, scheduler = service.engine, service.scheduler
-    if engine is None or scheduler is None:
+    if service.runtime is None:
         return 0.0
     started = time.perf_counter()
-    prompt = service.prompts.tokens(service.defaults.system_prompt,
-                                    [Turn("user", WARM_MESSAGE)], WARM_SCOPE)
+    try:
+        with service.using_model() as runtime:
+            _warm(runtime, service.defaults.system_prompt)
+    except Exception as exc:  # a failed warm-up only costs speed
+        log.warning("the warm-up failed (the first request may be slower): %s", exc)
+    return time.perf_counter() - started
+
+
+def _warm(runtime, system_prompt: str) -> None:
+    engine = runtime.engine
+    prompt = runtime.prompts.tokens(system_prompt, [Turn("user", WARM_MESSAGE)], WARM_SCOPE)
 
     def work() -> Iterator[None]:
-        service.cache.serve(WARM_SCOPE)  # the slot's KV is nobody's from here
+        runtime.cache.serve(WARM_SCOPE)  # the slot's KV is nobody's from here
         engine.clear()
         yield from engine.prefill_steps(prompt)
         for _ in engine.generate(Sampling(temperature=0.0), WARM_TOKENS):
@@ -79,9 +87,4 @@ def warm_model(service) -> float:
         engine.clear()
         yield
 
-    try:
-        with service.gate.turn():
-            scheduler.run(work, scope=WARM_SCOPE)
-    except Exception as exc:  # a failed warm-up only costs speed
-        log.warning("the warm-up failed (the first request may be slower): %s", exc)
-    return time.perf_counter() - started
+    runtime.scheduler.run(work, scope=WARM_SCOPE)

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 from gradio_client import Client
-from openai import APIStatusError, OpenAI
+from openai import APIError, APIStatusError, OpenAI
 
 from .conftest import Server, start_server
 
@@ -318,14 +318,18 @@ def test_an_unexpected_error_says_so_without_internals_and_the_server_keeps_serv
 def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_path, gemma_path):
     server = start_server(tmp_path, model_path=model_path)
     try:
-        # A long streamed reply holds the model; the switch waits for it, loading all the while.
-        chunks = []
+        # A long streamed reply is being written: the switch stops it (it keeps what it wrote,
+        # and the client is told), then loads the new model; meanwhile /v1 answers 503.
+        chunks, ended = [], []
 
         def tell_a_story():
-            for chunk in sdk(server).chat.completions.create(
-                    model="SmolLM2-135M-Instruct.Q4_1.gguf", temperature=0, max_tokens=400,
-                    stream=True, messages=[{"role": "user", "content": STORY}]):
-                chunks.append(chunk)
+            try:
+                for chunk in sdk(server).chat.completions.create(
+                        model="SmolLM2-135M-Instruct.Q4_1.gguf", temperature=0, max_tokens=400,
+                        stream=True, messages=[{"role": "user", "content": STORY}]):
+                    chunks.append(chunk)
+            except APIError as exc:
+                ended.append(exc)
 
         teller = threading.Thread(target=tell_a_story)
         teller.start()
@@ -345,14 +349,16 @@ def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_pat
                              "messages": [{"role": "user", "content": CAPITAL}]}).encode())
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
-        assert teller.is_alive(), "the story was still being written: the load was waiting"
         assert refused.value.code == 503
         assert refused.value.headers["Retry-After"] == "2"
         answer = json.loads(refused.value.read())
         assert answer["error"]["code"] == "model_loading"
         assert "loading" in answer["error"]["message"]
         teller.join(timeout=120)
-        assert chunks[-1].choices[0].finish_reason, "the reply in progress was finished"
+        # Stopped at the switch, not written to its end: the stream says so.
+        assert not teller.is_alive() and len(chunks) < 400
+        assert not any(c.choices and c.choices[0].finish_reason for c in chunks)
+        assert ended and "stopped by the server" in str(ended[0])
         assert "gemma" in switch.result(timeout=120)["loaded_model"].lower()
         assert [m.id for m in sdk(server).models.list().data] == [gemma_path.name]
         reply = sdk(server).chat.completions.create(

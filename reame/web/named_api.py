@@ -6,7 +6,8 @@ import functools
 import inspect
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import gradio as gr
@@ -15,6 +16,7 @@ from ..chat import ChatError, ChatNotFound, ChatService
 from ..chat_settings import ChatSettings
 from ..settings import Settings, SettingsError
 from ..store import END_MARK, MARK, Chat, Message, Thread
+from .turn_updates import turn_updates
 from .user import user_of
 
 
@@ -97,11 +99,13 @@ def _checked(fn: Callable) -> Callable:
                 bound.arguments[name] = _argument(name, value, kinds[name])
         return bound.args, bound.kwargs
 
-    if inspect.isgeneratorfunction(fn):
+    if inspect.isasyncgenfunction(fn):
         @functools.wraps(fn)
-        def stream(*args, **kwargs):
+        async def stream(*args, **kwargs):
             args, kwargs = check(args, kwargs)
-            yield from fn(*args, **kwargs)
+            async with aclosing(fn(*args, **kwargs)) as items:
+                async for item in items:
+                    yield item
         return stream
 
     @functools.wraps(fn)
@@ -121,11 +125,13 @@ def _guarded(fn: Callable) -> Callable:
         return gr.Error(INTERNAL_ERROR, print_exception=False)
 
     checked = _checked(fn)
-    if inspect.isgeneratorfunction(fn):
+    if inspect.isasyncgenfunction(fn):
         @functools.wraps(fn)
-        def stream(*args, **kwargs):
+        async def stream(*args, **kwargs):
             try:
-                yield from checked(*args, **kwargs)
+                async with aclosing(checked(*args, **kwargs)) as items:
+                    async for item in items:
+                        yield item
             except gr.Error:
                 raise
             except Exception as exc:
@@ -157,30 +163,42 @@ def register_api(service: ChatService, *, settings_group: str,
         except ChatError as exc:
             raise _user_error(exc) from None
 
-    def _stream(start) -> Iterator[str]:
+    async def _stream(start) -> AsyncIterator[str]:
+        """The reply's text so far, update by update; a cancelled job stops the turn at once
+        (turn_updates)."""
         try:
-            for update in start():
-                if not update.queued:  # waiting for a slot: nothing to say yet
-                    yield update.text
+            async with aclosing(turn_updates(start)) as updates:
+                async for update in updates:
+                    if not update.queued:  # waiting for a slot: nothing to say yet
+                        yield update.text
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
 
-    def send(chat_id: int, message: str, request: gr.Request = None) -> Iterator[str]:
+    async def send(chat_id: int, message: str,
+                   request: gr.Request = None) -> AsyncIterator[str]:
         """Send a message; streams the reply so far, the last value being the whole reply."""
         user = user_of(request)
-        yield from _stream(lambda: service.send(int(chat_id), message, user=user))
+        async with aclosing(_stream(lambda: service.send(int(chat_id), message,
+                                                         user=user))) as texts:
+            async for text in texts:
+                yield text
 
-    def regenerate(chat_id: int, request: gr.Request = None) -> Iterator[str]:
+    async def regenerate(chat_id: int, request: gr.Request = None) -> AsyncIterator[str]:
         """Replace the last reply with a new one; streams it like /send."""
         user = user_of(request)
-        yield from _stream(lambda: service.regenerate(int(chat_id), user=user))
+        async with aclosing(_stream(lambda: service.regenerate(int(chat_id),
+                                                               user=user))) as texts:
+            async for text in texts:
+                yield text
 
-    def edit_message(chat_id: int, message_id: int, message: str,
-                     request: gr.Request = None) -> Iterator[str]:
+    async def edit_message(chat_id: int, message_id: int, message: str,
+                           request: gr.Request = None) -> AsyncIterator[str]:
         """Replace one of the user's messages, drop what followed, and stream the new reply."""
         user = user_of(request)
-        yield from _stream(lambda: service.edit_message(int(chat_id), int(message_id), message,
-                                                        user=user))
+        async with aclosing(_stream(lambda: service.edit_message(
+                int(chat_id), int(message_id), message, user=user))) as texts:
+            async for text in texts:
+                yield text
 
     def type_ahead(chat_id: int, draft: str | None, request: gr.Request = None) -> int:
         """Evaluate what a message being typed already fixes of the next prompt (the page

@@ -9,26 +9,33 @@ to the chat (which keeps its own history and settings) and the exchange shows in
 Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the status a
 client expects: 400 bad request, 401 no or wrong key, 404 unknown model or chat, 413 too long,
 429 when every slot is busy and the line of waiting turns is full (with Retry-After), 503
-while a model loads or when none is loaded.
+while a model loads or when none is loaded (with Retry-After).
+
+A client that hangs up stops its turn at once, streamed or not, also while its prompt is being
+evaluated or it waits in line: every wait for the next update races the connection's end
+(http.disconnect). A client that stops reading, its connection open, is the scheduler's
+stall bound's ([server] stalled_reply_s): its turn is stopped then.
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio.to_thread
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ..accounts import Accounts
 from ..chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, MessageTooLong,
                    NoModel, ServerBusy, TurnUpdate)
+from ..turn_stream import TurnStream
 from .openai_request import ApiError, CompletionRequest, error_response, parse_request
 
 log = logging.getLogger(__name__)
@@ -92,39 +99,96 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
         try:
             user = caller(request)
             body = await _read_json(request)
+        except ApiError as exc:
+            return exc.response()
+        # From here the request has nothing more to read: the next message is its end.
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
             ready()
             parsed = parse_request(body, model_ids())
             chat_id = _chat_header(request)
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
-            # Tokenizing and the first update, in a worker thread (it waits for the model):
-            # refusals (too long, empty, no model) raise here, before any byte is sent.
-            updates, first = await run_in_threadpool(_first, _starter(service, parsed,
-                                                                      chat_id, user))
+            updates = await run_in_threadpool(_starter(service, parsed, chat_id, user))
+            # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
+            # (too long, empty, no model, full) raise here, before any byte is sent.
+            first = await _next_update(updates, gone)
         except ApiError as exc:
-            return exc.response()
+            return _refused(gone, exc.response())
         except ChatNotFound as exc:
-            return error_response(404, str(exc), param=CHAT_HEADER, code="chat_not_found")
+            return _refused(gone, error_response(404, str(exc), param=CHAT_HEADER,
+                                                 code="chat_not_found"))
         except MessageTooLong as exc:
-            return error_response(413, str(exc), param="messages", code="context_length_exceeded")
+            return _refused(gone, error_response(413, str(exc), param="messages",
+                                                 code="context_length_exceeded"))
         except ServerBusy as exc:  # every slot busy and the line full: nothing was stored
-            return error_response(429, str(exc), type_="server_error", code="server_full",
-                                  headers={"Retry-After": str(exc.retry_after)})
+            return _refused(gone, error_response(
+                429, str(exc), type_="server_error", code="server_full",
+                headers={"Retry-After": str(exc.retry_after)}))
+        except NoModel as exc:  # a ChatError too: before it
+            return _refused(gone, error_response(
+                503, str(exc), type_="server_error", code="no_model",
+                headers={"Retry-After": str(RETRY_NO_MODEL_S)}))
         except (EmptyMessage, ChatError) as exc:
-            return error_response(400, str(exc))
-        except NoModel as exc:
-            return error_response(503, str(exc), type_="server_error", code="no_model")
-        updates = itertools.chain([first], updates)
+            return _refused(gone, error_response(400, str(exc)))
+        except BaseException:
+            gone.cancel()
+            raise
+        if first is None:  # the client hung up: nobody reads an answer
+            gone.cancel()
+            return Response(status_code=499)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if parsed.stream:
-            return StreamingResponse(_sse(updates, completion_id, parsed),
+            return StreamingResponse(_sse(updates, first, gone, completion_id, parsed),
                                      media_type="text/event-stream",
                                      # nginx passes each event on as it comes
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
-        return await run_in_threadpool(_whole, updates, completion_id, parsed)
+        try:
+            done = first
+            while done is not None and not done.done:
+                done = await _next_update(updates, gone)
+        finally:
+            gone.cancel()
+            updates.cancel()
+        if done is None:
+            if gone.done():
+                return Response(status_code=499)  # the client hung up
+            return error_response(503, STOPPED_BY_SERVER, type_="server_error",
+                                  code="stopped", headers={"Retry-After": "2"})
+        return _whole(done, completion_id, parsed)
 
     return router
+
+
+STOPPED_BY_SERVER = ("the reply was stopped by the server (a model switch or a shutdown) before "
+                     "its end; what came is what it wrote")
+RETRY_NO_MODEL_S = 30  # no model loaded: an admin must act, come back later
+
+
+def _refused(gone: asyncio.Future, response: JSONResponse) -> JSONResponse:
+    gone.cancel()
+    return response
+
+
+async def _client_gone(request: Request) -> None:
+    """Return once the client has hung up (the ASGI server says http.disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _next_update(updates: TurnStream, gone: asyncio.Future) -> TurnUpdate | None:
+    """The turn's next update (None at its end), waited for in a worker thread; or None at
+    once if the client hangs up meanwhile, and then the turn is stopped (its slot free within
+    one decode). What the turn raises is raised here."""
+    step = asyncio.ensure_future(anyio.to_thread.run_sync(next, updates, None,
+                                                          abandon_on_cancel=True))
+    await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if step.done():
+        return step.result()
+    updates.cancel()  # the worker's next() ends with the turn
+    step.cancel()
+    return None
 
 
 async def _read_json(request: Request) -> Any:
@@ -149,12 +213,6 @@ async def _read_json(request: Request) -> Any:
         raise ApiError(400, "the request body is nested too deeply") from None
 
 
-def _first(start: Callable[[], Iterator[TurnUpdate]]) -> tuple[Iterator[TurnUpdate],
-                                                                TurnUpdate]:
-    updates = start()
-    return updates, next(updates)
-
-
 def _chat_header(request: Request) -> int | None:
     value = request.headers.get(CHAT_HEADER)
     if value is None:
@@ -165,7 +223,7 @@ def _chat_header(request: Request) -> int | None:
 
 
 def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | None,
-             user: str | None) -> Callable[[], Iterator[TurnUpdate]]:
+             user: str | None) -> Callable[[], TurnStream]:
     if chat_id is not None:
         return lambda: service.send(
             chat_id, parsed.turns[-1].content, user=user, seed=parsed.seed,
@@ -191,11 +249,7 @@ def _extra(done: TurnUpdate) -> dict:
             "first_logits": s.first_logits}
 
 
-def _whole(updates: Iterator[TurnUpdate], completion_id: str,
-           parsed: CompletionRequest) -> JSONResponse:
-    done = None
-    for update in updates:
-        done = update
+def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest) -> JSONResponse:
     return JSONResponse({
         "id": completion_id, "object": "chat.completion", "created": int(time.time()),
         "model": parsed.model,
@@ -205,8 +259,10 @@ def _whole(updates: Iterator[TurnUpdate], completion_id: str,
     })
 
 
-def _sse(updates: Iterator[TurnUpdate], completion_id: str,
-         parsed: CompletionRequest) -> Iterator[str]:
+async def _sse(updates: TurnStream, first: TurnUpdate, gone: asyncio.Future,
+               completion_id: str, parsed: CompletionRequest) -> AsyncIterator[str]:
+    """The turn as server-sent events, from its first update; the turn is stopped when the
+    client hangs up (gone) or this stream is closed."""
     created = int(time.time())
 
     def chunk(delta: dict, finish: str | None = None, **extra) -> str:
@@ -216,10 +272,10 @@ def _sse(updates: Iterator[TurnUpdate], completion_id: str,
                              "logprobs": None}], **extra}
         return f"data: {json.dumps(body)}\n\n"
 
-    yield chunk({"role": "assistant", "content": ""})
-    sent = ""
+    sent, update = "", first
     try:
-        for update in updates:
+        yield chunk({"role": "assistant", "content": ""})
+        while update is not None:
             text = update.text
             if text.startswith(sent) and len(text) > len(sent):
                 yield chunk({"content": text[len(sent):]})
@@ -231,11 +287,22 @@ def _sse(updates: Iterator[TurnUpdate], completion_id: str,
                         "id": completion_id, "object": "chat.completion.chunk",
                         "created": created, "model": parsed.model, "choices": [],
                         "usage": _usage(update)}) + "\n\n")
+                break
+            update = await _next_update(updates, gone)
+        else:
+            if gone.done():
+                return  # the client hung up: nobody reads the rest
+            # Ended without its last update: stopped on the server's side (a model switch, a
+            # shutdown); the client is told rather than left with a reply cut without a word.
+            yield _sse_error(STOPPED_BY_SERVER, "stopped")
     except ChatError as exc:  # e.g. the chat was deleted while it answered
         yield _sse_error(str(exc), None)
     except Exception:  # the answer has started: say so in the stream, log the rest
         log.exception("a streamed completion failed")
         yield _sse_error(INTERNAL_ERROR, "internal_error")
+    finally:
+        gone.cancel()
+        updates.cancel()
     yield "data: [DONE]\n\n"
 
 

@@ -8,8 +8,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 from pathlib import Path
 
+import anyio.to_thread
 import gradio as gr
 
 from ..chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, NoModel,
@@ -21,11 +23,18 @@ from .chat_list import SHOWN, chat_list_html, search_results_html
 from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, HIDDEN, ROLE_JS, flatten, panel,
                          panel_js)
 from .page_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
+from .turn_updates import turn_updates
 from .user import user_of
 
 log = logging.getLogger(__name__)
 
 STEP = 0.05  # of the sliders
+
+
+async def in_thread(fn, *args):
+    """fn(*args) in a worker thread: an async handler's database reads leave the event loop
+    free."""
+    return await anyio.to_thread.run_sync(fn, *args)
 
 
 def _range(name: str) -> tuple[float, float]:
@@ -214,22 +223,25 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
                 _listing(service, user, chat_id, words))
 
-    def stream_reply(text, chat_id, request: gr.Request):
+    async def stream_reply(text, chat_id, request: gr.Request):
+        # Async, so that a Stop stops the turn at once, also mid-prompt (turn_updates).
         if not text:
             return
         user = user_of(request)
-        base = shown(chat_id, user)
+        base = await in_thread(shown, chat_id, user)
         base.append({"role": "user", "content": inert_html(text)})
         try:
-            for update in service.send(chat_id, text, user=user):
-                reply = shown_reply(update)
-                # Leave the textbox alone: the user may be typing the next message.
-                yield base + [{"role": "assistant", "content": reply}], gr.skip()
+            async with aclosing(turn_updates(
+                    lambda: service.send(chat_id, text, user=user))) as updates:
+                async for update in updates:
+                    reply = shown_reply(update)
+                    # Leave the textbox alone: the user may be typing the next message.
+                    yield base + [{"role": "assistant", "content": reply}], gr.skip()
         except ChatError as exc:  # e.g. MessageTooLong: nothing was stored
             # A toast rather than gr.Error: on an error the Chatbot keeps an "Error" badge
             # over the conversation. The text goes back so that the user loses nothing.
             gr.Warning(str(exc))
-            yield shown(chat_id, user), text
+            yield await in_thread(shown, chat_id, user), text
 
     def type_ahead(text, chat_id, request: gr.Request):
         if chat_id is not None and text:
@@ -254,44 +266,57 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                 _listing(service, user, chat_id, words), "",
                 cache_markdown(service, user, whole_server=can_configure(user)))
 
-    def stream_turn(base, start):
+    async def stream_turn(base, start):
         """Stream a regenerated or edited reply after base (the messages kept), with the
         message box's Stop shown (end_send puts Send back)."""
         yield base, gr.Textbox(submit_btn=False, stop_btn=True)
         try:
-            for update in start():
-                reply = shown_reply(update)
-                yield base + [{"role": "assistant", "content": reply}], gr.skip()
+            async with aclosing(turn_updates(start)) as updates:
+                async for update in updates:
+                    reply = shown_reply(update)
+                    yield base + [{"role": "assistant", "content": reply}], gr.skip()
         except ChatError as exc:
             gr.Warning(str(exc))
 
-    def regenerate(chat_id, request: gr.Request):
+    async def regenerate(chat_id, request: gr.Request):
         if chat_id is None:
             return
         user = user_of(request)
-        kept = kept_on_regenerate(service.messages(chat_id, user))
-        yield from stream_turn(shown(chat_id, user, kept),
-                               lambda: service.regenerate(chat_id, user=user))
 
-    def edit(chat_id, data: gr.EditData, request: gr.Request):
+        def prepare():
+            return shown(chat_id, user, kept_on_regenerate(service.messages(chat_id, user)))
+
+        async with aclosing(stream_turn(await in_thread(prepare), lambda: service.regenerate(
+                chat_id, user=user))) as updates:
+            async for update in updates:
+                yield update
+
+    async def edit(chat_id, data: gr.EditData, request: gr.Request):
         if chat_id is None:
             return
         user = user_of(request)
-        messages = service.messages(chat_id, user)
         index = data.index if isinstance(data.index, int) else data.index[0]
         text = flatten(data.value)
-        try:
+
+        def prepare():
+            """The messages kept before the edited one; the turn, refused (not the user's
+            message, empty, ...) before anything changes."""
+            messages = service.messages(chat_id, user)
             if not 0 <= index < len(messages):
                 raise ChatError("This message is no longer in the chat.")
-            # Refused (not the user's message, empty, ...) before anything changes.
             updates = service.edit_message(chat_id, messages[index].id, text, user=user)
+            return shown(chat_id, user, messages[:index]), updates
+
+        try:
+            kept, updates = await in_thread(prepare)
         except ChatError as exc:
             gr.Warning(str(exc))
-            yield shown(chat_id, user), gr.skip()
+            yield await in_thread(shown, chat_id, user), gr.skip()
             return
-        base = shown(chat_id, user, messages[:index]) + [
-            {"role": "user", "content": inert_html(text)}]
-        yield from stream_turn(base, lambda: updates)
+        base = kept + [{"role": "user", "content": inert_html(text)}]
+        async with aclosing(stream_turn(base, lambda: updates)) as stream:
+            async for update in stream:
+                yield update
 
     def act(action, chat_id, request: gr.Request):
         """A button of the chat list or inside a message (chat_list.py, render.message_tools):

@@ -1,0 +1,209 @@
+"""Every turn ends, whatever its caller does: a 1-slot server stays usable.
+
+A real server process with one slot. Each test makes a caller go away in another manner — a /v1
+client that hangs up before, during and after its prompt, one that stops reading, a cancelled
+gradio_client job, a Stop in the page during a long prompt — and then checks that another
+request on that one slot is answered within 5 s (it would wait for the abandoned turn, minutes,
+on the code before this file), that nothing is left running (/metrics), and that the abandoned
+chat is whole. In-process tests check the scheduler's bound for a caller that stops asking.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+
+import pytest
+from gradio_client import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from reame.engine import Engine
+from reame.runtime import service_over
+from .conftest import GREEDY, Server, start_server
+
+LONG = "Write a very long story about a dragon who learns to sing, with many chapters."
+# About 1,500 tokens of prompt: 6-10 s to evaluate on 2 cores, in about a hundred decodes.
+LONG_PROMPT = ("Here is a list of facts. " + " ".join(
+    f"Fact {i}: the river number {i} flows into lake number {i + 7}." for i in range(95))
+    + " Summarize the facts.")
+NEXT_WITHIN_S = 5.0
+STALL_S = 2
+MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_path) -> Server:
+    """One slot, replies of up to 400 tokens, a caller that asks for nothing for 2 s is gone."""
+    server = start_server(tmp_path_factory.mktemp("disconnect"), model_path=model_path,
+                          slots=1, max_tokens=400, n_ctx=2048,
+                          server_extra=f"stalled_reply_s = {STALL_S}\n")
+    yield server
+    server.stop()
+
+
+def v1_body(text: str, *, stream: bool, max_tokens: int = 400) -> bytes:
+    return json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": text}],
+                       "stream": stream, "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+
+
+def open_v1(server: Server, text: str, *, stream: bool = True,
+            rcvbuf: int | None = None) -> socket.socket:
+    """A raw connection that has sent a /v1 request (and read nothing)."""
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", server.port))
+    body = v1_body(text, stream=stream)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
+def read_until(sock: socket.socket, marker: bytes, timeout: float = 60) -> bytes:
+    sock.settimeout(timeout)
+    seen = b""
+    while marker not in seen:
+        chunk = sock.recv(4096)
+        assert chunk, f"the server closed the connection before {marker!r}: {seen[-300:]!r}"
+        seen += chunk
+    return seen
+
+
+def next_answer_s(server: Server) -> float:
+    """Seconds a new short /v1 request takes to be answered whole (the only slot must be
+    free for it)."""
+    started = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", v1_body("Say hi.", stream=False, max_tokens=8),
+                 {"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    assert answer.status == 200, answer.read()
+    json.loads(answer.read())
+    conn.close()
+    return time.monotonic() - started
+
+
+def metric(server: Server, name: str) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def settle(server: Server, timeout: float = NEXT_WITHIN_S) -> None:
+    """Wait until no turn is active (the abandoned one has ended), at most timeout."""
+    deadline = time.monotonic() + timeout
+    while metric(server, "reame_turns_active") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(server, "reame_turns_active") == 0
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.5, 1.5])
+def test_a_v1_stream_closed_mid_reply_frees_the_slot(server, after_s):
+    sock = open_v1(server, LONG)
+    if after_s:
+        read_until(sock, b"data: ")  # the reply has started
+        time.sleep(after_s)
+    sock.close()
+    took = next_answer_s(server)
+    assert took < NEXT_WITHIN_S, f"the next request waited {took:.1f} s for a closed stream"
+    settle(server)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_during_a_long_prompt_stops_it(server, stream):
+    sock = open_v1(server, LONG_PROMPT, stream=stream)
+    time.sleep(1.0)  # the prompt is being evaluated: no byte of the reply yet
+    sock.close()
+    took = next_answer_s(server)
+    assert took < NEXT_WITHIN_S, f"the next request waited {took:.1f} s behind the prompt"
+    settle(server)
+
+
+def test_a_client_that_stops_reading_holds_the_slot_at_most_the_stall_bound(server):
+    # A tiny receive window and a reply of many tokens: the server's writes block once the
+    # buffers are full, and the turn is asked for nothing more.
+    sock = open_v1(server, LONG, rcvbuf=1024)
+    read_until(sock, b"data: ")
+    try:
+        took = next_answer_s(server)
+        # It waited for the stalled reply at most the bound (or not at all if the reply ended).
+        assert took < STALL_S + NEXT_WITHIN_S, took
+    finally:
+        sock.close()
+    settle(server)
+
+
+def test_a_cancelled_gradio_client_job_frees_the_slot(server):
+    client = Client(server.url, verbose=False)
+    chat = client.predict(api_name="/new_chat")
+    job = client.submit(chat, LONG_PROMPT, api_name="/send")
+    time.sleep(1.5)  # mid-prompt
+    job.cancel()
+    took = next_answer_s(server)
+    assert took < NEXT_WITHIN_S, f"the next request waited {took:.1f} s for a cancelled job"
+    settle(server)
+    kept = client.predict(chat, api_name="/get_chat")["messages"]
+    # The message is kept; a reply stopped before its first token keeps nothing else.
+    assert kept[0]["content"] == LONG_PROMPT and all(m["role"] in ("user", "assistant")
+                                                     for m in kept)
+
+
+# In-process: the scheduler's bound on a caller that stops asking.
+
+
+@pytest.fixture(scope="module")
+def engine1(model_path) -> Engine:
+    engine = Engine(model_path, n_ctx=2048, slots=1)
+    yield engine
+    engine.close()
+
+
+def test_a_stream_dropped_without_closing_is_ended_after_the_bound(tmp_path, engine1):
+    service = service_over(tmp_path, engine1, GREEDY.changed(max_tokens=200), stall_s=0.5)
+    try:
+        chat = service.new_chat()
+        held = service.send(chat.id, LONG)
+        first = next(held)
+        while not first.text:  # a token, not a place in line
+            first = next(held)
+        # The caller holds its stream and asks for nothing more (a dropped reference that the
+        # garbage collector has not met yet, a stuck thread).
+        started = time.monotonic()
+        other = service.send(service.new_chat().id, "Say hi.")
+        assert next(other).queued == 1  # the only slot is held
+        assert next(other).text  # its first token: the held turn was ended
+        waited = time.monotonic() - started
+        assert waited < 0.5 + NEXT_WITHIN_S
+        other.close()
+        stopped = service.messages(chat.id)[-1]
+        assert stopped.role == "assistant" and stopped.stopped
+        assert stopped.content.startswith(first.text.strip())
+        assert service.scheduler.busy == 0
+    finally:
+        service.close()
+
+
+def test_close_stops_turns_under_way_and_abandoned_ones(tmp_path, engine1):
+    service = service_over(tmp_path, engine1, GREEDY.changed(max_tokens=400), stall_s=60)
+    chat = service.new_chat()
+    held = service.send(chat.id, LONG)
+    next(held)  # under way, then abandoned: its caller never asks again
+    waiting = service.send(service.new_chat().id, "Say hi.")
+    assert next(waiting).queued == 1
+    started = time.monotonic()
+    service.close()  # a shutdown: it must not wait for either caller
+    assert time.monotonic() - started < NEXT_WITHIN_S
+    assert service.messages(chat.id)[-1].stopped
+    assert list(waiting) == []  # ended without a word: nothing of it was stored
