@@ -44,7 +44,6 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     from fastapi import FastAPI
 
     from reame.web.health import build_health_router
-    from reame.web.job_cancel import build_job_cancel_router
     from reame.web.metrics import CountRequests, Metrics, build_metrics_router
     from reame.web.openai_api import build_router, internal_error
 
@@ -64,7 +63,6 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         WebLogins(accounts).install(app)  # before Gradio's own /login is mounted
 
     app.include_router(build_router(service, accounts))
-    app.include_router(build_job_cancel_router(demo))  # before Gradio's own no-op /reset
     app.include_router(build_health_router(service))  # no login: it tells only the state
     metrics = Metrics(service)
     app.include_router(build_metrics_router(metrics, accounts))  # admin or this machine

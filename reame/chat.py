@@ -643,18 +643,16 @@ class ChatService:
             except Replaced:
                 continue
             stream.bind(runtime.scheduler, place)
-            updates = self._updates(runtime.scheduler.results(
-                place, lambda: runner.run(job, keeper)), job)
+            started = False  # past its place in line
             try:
-                first = next(updates)
+                for update in self._updates(runtime.scheduler.results(
+                        place, lambda: runner.run(job, keeper)), job):
+                    started = started or not update.queued
+                    yield update
             except Replaced:  # the switch came before its slot: nothing was done
                 continue
-            except StopIteration:  # stopped before its first token
-                if runtime.retired and not stream.cancelled:
-                    continue  # by a switch: nothing was kept, the new model answers
-                return
-            yield first
-            yield from updates
+            if not started and runtime.retired and not stream.cancelled:
+                continue  # stopped by a switch before its first token: the new model answers
             return
 
 

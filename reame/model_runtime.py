@@ -56,7 +56,7 @@ class ModelRuntime:
         the KV files are written. The engine stays open (close() closes it)."""
         with self._cond:
             self._retired = True
-        self.scheduler.stop(cancel=True, error=Replaced())
+        self.scheduler.stop(cancel=True, error=Replaced)
         with self._cond:
             while self._leases:
                 self._cond.wait()

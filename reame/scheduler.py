@@ -140,16 +140,21 @@ class Scheduler:
         self._cond = threading.Condition()
         self._running = False  # the engine's thread
         self._stopping = False
-        self._stop_error: BaseException | None = None  # what tasks in line are told
+        self._stop_error: Callable[[], BaseException] | None = None  # tasks in line: why
+
+    def _stopped(self) -> BaseException | None:
+        """A new exception saying why a task in line ends unrun (each caller raises its own)."""
+        return self._stop_error() if self._stop_error is not None else None
 
     @property
     def max_waiting(self) -> int:
         return self.limits.max_waiting
 
-    def stop(self, *, cancel: bool = False, error: BaseException | None = None) -> None:
+    def stop(self, *, cancel: bool = False,
+             error: Callable[[], BaseException] | None = None) -> None:
         """Refuse new tasks; return once the tasks under way are done. With cancel, they are
         stopped at their next step (a shutdown, a model switch); tasks still in line end
-        with error (None: they just end)."""
+        with error() (None: they just end)."""
         with self._cond:
             self._stopping = True
             if cancel:
@@ -182,7 +187,7 @@ class Scheduler:
                     owner=owner)
         with self._cond:
             if self._stopping:
-                raise self._stop_error or ServerBusy(
+                raise self._stopped() or ServerBusy(
                     "the model is being replaced: try again in a moment", RETRY_AFTER_S)
             waiting = sum(not t.background for t in self._line)
             free = sum(s.task is None or s.task.background for s in self.slots)
@@ -383,7 +388,7 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         for task in [t for t in self._line if t.cancelled]:
             self._line.remove(task)
-            self._finish(task, self._stop_error)  # nothing was done: a switch says so
+            self._finish(task, self._stopped())  # nothing was done: a switch says so
 
     def _admit(self) -> None:
         """Give free slots to the tasks in line, first come first served; a background task
@@ -500,7 +505,7 @@ class Scheduler:
                 log.exception("a stopped task failed while winding down")
                 error = exc
         elif task.work is None:  # reserved, its caller not back yet: it tells them
-            error = self._stop_error
+            error = self._stopped()
         self._finish(task, error)
 
     def _finish(self, task: Task, error: BaseException | None) -> None:

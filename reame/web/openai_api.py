@@ -188,7 +188,13 @@ async def _next_update(updates: TurnStream, gone: asyncio.Future) -> TurnUpdate 
         return step.result()
     updates.cancel()  # the worker's next() ends with the turn
     step.cancel()
+    step.add_done_callback(_forget)  # what it raises after this, nobody is waiting for
     return None
+
+
+def _forget(step: asyncio.Future) -> None:
+    if not step.cancelled():
+        step.exception()
 
 
 async def _read_json(request: Request) -> Any:
