@@ -71,17 +71,6 @@ class LiveReplies:
         self._lock = threading.Lock()
         self._by_chat: dict[int, LiveReply] = {}
         self._stop_early: dict[int, float] = {}  # Stop before the reply started: when
-        self._shown: dict[str, int | None] = {}  # the chat each tab (session) shows
-
-    def showing(self, session: str | None, chat_id: int | None) -> None:
-        """The tab (Gradio session) now shows chat_id: a follower of another chat stops."""
-        if session is not None:
-            with self._lock:
-                self._shown[session] = chat_id
-
-    def shown(self, session: str | None) -> int | None:
-        with self._lock:
-            return self._shown.get(session)
 
     def stop(self, chat_id: int) -> None:
         """Stop the chat's reply: now if it is being written, else as soon as it starts (a
@@ -128,7 +117,6 @@ class LiveReplies:
     def stop_session(self, session: str | None) -> None:
         """The tab that started these replies was closed: stop them."""
         with self._lock:
-            self._shown.pop(session, None)
             gone = [live for live in self._by_chat.values() if live.session == session]
         for live in gone:
             log.info("chat %d: its tab was closed, its reply is stopped", live.chat_id)

@@ -162,7 +162,6 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     def show(chat_id, request: gr.Request):
         """Everything that depends on which chat is shown."""
         user = user_of(request)
-        lives.showing(request.session_hash, chat_id)
         if chat_id is not None:
             try:
                 messages = shown(chat_id, user)
@@ -213,7 +212,6 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         if chat_id is None:
             try:
                 chat_id = service.new_chat(user=user).id
-                lives.showing(request.session_hash, chat_id)
             except ChatError as exc:  # the text stays in the box
                 raise gr.Error(str(exc), print_exception=False) from None
         # The chat's settings as the panel shows them: a value typed just before sending
@@ -266,19 +264,14 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         if live.text is not None and (live.update is None
                                       or live.update.user_message_id is None):
             base.append({"role": "user", "content": inert_html(live.text)})  # not stored yet
-        session = request.session_hash
         yield base, gr.Textbox(submit_btn=False, stop_btn=True), gr.skip()
         try:
             async with aclosing(follow(live)) as updates:
                 async for update in updates:
-                    if lives.shown(session) != chat_id:
-                        return  # another chat was opened in this tab: it shows that one
                     yield (base + [{"role": "assistant", "content": shown_reply(update)}],
                            gr.skip(), gr.skip())
         except ChatError:  # refused, and told where it was sent: the chat as stored
             pass
-        if lives.shown(session) != chat_id:
-            return
         yield (await in_thread(shown, chat_id, user), gr.Textbox(submit_btn=True, stop_btn=False),
                await in_thread(listing, user, chat_id, words))
 
@@ -495,6 +488,10 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     message.change(type_ahead, [message, current], None, trigger_mode="always_last",
                    queue=False, show_progress="hidden", **HIDDEN)
 
+    # A reply still being written in the chat opened is shown as it goes on; opening another
+    # chat stops showing it (not writing it).
+    replies.append(current.change(follow_reply, [current, search], [chatbot, message, chat_list],
+                                  show_progress="hidden", concurrency_limit=None, **HIDDEN))
     # Opening, making or changing a chat stops showing a reply in progress (it goes on:
     # live_replies.py), then typing goes on in the message box.
     # The Chatbot's own Clear (its trash icon) empties the view: it opens an empty chat, the
@@ -507,10 +504,6 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                              js="(action, chat) => [window.reameAction || '', chat]",
                              **HIDDEN)):
         event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN)
-        # A reply still being written in the chat opened is shown as it goes on, until
-        # another chat is opened in this tab (follow_reply checks).
-        event.then(follow_reply, [current, search], [chatbot, message, chat_list],
-                   show_progress="hidden", concurrency_limit=None, **HIDDEN)
     # A closed tab stops the replies it started (a switch of chats does not).
     demo.unload(stop_tab_replies)
     download.change(None, [download], None, js=DOWNLOAD_JS, **HIDDEN)
