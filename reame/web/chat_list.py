@@ -16,15 +16,12 @@ from ..store import END_MARK, MARK, Chat, Found
 SHOWN = 200  # rows at most; older chats are found by searching
 
 
-def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None = None,
-                   writing: set[int] = frozenset()) -> str:
-    """The list of chats (pinned first, then most recent), current one marked, those with a
-    reply being written marked "writing…"; total: how many the user has (when chats holds
-    only the first SHOWN)."""
+def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None = None) -> str:
+    """The list of chats (pinned first, then most recent), current one marked; total: how
+    many the user has (when chats holds only the first SHOWN)."""
     if not chats:
         return _nav('<p class="reame-list-note">No chats yet.</p>')
-    rows = [_row(chat, chat.id == current, writing=chat.id in writing)
-            for chat in chats[:SHOWN]]
+    rows = [_row(chat, chat.id == current) for chat in chats[:SHOWN]]
     total = len(chats) if total is None else total
     note = (f'<p class="reame-list-note">Showing the {SHOWN:,} most recent of {total:,} '
             "chats: search to find the others.</p>" if total > SHOWN else "")
@@ -46,11 +43,9 @@ def _nav(body: str, *, searching: bool = False) -> str:
             f'data-searching="{str(searching).lower()}">{body}</nav>')
 
 
-def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False) -> str:
+def _row(chat: Chat, current: bool, *, snippet: str = "") -> str:
     title = html.escape(chat.title)
     shown = _snippet_html(snippet) if snippet else ""
-    if writing:
-        shown += '<span class="reame-writing">writing…</span>'
     pin = "Unpin" if chat.pinned else "Pin"
     marked = ' aria-current="page"' if current else ""
     # The chat's button opens it; only the current one is a Tab stop (the arrow keys move

@@ -23,7 +23,7 @@ from .chat_list import SHOWN, chat_list_html, search_results_html
 from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, HIDDEN, ROLE_JS, flatten, panel,
                          panel_js)
 from .page_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
-from .live_replies import LiveReplies, follow
+from .turn_updates import turn_updates
 from .user import user_of
 
 log = logging.getLogger(__name__)
@@ -44,13 +44,12 @@ def _range(name: str) -> tuple[float, float]:
 
 
 def _listing(service: ChatService, user: str | None, chat_id: int | None,
-             words: str = "", writing: set[int] = frozenset()) -> str:
-    """The chat list's HTML: the user's chats (those in writing marked), or those a search for
-    words found."""
+             words: str = "") -> str:
+    """The chat list's HTML: the user's chats, or those a search for words found."""
     if words.strip():
         return search_results_html(service.search(words, user), chat_id, words)
     return chat_list_html(service.list_chats(user, limit=SHOWN), chat_id,
-                          total=service.count_chats(user), writing=writing)
+                          total=service.count_chats(user))
 
 
 def _latest(service: ChatService, user: str | None) -> int | None:
@@ -79,10 +78,6 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     lines them up). can_configure(user) says who may change the settings (with accounts:
     admins); name_of(user) is the name a logged-in user goes by (None: no accounts)."""
     current = gr.State(None)  # the chat shown, by id
-    lives = LiveReplies()  # replies being written: they go on when another chat is opened
-
-    def listing(user, chat_id, words=""):
-        return _listing(service, user, chat_id, words, lives.chats())
     pending = gr.State("")  # the message being sent (the textbox clears at once)
 
     with gr.Sidebar(open=True, elem_id="sidebar"):
@@ -172,7 +167,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                                  daemon=True).start()
         else:
             messages = []
-        return (chat_id, listing(user, chat_id), messages,
+        return (chat_id, _listing(service, user, chat_id), messages,
                 *_settings_values(service, chat_id, user), "")
 
     def on_load(request: gr.Request):
@@ -226,23 +221,18 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             # The reply waits for the model: say so where the reply will be.
             history.append({"role": "assistant", "content": loading_text(loading)})
         return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
-                listing(user, chat_id, words))
+                _listing(service, user, chat_id, words))
 
     async def stream_reply(text, chat_id, request: gr.Request):
-        # The reply is written by its own thread (live_replies.py): this event only shows it,
-        # and opening another chat stops showing it, not writing it.
+        # Async, so that a Stop stops the turn at once, also mid-prompt (turn_updates).
         if not text:
             return
         user = user_of(request)
-        if lives.stopped_early(chat_id):  # Stop came first: the message goes back
-            yield await in_thread(shown, chat_id, user), text
-            return
         base = await in_thread(shown, chat_id, user)
         base.append({"role": "user", "content": inert_html(text)})
         try:
-            live = await in_thread(lives.start, chat_id, request.session_hash,
-                                   lambda: service.send(chat_id, text, user=user), text)
-            async with aclosing(follow(live)) as updates:
+            async with aclosing(turn_updates(
+                    lambda: service.send(chat_id, text, user=user))) as updates:
                 async for update in updates:
                     reply = shown_reply(update)
                     # Leave the textbox alone: the user may be typing the next message.
@@ -253,41 +243,6 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             gr.Warning(str(exc))
             yield await in_thread(shown, chat_id, user), text
 
-    async def follow_reply(chat_id, words, request: gr.Request):
-        """Opening a chat whose reply is being written: show it so far, then as it goes on,
-        with Stop shown; at its end, the chat as stored and Send back."""
-        live = lives.of(chat_id)
-        if live is None:
-            return
-        user = user_of(request)
-        base = await in_thread(shown, chat_id, user)
-        if live.text is not None and (live.update is None
-                                      or live.update.user_message_id is None):
-            base.append({"role": "user", "content": inert_html(live.text)})  # not stored yet
-        yield base, gr.Textbox(submit_btn=False, stop_btn=True), gr.skip()
-        try:
-            async with aclosing(follow(live)) as updates:
-                async for update in updates:
-                    yield (base + [{"role": "assistant", "content": shown_reply(update)}],
-                           gr.skip(), gr.skip())
-        except ChatError:  # refused, and told where it was sent: the chat as stored
-            pass
-        yield (await in_thread(shown, chat_id, user), gr.Textbox(submit_btn=True, stop_btn=False),
-               await in_thread(listing, user, chat_id, words))
-
-    def stop_tab_replies(request: gr.Request):
-        lives.stop_session(request.session_hash)
-
-    def stop_reply(chat_id, request: gr.Request):
-        """Stop (or Esc): the chat's reply stops at its next step, keeping what it wrote; the
-        event showing it then ends by itself (and end_send shows the chat as stored)."""
-        if chat_id is None:
-            return
-        lives.stop(chat_id)  # also before its turn has started
-        try:
-            service.stop_turn(chat_id, user_of(request))
-        except ChatNotFound:
-            pass
     def type_ahead(text, chat_id, request: gr.Request):
         if chat_id is not None and text:
             try:
@@ -303,24 +258,20 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         which can arrive after another chat was chosen, are replaced by that chat.
         """
         user = user_of(request)
-        live = lives.of(chat_id)
-        if live is not None and live.stream.cancelled:  # stopped: shown once it is kept
-            live.wait_done(10)
         try:
             messages = shown(chat_id, user) if chat_id is not None else []
         except ChatNotFound:
             messages = []
         return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
-                listing(user, chat_id, words), "",
+                _listing(service, user, chat_id, words), "",
                 cache_markdown(service, user, whole_server=can_configure(user)))
 
-    async def stream_turn(base, chat_id, start, request: gr.Request):
+    async def stream_turn(base, start):
         """Stream a regenerated or edited reply after base (the messages kept), with the
         message box's Stop shown (end_send puts Send back)."""
         yield base, gr.Textbox(submit_btn=False, stop_btn=True)
         try:
-            live = await in_thread(lives.start, chat_id, request.session_hash, start)
-            async with aclosing(follow(live)) as updates:
+            async with aclosing(turn_updates(start)) as updates:
                 async for update in updates:
                     reply = shown_reply(update)
                     yield base + [{"role": "assistant", "content": reply}], gr.skip()
@@ -335,9 +286,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         def prepare():
             return shown(chat_id, user, kept_on_regenerate(service.messages(chat_id, user)))
 
-        async with aclosing(stream_turn(await in_thread(prepare), chat_id,
-                                        lambda: service.regenerate(chat_id, user=user),
-                                        request)) as updates:
+        async with aclosing(stream_turn(await in_thread(prepare), lambda: service.regenerate(
+                chat_id, user=user))) as updates:
             async for update in updates:
                 yield update
 
@@ -364,7 +314,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             yield await in_thread(shown, chat_id, user), gr.skip()
             return
         base = kept + [{"role": "user", "content": inert_html(text)}]
-        async with aclosing(stream_turn(base, chat_id, lambda: updates, request)) as stream:
+        async with aclosing(stream_turn(base, lambda: updates)) as stream:
             async for update in stream:
                 yield update
 
@@ -407,7 +357,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
 
     def find(words, chat_id, request: gr.Request):
         """The chat list as the search box asks: the chats found, or all of them."""
-        return listing(user_of(request), chat_id, words)
+        return _listing(service, user_of(request), chat_id, words)
 
     def export_all(request: gr.Request):
         return _download(service.export_file(None, user_of(request)))
@@ -481,19 +431,14 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                         show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN)
         reply.then(end_send, [current, search], after, queue=False, **HIDDEN)
         replies.append(reply)
-    # Stop stops the chat's turn; the event showing it then ends with it.
-    message.stop(stop_reply, [current], None, js=FOCUS_MESSAGE_JS, queue=False, **HIDDEN)
+    message.stop(None, None, None, cancels=replies, js=FOCUS_MESSAGE_JS, **HIDDEN)
     # While the user types, the part of the prompt the message already fixes is evaluated
     # (never waiting for the model): sending then evaluates only the rest.
     message.change(type_ahead, [message, current], None, trigger_mode="always_last",
                    queue=False, show_progress="hidden", **HIDDEN)
 
-    # A reply still being written in the chat opened is shown as it goes on; opening another
-    # chat stops showing it (not writing it).
-    replies.append(current.change(follow_reply, [current, search], [chatbot, message, chat_list],
-                                  show_progress="hidden", concurrency_limit=None, **HIDDEN))
-    # Opening, making or changing a chat stops showing a reply in progress (it goes on:
-    # live_replies.py), then typing goes on in the message box.
+    # Opening, making or changing a chat stops a reply in progress (its partial text is
+    # saved), then typing goes on in the message box.
     # The Chatbot's own Clear (its trash icon) empties the view: it opens an empty chat, the
     # one cleared stays in the list (else its messages would come back at the next load).
     for event in (
@@ -504,8 +449,6 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                              js="(action, chat) => [window.reameAction || '', chat]",
                              **HIDDEN)):
         event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN)
-    # A closed tab stops the replies it started (a switch of chats does not).
-    demo.unload(stop_tab_replies)
     download.change(None, [download], None, js=DOWNLOAD_JS, **HIDDEN)
     search.input(find, [search, current], [chat_list], trigger_mode="always_last", queue=False,
                  show_progress="hidden", **HIDDEN)

@@ -55,7 +55,6 @@ h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9
                                text-overflow: ellipsis; max-width: 100%; }
 .reame-snippet { font-size: 0.8em; opacity: 0.85; font-weight: normal; }
 .reame-snippet mark { background: var(--color-accent-soft, #fde68a); color: inherit; }
-.reame-writing { display: block; font-size: 0.8em; font-style: italic; opacity: 0.85; }
 .reame-menu summary { list-style: none; cursor: pointer; padding: 0.3em 0.55em;
                       border-radius: 6px; opacity: 0.85; }
 .reame-menu summary::-webkit-details-marker { display: none; }
