@@ -612,7 +612,8 @@ class ChatService:
 
     def complete(self, system_prompt: str, turns: list[Turn], *, max_tokens: int | None = None,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: tuple[str, ...] = (), user: str | None = None) -> TurnStream:
+                 stop: tuple[str, ...] = (), logit_bias: tuple[tuple[int, float], ...] = (),
+                 user: str | None = None) -> TurnStream:
         """Answer a whole conversation sent at once. Its KV is found by its tokens (the
         cache's block-hash index, within user's scope), so a conversation resent with one
         more message evaluates only that message. Refusals (no model, too long) raise before
@@ -621,7 +622,14 @@ class ChatService:
             raise NoModel(self.load_error or "no model is loaded")
         check_seed(seed)
         self._check_length(system_prompt, *(t.content for t in turns))
-        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed)
+        with self.using_model() as runtime:
+            n_vocab = runtime.engine.n_vocab
+        for token, _ in logit_bias:
+            if not 0 <= token < n_vocab:
+                raise ChatError(f"logit_bias: token {token} is not in the model's vocabulary "
+                                f"(0 to {n_vocab - 1})")
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed,
+                            logit_bias=logit_bias)
         return TurnStream(lambda stream: self._complete(
             stream, system_prompt, turns, sampling, max_tokens, stop, user))
 

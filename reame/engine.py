@@ -42,6 +42,9 @@ class Sampling:
     top_k: int = 40
     min_p: float = 0.05
     seed: int | None = None
+    # (token, bias) added to the token's logit before sampling; -100 or less bans it (as
+    # OpenAI's logit_bias does).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 class TextStream:
@@ -374,6 +377,10 @@ class Engine:
 
     def sampler(self, sampling: Sampling) -> LlamaSampler:
         sampler = LlamaSampler()
+        if sampling.logit_bias:
+            sampler.add_logit_bias(self.n_vocab, {
+                token: -float("inf") if bias <= -100 else bias
+                for token, bias in sampling.logit_bias})
         if sampling.temperature <= 0:
             sampler.add_greedy()
             return sampler

@@ -156,8 +156,9 @@ class Decoding:
 
 
 # Told of every turn once it ends, however it ends (metrics): its stats, its decoding (the
-# tokens' times), and whether it was a stored chat's.
-TurnObserver = Callable[["TurnStats", "Decoding", bool], None]
+# tokens' times; None if it was stopped before its reply began), and whether it was a stored
+# chat's.
+TurnObserver = Callable[["TurnStats", "Decoding | None", bool], None]
 
 
 class TurnRunner:
@@ -173,7 +174,14 @@ class TurnRunner:
         the stream (closing the generator)."""
         started = time.perf_counter()
         stats = TurnStats(prompt_tokens=len(job.prompt), dropped_messages=job.outside)
-        yield from self.prefill_steps(job, stats)
+        try:
+            yield from self.prefill_steps(job, stats)
+        except GeneratorExit:  # stopped mid-prompt: what was evaluated stays live, and counts
+            stats.stopped = True
+            stats.total_s = time.perf_counter() - started
+            log.info("chat %s: stopped mid-prompt, %s", job.chat_id or "-", _log_line(stats))
+            self._tell(stats, None, job.chat_id is not None)
+            raise
         limit = min(job.max_tokens, self.engine.n_ctx - len(job.prompt))
         decoding = Decoding(self.engine, job.sampling, limit, self.prompts.stops + job.stops,
                             started)
@@ -197,7 +205,7 @@ class TurnRunner:
                          user_message_id=job.user_message_id, chat_id=job.chat_id,
                          finish_reason=decoding.finish_reason)
 
-    def _tell(self, stats: TurnStats, decoding: Decoding, stored: bool) -> None:
+    def _tell(self, stats: TurnStats, decoding: Decoding | None, stored: bool) -> None:
         if self.observe is None:
             return
         try:
@@ -221,13 +229,15 @@ class TurnRunner:
             yield  # the restore was this step (typed ahead: its logits are to be sampled)
         seq = engine.seq
         started, busy, before = time.perf_counter(), seq.decode_s, seq.evaluated
-        yield from self._snapshot_opening(job, restored)
-        if (yield from engine.prefill_steps(prompt)) == len(prompt):  # typed ahead: live
-            stats.reused = len(prompt)
-        stats.typed_ahead = restored.typed_ahead(stats.reused)
-        stats.prefilled = seq.evaluated - before
-        stats.prefill_ms = (time.perf_counter() - started) * 1000  # others' steps included
-        cache.record_prefill(stats.prefilled, seq.decode_s - busy)  # its own decodes
+        try:
+            yield from self._snapshot_opening(job, restored)
+            if (yield from engine.prefill_steps(prompt)) == len(prompt):  # typed ahead: live
+                stats.reused = len(prompt)
+            stats.typed_ahead = restored.typed_ahead(stats.reused)
+        finally:  # also when stopped mid-prompt: what it evaluated
+            stats.prefilled = seq.evaluated - before
+            stats.prefill_ms = (time.perf_counter() - started) * 1000  # others' steps too
+            cache.record_prefill(stats.prefilled, seq.decode_s - busy)  # its own decodes
         return restored
 
     def _snapshot_opening(self, job: Job, restored: Restored) -> Iterator[None]:

@@ -33,7 +33,7 @@ from .test_disconnect import LONG, LONG_PROMPT, metric, read_until
 CHAOS_S = 60
 WORKERS = 4
 STALL_S = 3
-NEXT_WITHIN_S = 5.0
+NEXT_WITHIN_S = 30.0  # loose: the failure this tells apart is forever
 
 
 def model_id(port: int) -> str:

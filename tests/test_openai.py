@@ -15,6 +15,8 @@ import pytest
 from gradio_client import Client
 from openai import APIError, APIStatusError, OpenAI
 
+from reame.engine import Engine
+
 from .conftest import Server, start_server
 
 CAPITAL = "What is the capital city of France? Answer in one word."
@@ -159,6 +161,35 @@ def test_max_tokens_stop_and_seed_are_honoured(server):
                                        max_tokens=16, seed=7).choices[0].message.content
     assert a == b, "the same seed samples the same reply"
     assert c != a
+
+
+def test_logit_bias_favours_and_bans_tokens(server, model_path):
+    engine = Engine(model_path, n_ctx=256)  # the model's token ids, as a client has them
+    try:
+        favoured = engine.tokenize(" zebra")[0]
+        piece = engine.token_text(favoured)
+        ends = {str(t): -100 for t in range(engine.n_vocab) if engine.is_end(t)}
+    finally:
+        engine.close()
+    client, model = sdk(server), model_id(server)
+    hi = [{"role": "user", "content": "Say hi."}]
+    # +100 outweighs every other logit: the reply is that token, whatever the CPU.
+    favour = client.chat.completions.create(model=model, messages=hi, max_tokens=3,
+                                            logit_bias={str(favoured): 100})
+    assert favour.choices[0].message.content.strip() == (piece * 3).strip()
+    # -100 bans: with the end tokens banned a reply runs to max_tokens.
+    banned = client.chat.completions.create(model=model, messages=hi, max_tokens=24,
+                                            temperature=0, logit_bias=ends)
+    assert banned.choices[0].finish_reason == "length"
+    assert banned.usage.completion_tokens == 24
+    for bias, needle in (({"-1": 5}, "logit_bias"), ({"x": 5}, "logit_bias"),
+                         ({"1": 101}, "logit_bias"), ({"999999999": 1}, "vocabulary")):
+        got, answer = post(server, {"model": model, "messages": hi, "logit_bias": bias})
+        assert got == 400 and needle in answer["error"]["message"], answer
+    chat = Client(server.url, verbose=False).predict(api_name="/new_chat")
+    got, answer = post(server, {"model": model, "messages": hi, "logit_bias": {"1": 1}},
+                       headers={"X-Reame-Chat": str(chat)})
+    assert got == 400 and answer["error"]["param"] == "logit_bias", answer
 
 
 @pytest.mark.parametrize("body, status, needle", [

@@ -64,7 +64,7 @@ class Metrics:
         registry.register(ServiceCollector(service))
         service.observe_turn = self.observe_turn
 
-    def observe_turn(self, stats: TurnStats, decoding: Decoding, stored: bool) -> None:
+    def observe_turn(self, stats: TurnStats, decoding: Decoding | None, stored: bool) -> None:
         self.turns.labels("chat" if stored else "stateless",
                           "stopped" if stats.stopped else "done").inc()
         reused = max(0, stats.reused - stats.typed_ahead)
@@ -75,6 +75,8 @@ class Metrics:
             self.hits.labels(stats.source).inc()
         else:
             self.misses.inc()
+        if decoding is None:  # stopped mid-prompt
+            return
         if decoding.first_at is not None:
             self.first_token.observe(stats.first_token_s)
         times = decoding.token_times

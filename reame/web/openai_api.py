@@ -109,7 +109,8 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             chat_id = _chat_header(request)
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
-            updates = await run_in_threadpool(_starter(service, parsed, chat_id, user))
+            start = _starter(service, parsed, chat_id, user)
+            updates = await run_in_threadpool(start)
             # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
             # (too long, empty, no model, full) raise here, before any byte is sent.
             first = await _next_update(updates, gone)
@@ -231,13 +232,17 @@ def _chat_header(request: Request) -> int | None:
 def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | None,
              user: str | None) -> Callable[[], TurnStream]:
     if chat_id is not None:
+        if parsed.logit_bias:  # a stored chat samples with its own settings
+            raise ApiError(400, f"logit_bias is for requests without {CHAT_HEADER}: a stored "
+                           "chat's replies are sampled with the chat's settings",
+                           param="logit_bias")
         return lambda: service.send(
             chat_id, parsed.turns[-1].content, user=user, seed=parsed.seed,
             max_tokens=parsed.max_tokens, stop=parsed.stop)
     return lambda: service.complete(
         parsed.system_prompt, parsed.turns, max_tokens=parsed.max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
-        user=user)
+        logit_bias=parsed.logit_bias, user=user)
 
 
 def _usage(done: TurnUpdate) -> dict:

@@ -51,6 +51,7 @@ class CompletionRequest:
     seed: int | None
     stream: bool
     include_usage: bool
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 class _Body(BaseModel):
@@ -101,6 +102,8 @@ class ChatRequest(_Body):
     # An empty stop string would end every reply before its first word.
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = None
     seed: int | None = None
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
+                     Annotated[float, Field(ge=-100, le=100)]] | None = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -120,6 +123,7 @@ EXPECTED = {
     "top_p": f"a number {FIELD['top_p'].allowed()}",
     "stop": f"a non-empty string or up to {MAX_STOPS} of them",
     "seed": "an integer",
+    "logit_bias": "an object of token ids (strings of digits) to numbers from -100 to 100",
     "n": "1 (one choice per request)",
     "stream": "true or false",
     "stream_options": 'an object, {"include_usage": true or false}',
@@ -145,7 +149,8 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         1.0 if request.temperature is None else request.temperature,
         1.0 if request.top_p is None else request.top_p,
         (stop,) if isinstance(stop, str) else tuple(stop), request.seed, request.stream,
-        request.stream_options is not None and request.stream_options.include_usage)
+        request.stream_options is not None and request.stream_options.include_usage,
+        tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()))
 
 
 def _refusal(exc: ValidationError) -> ApiError:
