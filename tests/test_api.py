@@ -5,6 +5,8 @@ from gradio_client import Client
 
 from reame.batches import CHUNK
 
+from .reference import assert_answers, reference
+
 
 @pytest.fixture
 def server(server_factory):
@@ -25,7 +27,10 @@ def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
     assert len(chunks) > 2, "the reply streams"
     assert all(b.startswith(a) for a, b in zip(chunks, chunks[1:]))
     final = job.result()
-    assert final == chunks[-1] and "Paris" in final
+    assert final == chunks[-1]
+    terse = "You are a terse assistant."
+    assert_answers(final, reference("What is the capital city of France? Answer in one word.",
+                                    system_prompt=terse))
 
     other = client.predict("", None, api_name="/new_chat")
     listed = client.predict(api_name="/list_chats")
@@ -56,7 +61,9 @@ def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
     again = client.predict(chat_id, api_name="/get_chat")
     assert [m["content"] for m in again["messages"]] == [m["content"] for m in chat["messages"]]
     follow_up = client.predict(chat_id, "Which planet do we live on?", api_name="/send")
-    assert "Earth" in follow_up
+    assert_answers(follow_up, reference(
+        "What is the capital city of France? Answer in one word.", final,
+        "Which planet do we live on?", system_prompt=terse), n=1)
     # The new process restored the chat's KV from its file: only the new tokens were computed.
     stats = client.predict(chat_id, api_name="/get_chat")["messages"][-1]["stats"]
     assert stats["source"] == "disk"

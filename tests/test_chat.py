@@ -7,6 +7,7 @@ from reame.store import ChatNotFound
 from reame.window import turns_of
 
 from .conftest import GREEDY
+from .reference import assert_answers, reference
 
 
 def reply(service, chat_id, text, **kwargs):
@@ -22,7 +23,8 @@ def test_a_turn_streams_and_stores_both_messages(service):
     texts = [u.text for u in updates[:-1]]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
     final = updates[-1]
-    assert "Paris" in final.text
+    assert_answers(final.text,
+                   reference("What is the capital city of France? Answer in one word."))
     messages = service.messages(chat.id)
     assert [(m.role, m.content) for m in messages] == [
         ("user", "What is the capital city of France? Answer in one word."), ("assistant", final.text)]

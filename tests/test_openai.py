@@ -18,9 +18,13 @@ from openai import APIError, APIStatusError, OpenAI
 from reame.engine import Engine
 
 from .conftest import Server, start_server
+from .reference import assert_answers, reference
 
 CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
+# The reference for a /v1 request without a system message: no system prompt, this server's
+# max_tokens.
+V1 = {"system_prompt": "", "max_tokens": 32}
 STORY = "Write a long story about a dragon who learns to cook, chapter by chapter."
 
 
@@ -84,7 +88,7 @@ def test_models_and_a_completion_with_the_openai_sdk(server):
     assert [m.id for m in models] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
     reply = client.chat.completions.create(
         model=models[0].id, messages=[{"role": "user", "content": CAPITAL}], temperature=0)
-    assert "Paris" in reply.choices[0].message.content
+    assert_answers(reply.choices[0].message.content, reference(CAPITAL, **V1))
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage.prompt_tokens > 10 and reply.usage.completion_tokens > 1
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
@@ -96,7 +100,7 @@ def test_streaming_with_the_sdk_and_as_raw_server_sent_events(server):
         model=model_id(server), messages=[{"role": "user", "content": PLANET}], temperature=0,
         stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert "Earth" in text
+    assert_answers(text, reference(PLANET, **V1))
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 2, "streamed"
     usage = chunks[-1].usage
     assert usage.completion_tokens > 1
@@ -133,7 +137,9 @@ def test_a_resent_conversation_evaluates_only_its_new_tokens(server):
     assert extra["reused"] == second.usage.prompt_tokens - extra["prefilled"]
     assert extra["prefilled"] < 20, "only the new message and the reply header"
     assert second.usage.prompt_tokens_details.cached_tokens == extra["reused"]
-    assert "Earth" in second.choices[0].message.content
+    assert_answers(second.choices[0].message.content, reference(
+        CAPITAL, first.choices[0].message.content, PLANET, system_prompt=system["content"],
+        max_tokens=32), n=1)
 
     server.restart()  # and after a restart, from the files alone
     third = sdk(server).chat.completions.create(
@@ -149,10 +155,15 @@ def test_max_tokens_stop_and_seed_are_honoured(server):
     story = [{"role": "user", "content": "Write a long story about a dragon."}]
     cut = client.chat.completions.create(model=model, messages=story, max_tokens=5)
     assert cut.usage.completion_tokens == 5 and cut.choices[0].finish_reason == "length"
+    # Stopped at the second word of the model's own answer: the text before it comes back.
+    whole = client.chat.completions.create(
+        model=model, temperature=0, messages=[{"role": "user", "content": STORY}],
+        max_tokens=32).choices[0].message.content
+    word = whole.split()[1]
     stopped = client.chat.completions.create(
-        model=model, temperature=0, messages=[{"role": "user", "content": CAPITAL}],
-        stop=["Paris"])
-    assert "Paris" not in stopped.choices[0].message.content
+        model=model, temperature=0, messages=[{"role": "user", "content": STORY}],
+        max_tokens=32, stop=[word])
+    assert stopped.choices[0].message.content == whole[:whole.index(word)].strip()
     assert stopped.choices[0].finish_reason == "stop"
     a, b = (client.chat.completions.create(model=model, messages=story, temperature=1.0,
                                            max_tokens=16, seed=42).choices[0].message.content
@@ -225,7 +236,8 @@ def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
     assert "Traceback" not in json.dumps(answer)
     ok, fine = post(server, {"model": model, "temperature": 0,
                              "messages": [{"role": "user", "content": CAPITAL}]})
-    assert ok == 200 and "Paris" in fine["choices"][0]["message"]["content"]
+    assert ok == 200
+    assert_answers(fine["choices"][0]["message"]["content"], reference(CAPITAL, **V1))
 
 
 HI = {"role": "user", "content": "hi"}
@@ -295,7 +307,7 @@ def test_a_request_can_be_a_turn_of_a_stored_chat(server):
     reply = sdk(server).chat.completions.with_raw_response.create(
         model=model_id(server), messages=[{"role": "user", "content": CAPITAL}],
         extra_headers={"X-Reame-Chat": str(chat_id)}).parse()
-    assert "Paris" in reply.choices[0].message.content
+    assert_answers(reply.choices[0].message.content, reference(CAPITAL, max_tokens=32))
     stored = gradio.predict(chat_id, api_name="/get_chat")["messages"]
     assert [(m["role"], m["content"]) for m in stored] == [
         ("user", CAPITAL), ("assistant", reply.choices[0].message.content)]
@@ -342,7 +354,8 @@ def test_an_unexpected_error_says_so_without_internals_and_the_server_keeps_serv
     assert "Traceback" in log and "database is locked" in log, "the details are in the log"
     # Nothing was half-stored, and everything works again.
     assert gradio.predict(chat_id, api_name="/get_chat")["messages"] == []
-    assert "Paris" in gradio.predict(chat_id, CAPITAL, api_name="/send")
+    assert_answers(gradio.predict(chat_id, CAPITAL, api_name="/send"),
+                   reference(CAPITAL, max_tokens=32))
     assert isinstance(gradio.predict(api_name="/new_chat"), int)
 
 
@@ -394,6 +407,7 @@ def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_pat
         assert [m.id for m in sdk(server).models.list().data] == [gemma_path.name]
         reply = sdk(server).chat.completions.create(
             model=gemma_path.name, temperature=0, messages=[{"role": "user", "content": CAPITAL}])
-        assert "Paris" in reply.choices[0].message.content
+        assert_answers(reply.choices[0].message.content,
+                       reference(CAPITAL, **V1, model_path=gemma_path))
     finally:
         server.stop()
