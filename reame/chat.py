@@ -131,7 +131,9 @@ class ChatService:
     def _current(self) -> ModelRuntime:
         """The runtime turns go to, once a model switch under way is done (NoModel: none)."""
         with self._switch:
-            while self._loading:
+            # Also while a new model is only checked: the page already says it loads, and a
+            # turn begun on the old model now would be stopped by the switch a moment later.
+            while self._loading or self.loading_model is not None:
                 self._switch.wait()
             runtime = self.runtime
         if runtime is None:
@@ -146,11 +148,14 @@ class ChatService:
     @contextmanager
     def loading_from(self, path: Path) -> Iterator[None]:
         """Say, while the block runs, that the model at path is being checked and loaded."""
-        self.loading_model = path
+        with self._switch:
+            self.loading_model = path
         try:
             yield
         finally:
-            self.loading_model = None
+            with self._switch:
+                self.loading_model = None
+                self._switch.notify_all()  # turns that waited: on whichever model serves
 
     def replace_engine(self, load: Callable[[], tuple[Engine, KVCache]]) -> None:
         """Switch to the engine load() builds, as one step: the turns under way are stopped
@@ -179,25 +184,30 @@ class ChatService:
         if old is not None:
             old.close()
         log.info("now serving %s", engine.name)
-        self.share_default_prompt()
+        self.share_default_prompt(self.runtime)  # not using_model: its switch is not over
 
     def set_defaults(self, defaults: ChatSettings) -> None:
         """New chats' settings from now on (a settings change)."""
         self.defaults = defaults
         self.share_default_prompt()
 
-    def share_default_prompt(self) -> None:
-        """Put the default system prompt's opening on disk for every user (KVCache.share)."""
-        if self.runtime is None or not self.cache.enabled:
+    def share_default_prompt(self, runtime: ModelRuntime | None = None) -> None:
+        """Put the default system prompt's opening on disk for every user (KVCache.share),
+        with runtime (the current one by default)."""
+        runtime = runtime or self.runtime
+        if runtime is None or not runtime.cache.enabled:
             return
-        with self.using_model() as runtime:
-            opening = runtime.prompts.fixed_head(self.defaults.system_prompt, [], SHARED)
+        try:
+            with runtime.lease():
+                opening = runtime.prompts.fixed_head(self.defaults.system_prompt, [], SHARED)
 
-            def share() -> Iterator[None]:
-                runtime.cache.share(opening)
-                yield
+                def share() -> Iterator[None]:
+                    runtime.cache.share(opening)
+                    yield
 
-            runtime.scheduler.run(share, scope=SHARED)
+                runtime.scheduler.run(share, scope=SHARED)
+        except Replaced:  # switched meanwhile: the next switch shares it for its model
+            return
 
     def close(self) -> None:
         """Stop the turns under way (each keeps what it wrote) and the engine's thread, and

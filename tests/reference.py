@@ -28,7 +28,7 @@ _engines: dict[Path, tuple[Engine, PromptBuilder]] = {}
 _lock = threading.Lock()
 
 
-def reference(*messages: str, system_prompt: str = GREEDY.system_prompt,
+def model_answer(*messages: str, system_prompt: str = GREEDY.system_prompt,
               max_tokens: int = 24, model_path: Path = MODEL) -> str:
     """The greedy reply to messages (user, assistant, user, ...; the last a user's)."""
     turns = [Turn("user" if i % 2 == 0 else "assistant", text)

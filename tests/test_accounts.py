@@ -18,7 +18,7 @@ from reame.accounts import AccountError, Accounts
 from reame.store import Store
 
 from .conftest import ROOT, Server, write_config
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 CAPITAL = "What is the capital city of France? Answer in one word."
 PASSWORDS = {"alice": "alice-secret-1", "bob": "bob-secret-22"}
@@ -98,7 +98,7 @@ def test_the_page_and_gradio_client_need_a_login(guarded):
         Client(server.url, auth=("alice", "wrong password"), verbose=False)
     alice = as_user(server, "alice")
     chat = alice.predict(api_name="/new_chat")
-    assert_answers(alice.predict(chat, CAPITAL, api_name="/send"), reference(CAPITAL))
+    assert_answers(alice.predict(chat, CAPITAL, api_name="/send"), model_answer(CAPITAL))
 
 
 def test_api_keys_are_required_for_v1(guarded):
@@ -114,7 +114,7 @@ def test_api_keys_are_required_for_v1(guarded):
     status, answer = v1(server, "chat/completions", body=body, key=keys["bob"])
     assert status == 200
     assert_answers(answer["choices"][0]["message"]["content"],
-                   reference(CAPITAL, system_prompt=""))
+                   model_answer(CAPITAL, system_prompt=""))
 
 
 def test_a_users_chats_are_invisible_to_another_user_by_every_route(guarded):

@@ -5,7 +5,7 @@ from gradio_client import Client
 
 from reame.batches import CHUNK
 
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
     final = job.result()
     assert final == chunks[-1]
     terse = "You are a terse assistant."
-    assert_answers(final, reference("What is the capital city of France? Answer in one word.",
+    assert_answers(final, model_answer("What is the capital city of France? Answer in one word.",
                                     system_prompt=terse))
 
     other = client.predict("", None, api_name="/new_chat")
@@ -61,7 +61,7 @@ def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
     again = client.predict(chat_id, api_name="/get_chat")
     assert [m["content"] for m in again["messages"]] == [m["content"] for m in chat["messages"]]
     follow_up = client.predict(chat_id, "Which planet do we live on?", api_name="/send")
-    assert_answers(follow_up, reference(
+    assert_answers(follow_up, model_answer(
         "What is the capital city of France? Answer in one word.", final,
         "Which planet do we live on?", system_prompt=terse), n=1)
     # The new process restored the chat's KV from its file: only the new tokens were computed.

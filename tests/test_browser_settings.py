@@ -21,7 +21,7 @@ from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
     browser, new_chat, open_app, page, send, without_stats)
 from .conftest import Server, start_server
 from .hub_server import FakeHub
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
 STATUS = "#settings-status"
@@ -134,7 +134,7 @@ def test_a_model_picked_in_settings_is_loaded_live_and_answers(page, server, mod
     open_chat(page)
     expect(page.locator(MODEL_INFO)).to_have_text(f"Model: {GEMMA} · context 2,048 tokens")
     reply = send(page, CAPITAL)
-    assert_answers(without_stats(reply), reference(CAPITAL, model_path=gemma_path))
+    assert_answers(without_stats(reply), model_answer(CAPITAL, model_path=gemma_path))
     line = page.locator(STATS).inner_text()
     assert line.startswith("no cached history · prefilled") and STATS_TAIL.search(line), line
 
@@ -168,7 +168,7 @@ def test_sending_while_a_model_loads_waits_for_it_and_says_so(page, server, fold
     expect(page.locator(MODEL_INFO)).to_contain_text(f"Model: {GEMMA}")
     # The reply replaced the notice once the model was loaded.
     assert_answers(without_stats(page.locator(BOT).inner_text()),
-                   reference(PLANET, model_path=gemma_path))
+                   model_answer(PLANET, model_path=gemma_path))
     assert "Loading model" not in page.locator(BOT).inner_text()
     assert client.predict(api_name="/get_settings")["loaded_model"].endswith(GEMMA)
 
@@ -206,7 +206,7 @@ def test_a_file_that_is_not_a_model_is_refused_and_the_old_model_keeps_serving(p
     page.click("#new-chat")
     expect(page.locator(USER)).to_have_count(0)
     reply = send(page, PLANET)
-    assert_answers(without_stats(reply), reference(PLANET, model_path=Path(before)))
+    assert_answers(without_stats(reply), model_answer(PLANET, model_path=Path(before)))
 
 
 HUB_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"

@@ -19,7 +19,7 @@ from reame.runtime import service_over
 from reame.window import turns_of
 
 from .conftest import GREEDY
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 LONG_SYSTEM = ("You are a meticulous assistant for a public library. " * 30).strip()
 
@@ -413,7 +413,7 @@ def test_a_failed_write_delivers_the_reply_and_leaves_no_partial_file(folder, mo
 
     monkeypatch.setattr("reame.kvfile.os.fsync", disk_full)
     last = node.say(chat.id, "Which planet do we live on?")
-    assert_answers(last.text, reference("Which planet do we live on?"))
+    assert_answers(last.text, model_answer("Which planet do we live on?"))
     node.kv.flush()
     assert node.kv.counters.write_errors >= 1
     assert [p.name for p in (folder / "kv").iterdir()] in ([], [TOTALS_NAME])
@@ -532,7 +532,7 @@ def test_a_chat_deleted_while_it_answers_leaves_no_file(folder, model_path):
 def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_path):
     first = Node(folder, model_path)
     chat = first.service.new_chat()
-    first.say(chat.id, "Which planet do we live on?")
+    planet = first.say(chat.id, "Which planet do we live on?").text
     saved = kv_tokens(first.kv, chat.id)
 
     first.kv.flush()
@@ -560,7 +560,8 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     assert last.stats.typed_ahead >= CHUNK
     assert last.stats.prefilled == 0, "the typed prompt's logits were live: nothing evaluated"
     assert last.stats.prefilled == last.stats.prompt_tokens - last.stats.reused
-    assert_answers(last.text, reference(message))
+    assert_answers(last.text, model_answer("Which planet do we live on?", planet, message),
+                   n=1)
     line = stats_text(last.stats)
     assert f"restored {len(saved):,} tokens from disk" in line
     assert f"{last.stats.typed_ahead} evaluated while typing" in line

@@ -7,7 +7,7 @@ from reame.store import ChatNotFound
 from reame.window import turns_of
 
 from .conftest import GREEDY
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 
 def reply(service, chat_id, text, **kwargs):
@@ -24,7 +24,7 @@ def test_a_turn_streams_and_stores_both_messages(service):
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
     final = updates[-1]
     assert_answers(final.text,
-                   reference("What is the capital city of France? Answer in one word."))
+                   model_answer("What is the capital city of France? Answer in one word."))
     messages = service.messages(chat.id)
     assert [(m.role, m.content) for m in messages] == [
         ("user", "What is the capital city of France? Answer in one word."), ("assistant", final.text)]

@@ -15,7 +15,7 @@ from reame.engine import Engine
 from reame.prompt import Turn
 from reame.runtime import service_over
 from .conftest import GREEDY, at_once
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Say hello in Spanish.",
              "What is 2 + 2?", "Write a haiku about rain.", "What colour is the sky?",
@@ -101,7 +101,7 @@ def test_a_short_question_does_not_wait_for_a_long_reply(services, engine4):
     short = last(service.send(short_chat.id, "What is the capital of France?"))
     # The short reply ended while the story goes on: it waited for steps, not for the story.
     assert short.done
-    assert_answers(short.text, reference("What is the capital of France?", max_tokens=200))
+    assert_answers(short.text, model_answer("What is the capital of France?", max_tokens=200))
     assert service.scheduler.busy == 1
     rest = list(story)
     assert rest[-1].done and rest[-1].stats.generated > len(seen) + 40

@@ -20,7 +20,7 @@ from .browser_helpers import (  # noqa: F401 - browser is a fixture
     without_stats)
 from .conftest import Server, at_once, start_server
 from .test_openai import model_id, sdk
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 WORDS = ["PELICAN", "TORNADO", "MARMALADE", "VIOLIN", "GLACIER", "PUMPKIN", "SAXOPHONE",
          "CACTUS"]
@@ -66,7 +66,7 @@ def test_a_short_question_is_answered_while_a_long_reply_streams(server):
     chunks = iter(stream)
     next(chunks)
     assert_answers(ask_named(server, "What is the capital of France?"),
-                   reference("What is the capital of France?"))
+                   model_answer("What is the capital of France?"))
     rest = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(rest) > 50  # the story went on after the answer (it did not wait for it)
 
@@ -124,7 +124,7 @@ def test_the_page_shows_a_turn_its_place_in_line(browser, tmp_path, model_path):
         wait_for_reply_done(second, 1)
         expect(second.locator(".reame-queued")).to_have_count(0)
         assert_answers(without_stats(second.locator(BOT).last.inner_text()),
-                       reference("What is the capital of France?"))
+                       model_answer("What is the capital of France?"))
         wait_for_reply_done(first, 1)
     finally:
         for context in contexts:

@@ -18,7 +18,7 @@ from openai import APIError, APIStatusError, OpenAI
 from reame.engine import Engine
 
 from .conftest import Server, start_server
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
@@ -88,7 +88,7 @@ def test_models_and_a_completion_with_the_openai_sdk(server):
     assert [m.id for m in models] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
     reply = client.chat.completions.create(
         model=models[0].id, messages=[{"role": "user", "content": CAPITAL}], temperature=0)
-    assert_answers(reply.choices[0].message.content, reference(CAPITAL, **V1))
+    assert_answers(reply.choices[0].message.content, model_answer(CAPITAL, **V1))
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage.prompt_tokens > 10 and reply.usage.completion_tokens > 1
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
@@ -100,7 +100,7 @@ def test_streaming_with_the_sdk_and_as_raw_server_sent_events(server):
         model=model_id(server), messages=[{"role": "user", "content": PLANET}], temperature=0,
         stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert_answers(text, reference(PLANET, **V1))
+    assert_answers(text, model_answer(PLANET, **V1))
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 2, "streamed"
     usage = chunks[-1].usage
     assert usage.completion_tokens > 1
@@ -137,7 +137,7 @@ def test_a_resent_conversation_evaluates_only_its_new_tokens(server):
     assert extra["reused"] == second.usage.prompt_tokens - extra["prefilled"]
     assert extra["prefilled"] < 20, "only the new message and the reply header"
     assert second.usage.prompt_tokens_details.cached_tokens == extra["reused"]
-    assert_answers(second.choices[0].message.content, reference(
+    assert_answers(second.choices[0].message.content, model_answer(
         CAPITAL, first.choices[0].message.content, PLANET, system_prompt=system["content"],
         max_tokens=32), n=1)
 
@@ -237,7 +237,7 @@ def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
     ok, fine = post(server, {"model": model, "temperature": 0,
                              "messages": [{"role": "user", "content": CAPITAL}]})
     assert ok == 200
-    assert_answers(fine["choices"][0]["message"]["content"], reference(CAPITAL, **V1))
+    assert_answers(fine["choices"][0]["message"]["content"], model_answer(CAPITAL, **V1))
 
 
 HI = {"role": "user", "content": "hi"}
@@ -307,7 +307,7 @@ def test_a_request_can_be_a_turn_of_a_stored_chat(server):
     reply = sdk(server).chat.completions.with_raw_response.create(
         model=model_id(server), messages=[{"role": "user", "content": CAPITAL}],
         extra_headers={"X-Reame-Chat": str(chat_id)}).parse()
-    assert_answers(reply.choices[0].message.content, reference(CAPITAL, max_tokens=32))
+    assert_answers(reply.choices[0].message.content, model_answer(CAPITAL, max_tokens=32))
     stored = gradio.predict(chat_id, api_name="/get_chat")["messages"]
     assert [(m["role"], m["content"]) for m in stored] == [
         ("user", CAPITAL), ("assistant", reply.choices[0].message.content)]
@@ -355,7 +355,7 @@ def test_an_unexpected_error_says_so_without_internals_and_the_server_keeps_serv
     # Nothing was half-stored, and everything works again.
     assert gradio.predict(chat_id, api_name="/get_chat")["messages"] == []
     assert_answers(gradio.predict(chat_id, CAPITAL, api_name="/send"),
-                   reference(CAPITAL, max_tokens=32))
+                   model_answer(CAPITAL, max_tokens=32))
     assert isinstance(gradio.predict(api_name="/new_chat"), int)
 
 
@@ -408,6 +408,6 @@ def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_pat
         reply = sdk(server).chat.completions.create(
             model=gemma_path.name, temperature=0, messages=[{"role": "user", "content": CAPITAL}])
         assert_answers(reply.choices[0].message.content,
-                       reference(CAPITAL, **V1, model_path=gemma_path))
+                       model_answer(CAPITAL, **V1, model_path=gemma_path))
     finally:
         server.stop()

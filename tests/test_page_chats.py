@@ -23,7 +23,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     CURRENT, VIEWPORT, api, browser, chat_menu, current_chat, new_chat, open_app, page,
     selected_title, send, server, wait_for_reply_done, without_stats, words)
 from .conftest import Server, write_config
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 
 def test_each_chat_in_the_sidebar_shows_its_own_messages(page, server):
@@ -231,7 +231,7 @@ def test_with_accounts_the_page_asks_for_a_login_and_shows_only_your_chats(
             else:
                 expect(settings_tab).to_be_hidden()
         alice = pages["alice"]
-        assert_answers(without_stats(send(alice, CAPITAL)), reference(CAPITAL, max_tokens=64))
+        assert_answers(without_stats(send(alice, CAPITAL)), model_answer(CAPITAL, max_tokens=64))
         expect(alice.locator(CHATS)).to_have_count(1)
         bob = pages["bob"]
         bob.reload()

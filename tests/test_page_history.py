@@ -23,14 +23,14 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     REPLY_TIMEOUT, RETRY, REUSED, SCREENSHOTS, STATS, STATS_TAIL, USER, VERSIONS, api, browser,
     current_chat, current_id, new_chat, open_app, page, reload, selected_title, send, server,
     stored_stats_text, typed_ahead_call, wait_for_reply_done, wait_until, without_stats, words)
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 
 def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
     open_app(page, server)
     new_chat(page)
     first = send(page, CAPITAL)
-    assert_answers(without_stats(first), reference(CAPITAL, max_tokens=64))
+    assert_answers(without_stats(first), model_answer(CAPITAL, max_tokens=64))
     second = send(page, "Name three primary colors.")
     expected_users = [CAPITAL, "Name three primary colors."]
     expected_bots = [first, second]
@@ -84,8 +84,8 @@ def test_retry_keeps_the_old_reply_as_a_version_and_reuses_the_history(page, ser
     open_app(page, server)
     new_chat(page)
     capital = without_stats(send(page, CAPITAL))
-    assert_answers(capital, reference(CAPITAL, max_tokens=64))
-    planet = reference(CAPITAL, capital, PLANET, max_tokens=64)
+    assert_answers(capital, model_answer(CAPITAL, max_tokens=64))
+    planet = model_answer(CAPITAL, capital, PLANET, max_tokens=64)
     assert_answers(without_stats(send(page, PLANET)), planet, n=1)
     client = api(server)
     chat_id = current_id(page)
@@ -153,7 +153,7 @@ def test_retry_keeps_the_old_reply_as_a_version_and_reuses_the_history(page, ser
 def test_branch_from_here_opens_a_new_chat_that_reuses_the_kv(page, server):
     open_app(page, server)
     new_chat(page)
-    assert_answers(without_stats(send(page, CAPITAL)), reference(CAPITAL, max_tokens=64))
+    assert_answers(without_stats(send(page, CAPITAL)), model_answer(CAPITAL, max_tokens=64))
     send(page, PLANET)
     client = api(server)
     parent = client.predict(current_id(page), api_name="/get_chat")
@@ -191,7 +191,7 @@ def test_editing_an_earlier_message_makes_a_new_version_of_what_followed_it(page
     new_chat(page)
     first = "What is the capital city of Germany? Answer in one word."
     berlin = without_stats(send(page, first))
-    assert_answers(berlin, reference(first, max_tokens=64))
+    assert_answers(berlin, model_answer(first, max_tokens=64))
     hello = send(page, "Say hello.")
     chat_id = current_id(page)
     # Each of the user's messages can be edited, and only those.
@@ -209,7 +209,7 @@ def test_editing_an_earlier_message_makes_a_new_version_of_what_followed_it(page
     wait_for_reply_done(page, 1)
     expect(page.locator(BOT)).to_have_count(1)
     reply = page.locator(BOT).inner_text()
-    assert_answers(without_stats(reply), reference(edited, max_tokens=64))
+    assert_answers(without_stats(reply), model_answer(edited, max_tokens=64))
     chat_view = page.locator("#chatbot")
     for gone in (first, berlin, "Say hello.", without_stats(hello)):
         expect(chat_view).not_to_contain_text(gone)

@@ -11,7 +11,7 @@ from reame.runtime import build_service
 from reame.settings import Settings, SettingsError
 
 from .conftest import ROOT
-from .reference import assert_answers, reference
+from .reference import assert_answers, model_answer
 
 
 @pytest.fixture
@@ -161,7 +161,7 @@ def test_a_model_that_fails_to_load_keeps_the_old_one_serving(setup, tmp_path, m
     assert settings.service.engine is engine and path.read_bytes() == before
     chat = settings.service.new_chat()
     assert_answers(last_turn(settings.service, chat.id, "Which planet do we live on?").text,
-                   reference("Which planet do we live on?"))
+                   model_answer("Which planet do we live on?"))
 
 
 def test_kv_type_switch_reloads_and_uses_its_own_files(setup):
