@@ -22,8 +22,13 @@ from reame.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-GREEDY = GenerationConfig(system_prompt="You are a helpful assistant.", temperature=0.0,
-                          top_p=1.0, max_tokens=24)
+# The default system prompt of the tests' services and servers. REAME_TEST_SYSTEM_PROMPT changes
+# it, e.g. to "Always answer in French.": the model's answers change as on a CPU that rounds
+# otherwise, and the tests, which compare with the model's own answer (tests/reference.py),
+# must still pass and still check what they claim.
+SYSTEM_PROMPT = os.environ.get("REAME_TEST_SYSTEM_PROMPT", "You are a helpful assistant.")
+GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.0,
+                          max_tokens=24)
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +92,7 @@ def free_port() -> int:
 def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2048,
                  max_tokens: int = 24, temperature: float = 0.0, port: int | None = None,
                  host: str = "127.0.0.1", users_file: str = "", extra: str = "",
-                 system_prompt: str = "You are a helpful assistant.", slots: int = 4,
+                 system_prompt: str = SYSTEM_PROMPT, slots: int = 4,
                  max_waiting: int = 16, server_extra: str = "") -> Path:
     """A reame.conf in folder with its sessions beside it; extra goes at the end (after
     [storage]), server_extra into [server]."""
