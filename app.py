@@ -33,7 +33,7 @@ from reame.web.page_parts import CSS, PAGE_JS
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
 MAX_REQUEST_BYTES = 2 << 20  # any request body (the page, the Gradio API, /v1)
-MAX_UPLOAD_BYTES = 64 << 20  # a file uploaded through the page: chats to import
+MULTIPART_SLACK = 64 << 10  # an upload's body beyond its file: the form's parts
 SETTINGS = "settings"  # one settings change at a time (turns: the scheduler bounds them)
 
 
@@ -46,17 +46,21 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     from reame.web.health import build_health_router
     from reame.web.metrics import CountRequests, Metrics, build_metrics_router
     from reame.web.openai_api import build_router, internal_error
+    from reame.web.uploads import Uploads
 
     settings = Settings(config, service)
     can_configure = ((lambda user: accounts.is_admin(accounts.name_of(user)))
                      if accounts is not None else lambda user: True)
+    max_upload = config.server.max_upload_mb << 20
+    uploads = Uploads(max_bytes=max_upload)  # the page's uploads, each for its own session
     with gr.Blocks(title="Reame", analytics_enabled=False, fill_height=True) as demo:
         # The API first, so that its endpoint names stay exactly as documented.
         register_api(service, settings_group=SETTINGS, settings=settings,
                      can_configure=can_configure)
         build_page(demo, service, settings_group=SETTINGS, settings=settings, title="Reame",
                    can_configure=can_configure,
-                   name_of=accounts.name_of if accounts is not None else lambda user: None)
+                   name_of=accounts.name_of if accounts is not None else lambda user: None,
+                   uploads=uploads)
     demo.queue(default_concurrency_limit=8)
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
     if accounts is not None:
@@ -76,10 +80,14 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         # Behind a proxy that serves it under a path: the page's own links and API calls.
         root_path=config.server.public_root or None,
         # Not Gradio's own "Settings" link: the page has a Settings tab of its own.
-        footer_links=["api", "gradio"])
+        footer_links=["api", "gradio"], max_file_size=max_upload)
+    # Gradio checks the files an event names (only its upload folder) once it counts as
+    # launched, which mount_gradio_app does not set: without it an event could name any file.
+    demo.has_launched = True
     server = config.server
-    guarded = Guard(app, allowed_hosts=server.allowed_host_names, max_body=MAX_REQUEST_BYTES,
-                    max_upload=MAX_UPLOAD_BYTES, allowed_origins=server.allowed_origin_list)
+    guarded = Guard(uploads.wrap(app), allowed_hosts=server.allowed_host_names,
+                    max_body=MAX_REQUEST_BYTES, max_upload=max_upload + MULTIPART_SLACK,
+                    allowed_origins=server.allowed_origin_list)
     return CountRequests(guarded, metrics)  # the refused ones too
 
 

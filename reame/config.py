@@ -54,6 +54,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "user_share", float, 0.5,
             "with accounts, the share of the slots, and of the waiting line, that one user or "
             "API key may hold at once", 0.0, 1.0, low_open=True),
+    Setting("server", "max_upload_mb", int, 64,
+            "largest file the page takes (an import of chats) in MB; other kinds are refused",
+            1, 4096),
     Setting("server", "warm_up", bool, True,
             "run the model once on every slot at start, before /health says ok"),
     Setting("server", "root_path", str, "",
@@ -105,6 +108,7 @@ class ServerConfig:
     max_waiting: int
     stalled_reply_s: int
     user_share: float
+    max_upload_mb: int
     warm_up: bool
     root_path: str
 

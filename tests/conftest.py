@@ -123,7 +123,9 @@ class Server:
 
     def start(self, timeout: float = 90) -> "Server":
         log = self.log_path.open("ab")
-        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+        # Each server keeps its uploads in a folder of its own (tests look at what is left).
+        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
+               "GRADIO_TEMP_DIR": str(self.config.parent / "gradio")}
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "app.py"), "--config", str(self.config),
              "--port", str(self.port)],

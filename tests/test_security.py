@@ -30,6 +30,7 @@ from reame.prompt import Turn
 
 from .browser_helpers import browser  # noqa: F401 - the Chromium fixture, shared
 from .conftest import Server, start_server, write_config
+from .page_events import PageSession, file_data
 from .test_accounts import cli, v1
 
 USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22", "carol": "carol-secret-333"}
@@ -50,7 +51,8 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def bank(tmp_path_factory, model_path):
     """A server with accounts: alice (admin), bob and carol, each with an API key."""
     folder = tmp_path_factory.mktemp("security")
-    config = write_config(folder, model_path=model_path, max_tokens=8, system_prompt=SYSTEM)
+    config = write_config(folder, model_path=model_path, max_tokens=8, system_prompt=SYSTEM,
+                          server_extra="max_upload_mb = 1")
     keys = {}
     for name, password in USERS.items():
         made = cli(config, "adduser", name, "--key", password=password)
@@ -570,3 +572,72 @@ def test_a_text_too_long_for_any_context_is_refused_before_it_is_tokenized(servi
         service.complete("", [Turn("user", huge)])
     assert not any(n >= len(huge) for n in calls), "the text itself was never tokenized"
     assert service.messages(chat.id) == [], "nothing stored"
+
+
+def uploads_kept(server: Server) -> set[Path]:
+    return {p for p in (server.config.parent / "gradio").rglob("*") if p.is_file()}
+
+
+def test_an_import_reads_only_a_file_its_own_session_uploaded(bank):
+    """The page's Import event is given a path by its client: only a file this very session
+    uploaded (and did not import yet) is read, anything else on the server is not, and a
+    missing file is refused in the same words as a file that exists."""
+    server, _ = bank
+    alice = PageSession(server.url, "alice", USERS["alice"])
+    bob = PageSession(server.url, "bob", USERS["bob"])
+    import_event = alice.fn_index("Import", "upload")
+    alice_api, bob_api = login(server, "alice"), login(server, "bob")
+    chat = alice_api.predict("alice PIN 4827", api_name="/new_chat")
+    export = alice_api.predict(chat, "json", api_name="/export_chat").encode()
+    before = uploads_kept(server)
+
+    uploaded = alice.upload("mine.json", export)
+    assert uploaded.status_code == 200, uploaded.text
+    [path] = uploaded.json()
+
+    def bobs_titles():
+        return [c["title"] for c in bob_api.predict(api_name="/list_chats")]
+
+    # bob names alice's upload, the server's users file, a file of the project, a missing one.
+    users_file = server.config.parent / "users.json"
+    assert users_file.exists()
+    refusals = []
+    for named in (path, str(users_file), str(Path(__file__).parent / "data" /
+                                                   "chatgpt_conversations.json"),
+                  str(server.config.parent / "missing.json")):
+        done, message = bob.run(import_event, file_data(named), None)
+        assert not done, named
+        refusals.append(message)
+    assert "PIN" not in str(bobs_titles())
+    assert refusals[1] == refusals[2] == refusals[3], "a missing file answers differently"
+    assert not any(p.name == "users.json" for p in uploads_kept(server)), "copied into the cache"
+
+    # alice's own import works, once; the file is gone after it.
+    done, _ = alice.run(import_event, file_data(path, "mine.json"), chat)
+    assert done
+    titles = [c["title"] for c in alice_api.predict(api_name="/list_chats")]
+    assert titles.count("alice PIN 4827") == 2
+    assert not Path(path).exists()
+    assert not alice.run(import_event, file_data(path, "mine.json"), chat)[0]
+    assert uploads_kept(server) == before
+
+
+def test_uploads_are_only_chats_within_the_size_set_and_a_few_at_a_time(bank):
+    """Anything but JSON, or over [server] max_upload_mb (1 MB here), is refused and deleted;
+    a session may keep a few uploads waiting to be imported, not a disk's worth."""
+    server, _ = bank
+    bob = PageSession(server.url, "bob", USERS["bob"])
+    before = uploads_kept(server)
+    for name, content, status in (("tool.sh", b"#!/bin/sh\necho hi\n", 415),
+                                  ("chats.json", b"MZ\x90\x00 not json", 415),
+                                  ("big.json", b"[" + b" " * (2 << 20) + b"]", 413)):
+        answer = bob.upload(name, content)
+        assert answer.status_code == status, (name, answer.status_code, answer.text)
+    assert uploads_kept(server) == before, "a refused upload was kept"
+    for n in range(4):
+        assert bob.upload(f"c{n}.json", b'{"n": %d}' % n).status_code == 200
+    answer = bob.upload("c4.json", b'{"n": 4}')
+    assert answer.status_code == 429 and "wait to be imported" in answer.text
+    # Another user's uploads are counted for them, not for bob.
+    carol = PageSession(server.url, "carol", USERS["carol"])
+    assert carol.upload("c.json", b'{"n": 5}').status_code == 200

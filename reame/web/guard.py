@@ -7,8 +7,8 @@
   `Origin`) is served only if that page is this app's own (its host and port are the Host
   asked for) or a configured origin (`[server] allowed_origins`); clients that are not
   browsers send no Origin and are not affected;
-- a body it can afford: at most max_body bytes (max_upload for the page's file uploads) as
-  they arrive, whatever Content-Length says;
+- a body it can afford: at most max_body bytes (max_upload for the page's file uploads, which
+  are streamed to disk rather than held) as they arrive, whatever Content-Length says;
 - cookies other sites do not get: Gradio's login cookie is SameSite=None; it goes out as
   SameSite=Lax, so a page of another site cannot send it with its requests.
 """
@@ -66,10 +66,14 @@ class Guard:
         if scope["type"] == "websocket":
             await self.app(scope, receive, send)
             return
-        limit = self.max_upload if scope["path"].endswith(UPLOAD_PATH) else self.max_body
+        upload = scope["path"].endswith(UPLOAD_PATH)
+        limit = self.max_upload if upload else self.max_body
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             await self._too_large(scope, send, limit)
+            return
+        if upload:  # streamed to disk by Gradio, not held in memory here; cut past the limit
+            await self.app(scope, _counted(receive, limit), _lax_cookies(send))
             return
         body = await self._read_body(receive, limit)
         if body is None:
@@ -115,6 +119,23 @@ async def _refuse(scope, send, status: int, code: str, message: str) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def _counted(receive, limit: int):
+    """A receive() that passes the body on as it arrives and, past limit bytes, says the client
+    went away (the app stops reading; whatever it wrote so far is its to delete)."""
+    size = 0
+
+    async def counted():
+        nonlocal size
+        message = await receive()
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > limit:
+                return {"type": "http.disconnect"}
+        return message
+
+    return counted
 
 
 def _replay(body: bytes, receive):

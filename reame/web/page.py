@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import aclosing
-from pathlib import Path
 
 import anyio.to_thread
 import gradio as gr
@@ -20,10 +19,11 @@ from ..chat_settings import FIELD, ChatSettings
 from ..render import inert_html, shown_reply, to_chatbot
 from ..settings import Settings
 from .chat_list import SHOWN, chat_list_html, search_results_html
-from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, HIDDEN, ROLE_JS, flatten, panel,
-                         panel_js)
+from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, HIDDEN, ROLE_JS, flatten, import_button,
+                         panel, panel_js)
 from .page_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
 from .turn_updates import turn_updates
+from .uploads import UploadRefused, Uploads, session_key
 from .user import user_of
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ def _settings_values(service: ChatService, chat_id: int | None, user: str | None
 def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                settings: Settings | None = None, title: str = "Reame",
                can_configure: Callable[[str | None], bool] = lambda user: True,
-               name_of: Callable[[str | None], str | None] = lambda user: None) -> None:
+               name_of: Callable[[str | None], str | None] = lambda user: None,
+               uploads: Uploads | None = None) -> None:
     """The page, built into demo (the Blocks being defined). Settings changes run one at a time
     (the concurrency group settings_group); turns, any number at once (the service's scheduler
     lines them up). can_configure(user) says who may change the settings (with accounts:
@@ -88,8 +89,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                             elem_id="chat-search")
         chat_list = gr.HTML(elem_id="chat-list", padding=False)
         with gr.Row(elem_id="transfer-row"):
-            import_btn = gr.UploadButton("Import", file_types=[".json"], size="sm",
-                                         elem_id="import-chats")
+            import_btn = import_button("Import", file_types=[".json"], size="sm",
+                                       elem_id="import-chats")
             export_all_btn = gr.Button("Export all", size="sm", elem_id="export-all")
         # The cache in one line of plain words, its figures on demand (cache_markdown).
         cache_md = gr.HTML(elem_id="cache-stats", padding=False)
@@ -365,10 +366,13 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     def import_chats(upload, chat_id, request: gr.Request):
         """Chats from a file: Reame's export or ChatGPT's conversations.json."""
         user = user_of(request)
+        if uploads is None:
+            raise gr.Error("Nothing was imported: this server takes no uploads",
+                           print_exception=False)
         try:
-            data = Path(upload).read_bytes()
+            data = uploads.take(upload, session_key(request.headers.get("cookie", "")))
             made = service.import_chats(data, user)
-        except ChatError as exc:
+        except (ChatError, UploadRefused) as exc:
             raise gr.Error(f"Nothing was imported: {exc}", print_exception=False) from None
         gr.Info(f"Imported {len(made):,} chat{'s' if len(made) != 1 else ''}.")
         return show(made[0].id if made else chat_id, request)

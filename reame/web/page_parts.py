@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import gradio as gr
+from gradio.data_classes import FileData
+from gradio.utils import NamedString
 
 CSS = """
 .reame-stats { font-size: 0.75em; opacity: 0.85; margin-top: 0.4em; }
@@ -163,3 +165,21 @@ def flatten(value) -> str:
     if isinstance(value, dict):
         return str(value.get("text", ""))
     return str(value or "")
+
+
+
+def import_button(label: str, *, file_types: list[str], **kwargs) -> gr.UploadButton:
+    """Gradio's UploadButton handing its event the uploaded file's path, without the empty temp
+    file Gradio 6's own preprocessing leaves in its upload folder at every upload (never
+    deleted). The event reads the file through the upload ledger (uploads.py). (Set on the
+    instance: a subclass of a Gradio component writes a .pyi file beside this module.)"""
+    button = gr.UploadButton(label, file_types=file_types, **kwargs)
+
+    def path_only(f: FileData) -> NamedString:
+        if not any(f.path.lower().endswith(kind.lower()) for kind in file_types):
+            raise gr.Error(f"Only {', '.join(file_types)} files can be imported.",
+                           print_exception=False)
+        return NamedString(f.path)
+
+    button._process_single_file = path_only
+    return button
