@@ -48,12 +48,13 @@ class ChatKeeper:
     """A stored chat's Keeper (turn.py): the reply becomes the chat's next message, with its
     exact tokens and stats; nothing is kept if the chat was deleted while it answered."""
 
-    def __init__(self, store: Store, chat_id: int, model: str, after: int | None):
-        self.store, self.chat_id, self.model = store, chat_id, model
+    def __init__(self, store: Store, chat_id: int, owner: str | None, model: str,
+                 after: int | None):
+        self.store, self.chat_id, self.owner, self.model = store, chat_id, owner, model
         self.after = after  # the message the reply follows (the user may show another meanwhile)
 
     def alive(self) -> bool:
-        return self.store.has_chat(self.chat_id)
+        return self.store.has_chat(self.chat_id, self.owner)
 
     def keep(self, decoding: Decoding, stats: TurnStats) -> int:
         reply = decoding.text
@@ -62,7 +63,7 @@ class ChatKeeper:
             # A reply cut at a stop string holds tokens past its text: re-tokenize it.
             tokens=None if decoding.cut else decoding.generated,
             tokens_model=self.model, stats=asdict(stats), stopped=stats.stopped,
-            after=self.after).id
+            after=self.after, expect_owner=self.owner).id
 
 
 class ChatService:
@@ -564,19 +565,23 @@ class ChatService:
         kept = [m for m in history if cut_at is None or m.position < cut_at]
         window = fit(runtime.prompts, chat, _scope(chat), kept,
                      Turn("user", text) if text is not None else None, cut_at)
+        # Each write checks, in its own transaction, that the chat is still the owner's.
         if cut_at is not None:  # a new version: the old one stays (versions)
-            self.store.rewind(chat.id, cut_at)
+            self.store.rewind(chat.id, cut_at, expect_owner=owner)
         if window.start != chat.window_start:
-            chat = self.store.update_chat(chat.id, window_start=window.start)
+            chat = self.store.update_chat(chat.id, window_start=window.start,
+                                          expect_owner=owner)
         user_message_id = None
         if text is not None:
-            user_message_id = self.store.add_message(chat.id, "user", text).id
+            user_message_id = self.store.add_message(chat.id, "user", text,
+                                                     expect_owner=owner).id
             if chat.title == DEFAULT_TITLE and not kept:
-                self.store.update_chat(chat.id, title=title_from(text))
+                self.store.update_chat(chat.id, title=title_from(text), expect_owner=owner)
         after = user_message_id if text is not None else (kept[-1].id if kept else None)
         job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
                         user_message_id=user_message_id)
-        return job, ChatKeeper(self.store, chat.id, runtime.engine.fingerprint, after)
+        return job, ChatKeeper(self.store, chat.id, chat.owner, runtime.engine.fingerprint,
+                               after)
 
     def _restore_ahead(self, runtime: ModelRuntime, chat_id: int,
                        scope: str) -> Callable[[], Iterator[bool]] | None:

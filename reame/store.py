@@ -18,6 +18,7 @@ from pathlib import Path
 from sqlalchemy import BigInteger, Integer, event, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import AutoString, Field, Session, SQLModel, create_engine, delete, func, select
 
@@ -73,7 +74,15 @@ class _Text(TypeDecorator):
         return value
 
 
+ANY_OWNER = object()  # a write that need not check whose the chat is (an admin's, a migration's)
+
+# Ids are never reused (SQLite: AUTOINCREMENT; PostgreSQL's sequences never go back): a reply,
+# a KV file or a link that outlives its chat cannot land in a later chat given the same id.
+_NEVER_REUSED = {"sqlite_autoincrement": True}
+
+
 class Chat(SQLModel, table=True):
+    __table_args__ = _NEVER_REUSED
     id: int | None = Field(default=None, primary_key=True, sa_type=_ID)
     title: str = Field(sa_type=_Text)
     # The chat's own settings (chat_settings.ChatSettings).
@@ -98,6 +107,7 @@ class Chat(SQLModel, table=True):
 
 
 class Message(SQLModel, table=True):
+    __table_args__ = _NEVER_REUSED
     id: int | None = Field(default=None, primary_key=True, sa_type=_ID)
     chat_id: int = Field(foreign_key="chat.id", index=True, sa_type=_ID)
     # The message this one follows (None: the chat's first). Versions share a parent.
@@ -227,6 +237,56 @@ def _search_and_pins(conn: Connection) -> None:
     conn.execute(text("INSERT INTO chat_fts (rowid, title) SELECT id, title FROM chat"))
 
 
+def _sqlite_ids_never_reused(engine: Engine) -> bool:
+    """A SQLite database made before ids were AUTOINCREMENT gets its chat and message tables
+    rebuilt with it (SQLite cannot change a primary key in place), by SQLite's documented
+    procedure for other schema changes: foreign keys off, one transaction, a foreign key check
+    before the commit. The search triggers and indexes, dropped with the old tables, are made
+    again. Whether it ran. (The ids of chats deleted before it left no trace and may be given
+    once more; nothing of them outlives it: their KV files went with them, and no turn
+    outlives the restart an upgrade takes.)"""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        tables = dict(conn.exec_driver_sql(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'table'").all())
+        if "AUTOINCREMENT" in tables.get("chat", "AUTOINCREMENT").upper():
+            return False  # a new database (created so), or done already
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            for model in (Chat, Message):
+                table = model.__table__
+                ddl = str(CreateTable(table).compile(dialect=conn.dialect)).strip()
+                conn.exec_driver_sql(ddl.replace(f"CREATE TABLE {table.name} ",
+                                                 f"CREATE TABLE {table.name}_new ", 1))
+                columns = ", ".join(column.name for column in table.columns)
+                conn.exec_driver_sql(f"INSERT INTO {table.name}_new ({columns}) "
+                                     f"SELECT {columns} FROM {table.name}")
+                conn.exec_driver_sql(f"DROP TABLE {table.name}")
+                conn.exec_driver_sql(f"ALTER TABLE {table.name}_new RENAME TO {table.name}")
+                for index in table.indexes:
+                    conn.exec_driver_sql(str(CreateIndex(index, if_not_exists=True).compile(
+                        dialect=conn.dialect)))
+            for statement in _SQLITE_SEARCH:  # the triggers went with the tables
+                if statement.startswith("CREATE TRIGGER"):
+                    conn.exec_driver_sql(statement)
+            broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+            if broken:
+                raise RuntimeError(f"rebuilding the tables broke foreign keys: {broken[:5]}")
+            conn.exec_driver_sql("COMMIT")
+        except BaseException:
+            conn.exec_driver_sql("ROLLBACK")
+            raise
+        finally:
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+    return True
+
+
+def _ids_never_reused(conn: Connection) -> None:
+    """Nothing to do in the migrations' transaction: PostgreSQL's sequences never reuse ids,
+    and an older SQLite database is rebuilt after it (_sqlite_ids_never_reused, which checks
+    the schema itself)."""
+
+
 # Named, ordered, idempotent; each runs once and is recorded in the migrations table.
 MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("001_create_chat_and_message", _create_tables),
@@ -234,6 +294,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("003_chat_owner", _add_owner),
     ("004_message_tree", _message_tree),
     ("005_search_and_pins", _search_and_pins),
+    ("006_ids_never_reused", _ids_never_reused),
 )
 
 
@@ -276,6 +337,8 @@ def migrate(engine: Engine) -> list[str]:
             conn.execute(text("INSERT INTO migrations VALUES (:n, :t)"),
                          {"n": name, "t": time.time()})
             applied.append(name)
+    if engine.dialect.name == "sqlite" and _sqlite_ids_never_reused(engine):
+        applied.append("006_ids_never_reused (tables rebuilt)")
     return applied
 
 
@@ -352,11 +415,14 @@ class Store:
             raise ChatNotFound(chat_id)
         return chat
 
-    def has_chat(self, chat_id: int) -> bool:
+    def has_chat(self, chat_id: int, owner: object = ANY_OWNER) -> bool:
+        """Whether the chat exists (and belongs to owner, if one is given: None is the
+        owner of chats made without accounts)."""
         if not _storable_id(chat_id):
             return False
         with self._session() as session:
-            return session.get(Chat, chat_id) is not None
+            chat = session.get(Chat, chat_id)
+            return chat is not None and (owner is ANY_OWNER or chat.owner == owner)
 
     def list_chats(self, owner: str | None = None, limit: int | None = None) -> list[Chat]:
         """The owner's chats (None: the chats made without accounts): pinned ones first, then
@@ -412,11 +478,11 @@ class Store:
             session.commit()
             return len(chats)
 
-    def update_chat(self, chat_id: int, **fields) -> Chat:
+    def update_chat(self, chat_id: int, *, expect_owner: object = ANY_OWNER, **fields) -> Chat:
+        """expect_owner: the chat must (still) belong to them, checked in the write's
+        transaction (ChatNotFound otherwise)."""
         with self._session() as session:
-            chat = _locked_chat(session, chat_id)
-            if chat is None:
-                raise ChatNotFound(chat_id)
+            chat = _owned_chat(session, chat_id, expect_owner)
             for name, value in fields.items():
                 if not hasattr(Chat, name) or name in ("id", "created_at"):
                     raise AttributeError(f"Chat has no editable field {name!r}")
@@ -462,13 +528,12 @@ class Store:
     def add_message(self, chat_id: int, role: str, content: str, *,
                     tokens: Iterable[int] | None = None, tokens_model: str | None = None,
                     stats: dict | None = None, stopped: bool = False,
-                    created_at: float | None = None, after: int | None = None) -> Message:
+                    created_at: float | None = None, after: int | None = None,
+                    expect_owner: object = ANY_OWNER) -> Message:
         """A message after `after` (a message id; None: the last of the branch shown); it
-        becomes the last of the branch shown."""
+        becomes the last of the branch shown. expect_owner: as update_chat."""
         with self._session() as session:
-            chat = _locked_chat(session, chat_id)
-            if chat is None:
-                raise ChatNotFound(chat_id)
+            chat = _owned_chat(session, chat_id, expect_owner)
             parent_id = after if after is not None else chat.leaf_id
             parent = session.get(Message, parent_id) if parent_id is not None else None
             if parent is not None and parent.chat_id != chat_id:
@@ -525,11 +590,12 @@ class Store:
             session.add(chat)
             session.commit()
 
-    def rewind(self, chat_id: int, position: int) -> None:
+    def rewind(self, chat_id: int, position: int, *, expect_owner: object = ANY_OWNER) -> None:
         """Show the branch only up to the message before position: the next message added
         becomes a new version of the one at position (which stays, as do those after it)."""
         branch = self.messages(chat_id)
-        self.update_chat(chat_id, leaf_id=branch[position - 1].id if position > 0 else None)
+        self.update_chat(chat_id, leaf_id=branch[position - 1].id if position > 0 else None,
+                         expect_owner=expect_owner)
 
     def show_version(self, chat_id: int, message_id: int) -> list[Message]:
         """Show the branch through message_id (one of the chat's messages): down to the
@@ -539,6 +605,14 @@ class Store:
             raise MessageNotFound(message_id)
         self.update_chat(chat_id, leaf_id=thread.newest_under(message_id))
         return self.thread(chat_id).branch
+
+
+def _owned_chat(session: Session, chat_id: int, owner: object) -> Chat:
+    """The chat, locked (_locked_chat), if it belongs to owner (ANY_OWNER: anyone's)."""
+    chat = _locked_chat(session, chat_id)
+    if chat is None or (owner is not ANY_OWNER and chat.owner != owner):
+        raise ChatNotFound(chat_id)
+    return chat
 
 
 def _locked_chat(session: Session, chat_id: int) -> Chat | None:

@@ -641,3 +641,33 @@ def test_uploads_are_only_chats_within_the_size_set_and_a_few_at_a_time(bank):
     # Another user's uploads are counted for them, not for bob.
     carol = PageSession(server.url, "carol", USERS["carol"])
     assert carol.upload("c.json", b'{"n": 5}').status_code == 200
+
+
+def test_a_deleted_chats_reply_never_lands_in_a_chat_made_after_it(bank):
+    """bob's reply to his chat X is under way; he deletes X; alice makes a new chat (SQLite
+    gave it the id X); bob hangs up, and the reply so far is kept... in X, which is alice's.
+    Now ids are never given again, and the reply's write checks the chat's owner."""
+    from .test_disconnect import metric, settle
+
+    server, keys = bank
+    alice_api, bob_api = login(server, "alice"), login(server, "bob")
+    chat = bob_api.predict("bob's plan", api_name="/new_chat")  # the newest: the largest id
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 64, "temperature": 0,
+                       "messages": [{"role": "user", "content":
+                                     "Tell me about the sea and its tides. " * 120}]})
+    connection.request("POST", "/v1/chat/completions", body=body, headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {keys['bob']}",
+        "X-Reame-Chat": str(chat)})
+    response = connection.getresponse()
+    assert response.status == 200
+    deadline = time.monotonic() + 60
+    while not metric(server, "reame_turns_active") and time.monotonic() < deadline:
+        time.sleep(0.05)  # the turn is under way (its long prompt is being read)
+    bob_api.predict(chat, api_name="/delete_chat")
+    alices = alice_api.predict("alice's new chat", api_name="/new_chat")
+    assert alices != chat, "a deleted chat's id was given again"
+    response.readline()  # the reply has started (or ended)
+    connection.close()  # bob hangs up: what was written is kept, if it has a chat
+    settle(server, timeout=120)
+    assert alice_api.predict(alices, api_name="/get_chat")["messages"] == []

@@ -1,7 +1,9 @@
 """The store on both databases it runs on: each test taking `database` runs on a SQLite file
 and on a fresh PostgreSQL database (tests/postgres.py), with the same assertions."""
 
+import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -63,6 +65,56 @@ def test_a_database_from_before_the_window_column_is_upgraded(database):
     store = Store(database)
     assert store.get_chat(chat.id).window_start == 0
     assert store.update_chat(chat.id, window_start=4).window_start == 4
+
+
+def test_ids_of_deleted_chats_and_messages_are_never_given_again(database):
+    """A reply, a KV file or a link that outlives its chat must not land in a later one."""
+    store = Store(database)
+    new_chat(store, "kept")
+    gone = new_chat(store, "deleted")  # the largest id, the one SQLite's rowid reuses
+    message = store.add_message(gone.id, "user", "hi")
+    store.delete_chat(gone.id)
+    again = new_chat(store, "new")
+    assert again.id > gone.id
+    assert store.add_message(again.id, "user", "hello").id > message.id
+    with pytest.raises(ChatNotFound):
+        store.add_message(gone.id, "assistant", "a late reply")
+
+
+def test_a_write_that_expects_an_owner_checks_it_in_its_transaction(store):
+    chat = new_chat(store, owner="alice")
+    assert store.has_chat(chat.id, "alice") and not store.has_chat(chat.id, "bob")
+    for write in (lambda: store.add_message(chat.id, "assistant", "x", expect_owner="bob"),
+                  lambda: store.update_chat(chat.id, title="x", expect_owner="bob"),
+                  lambda: store.add_message(chat.id, "user", "x", expect_owner=None)):
+        with pytest.raises(ChatNotFound):
+            write()
+    assert store.messages(chat.id) == [] and store.get_chat(chat.id).title == "t"
+    assert store.add_message(chat.id, "user", "mine", expect_owner="alice").content == "mine"
+
+
+def test_a_sqlite_database_of_the_previous_release_gets_ids_never_reused(tmp_path):
+    """tests/data/reame-before-autoincrement.db was made by the release before: chats of
+    alice and bob with messages, and bob's newest chat deleted."""
+    path = tmp_path / "reame.db"
+    shutil.copy(Path(__file__).parent / "data" / "reame-before-autoincrement.db", path)
+    store = Store(path)
+    assert [c.title for c in store.list_chats("alice")] == ["Cafés in Lyon"]
+    [bobs] = store.list_chats("bob")
+    assert [m.content for m in store.messages(bobs.id)] == [
+        "hello from Bob's plan", "a reply about the café"]
+    assert store.messages(bobs.id)[-1].token_list == [1, 2, 3]
+    assert [found.chat.title for found in store.search("alice", "cafe")] == ["Cafés in Lyon"]
+    sql = sqlite3.connect(path).execute(
+        "SELECT sql FROM sqlite_master WHERE name IN ('chat', 'message')").fetchall()
+    assert all("AUTOINCREMENT" in row[0] for row in sql)
+    store.delete_chat(bobs.id)
+    assert new_chat(store, "next", owner="carol").id > bobs.id
+    assert Store(path).get_chat(bobs.id + 1)  # reopened: nothing rebuilt twice, nothing lost
+    with pytest.raises(Exception):  # foreign keys still hold
+        with store.engine.begin() as conn:
+            conn.execute(text("INSERT INTO message (chat_id, position, role, content, "
+                              "created_at, stopped) VALUES (9999, 0, 'user', 'x', 0, 0)"))
 
 
 def test_chats_and_messages_survive_reopening(database):
