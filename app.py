@@ -230,8 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     finish_writes_on_sigterm(service)
     if config.server.warm_up:
         start_warm_up(service)
+    # A proxy's X-Forwarded-For/-Proto (the client's address, https) only from the proxies
+    # named: otherwise anyone could name any address (login limits) or claim https.
+    proxies = config.server.trusted_proxies.replace(" ", "")
     uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, proxy_headers=bool(proxies),
+                forwarded_allow_ips=proxies or None)
     return 0
 
 

@@ -28,6 +28,7 @@ from .conversation import ConversationKeeper, ReplyMemory
 from .engine import Engine, Sampling
 from .errors import (ChatError, EmptyMessage, MessageTooLong, NoModel, ServerBusy,
                      TooManyChats, check_seed, check_text)
+from .jsontext import lone_surrogate
 from .model_runtime import ModelRuntime
 from .prompt import PromptBuilder, Turn
 from .scheduler import Limits, Replaced, Scheduler, Stopped, Waiting
@@ -353,6 +354,11 @@ class ChatService:
             parsed = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadImport(f"the file is not JSON ({exc})") from None
+        except RecursionError:
+            raise BadImport("the file's JSON is nested too deeply") from None
+        where = lone_surrogate(parsed)
+        if where is not None:
+            raise BadImport(f"{where} is not valid text (it holds a lone UTF-16 surrogate)")
         imported = parse_import(parsed)
         settings = [chat.settings_over(self.defaults) for chat in imported]
         made = []
@@ -360,10 +366,15 @@ class ChatService:
             if self.store.count_chats(user) + len(imported) > self.max_chats:
                 raise TooManyChats(f"this would make more than {self.max_chats:,} chats, the "
                                    "most this server keeps for one user")
-            for chat, chosen in zip(imported, settings):
-                made.append(self.store.create_chat(title=chat.title, owner=user,
-                                                   **chosen.as_dict()))
-                self.store.add_tree(made[-1].id, chat.messages, chat.current)
+            try:
+                for chat, chosen in zip(imported, settings):
+                    made.append(self.store.create_chat(title=chat.title, owner=user,
+                                                       **chosen.as_dict()))
+                    self.store.add_tree(made[-1].id, chat.messages, chat.current)
+            except BaseException:  # all or nothing: the chats made so far go again
+                for chat in made:
+                    self.store.delete_chat(chat.id)
+                raise
         return [self.get_chat(chat.id, user) for chat in reversed(made)]
 
     def search(self, words: str, user: str | None = None) -> list[Found]:

@@ -54,6 +54,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "user_share", float, 0.5,
             "with accounts, the share of the slots, and of the waiting line, that one user or "
             "API key may hold at once", 0.0, 1.0, low_open=True),
+    Setting("server", "trusted_proxies", str, "",
+            "addresses of reverse proxies (comma-separated, e.g. 127.0.0.1) whose "
+            "X-Forwarded-For and X-Forwarded-Proto are believed; empty = none"),
     Setting("server", "max_upload_mb", int, 64,
             "largest file the page takes (an import of chats) in MB; other kinds are refused",
             1, 4096),
@@ -108,6 +111,7 @@ class ServerConfig:
     max_waiting: int
     stalled_reply_s: int
     user_share: float
+    trusted_proxies: str
     max_upload_mb: int
     warm_up: bool
     root_path: str

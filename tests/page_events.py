@@ -28,9 +28,10 @@ class PageSession:
         self.http.close()
 
     def fn_index(self, label: str, trigger: str) -> int:
-        """The event a component labelled (or showing) label runs on trigger."""
+        """The event a component labelled (or showing, or with the elem_id) label runs on
+        trigger."""
         ids = {c["id"] for c in self.config["components"]
-               if label in (c.get("props", {}).get("label"), c.get("props", {}).get("value"))}
+               if label in (c.get("props", {}).get(key) for key in ("label", "value", "elem_id"))}
         for dep in self.config["dependencies"]:
             if any(target[0] in ids and target[1] == trigger for target in dep["targets"]):
                 return dep["id"]
@@ -40,7 +41,9 @@ class PageSession:
         return self.http.post("gradio_api/upload", files={"files": (name, content)})
 
     def run(self, fn_index: int, *data) -> tuple[bool, object]:
-        """(True, the outputs) or (False, the error message shown)."""
+        """(True, the outputs) or (False, the error message shown); every message of the
+        event's stream (updates, warnings, the end) is kept in self.seen."""
+        self.seen: list[dict] = []
         joined = self.http.post("gradio_api/queue/join", json={
             "data": list(data), "fn_index": fn_index, "trigger_id": None,
             "event_data": None, "session_hash": self.session_hash})
@@ -54,6 +57,7 @@ class PageSession:
                 message = json.loads(line[5:])
                 if message.get("event_id") != event_id:
                     continue
+                self.seen.append(message)
                 if message.get("msg") == "process_completed":
                     output = message.get("output", {})
                     if message.get("success"):

@@ -284,6 +284,13 @@ def test_only_an_admin_sees_the_servers_settings_paths_and_files(browser, bank):
     with pytest.raises(Exception, match="only an admin"):
         bob.predict(api_name="/list_models")
     assert folder in json.dumps(alice.predict(api_name="/get_settings"))
+    # The page's Apply, sent by bob as the page would: refused, without a path in the refusal.
+    page = PageSession(server.url, "bob", USERS["bob"])
+    done, _ = page.run(page.fn_index("apply-settings", "click"), None, "/elsewhere/x.gguf", 2048, 0,
+                       "f16", True, 4096, "x", 0.7, 0.95, 64)
+    assert "only an admin" in json.dumps(page.seen)
+    seen = json.dumps(page.seen)
+    assert folder not in seen, seen[max(0, seen.find(folder) - 300):seen.find(folder) + 100]
     listed = alice.predict(api_name="/list_models")  # no refusal; the model described
     assert MODEL in [Path(m["model_path"]).name for m in listed], listed
     # In the page: the Settings tab is the admin's alone, the chat is everybody's.
@@ -449,25 +456,66 @@ def test_a_new_user_with_a_removed_users_name_starts_empty(bank):
     assert "Erin's diary" in titles
 
 
-def test_failed_logins_are_limited(tmp_path, model_path):
-    config = write_config(tmp_path, model_path=model_path, max_tokens=8)
-    adduser_result = cli(config, "adduser", "gina", password="gina-secret-8")
-    assert adduser_result.returncode == 0
+def test_failed_logins_slow_a_guesser_down_but_never_lock_the_person_out(tmp_path, model_path):
+    """10 wrong passwords for gina used to lock her out for 10 minutes from every address (and,
+    behind nginx, everyone: one address); X-Forwarded-For was believed from loopback. Now an
+    address is limited, a name only spaced by a growing delay that gina's own browser skips,
+    and a proxy's headers are believed from [server] trusted_proxies alone."""
+    config = write_config(tmp_path, model_path=model_path, max_tokens=8,
+                          server_extra="trusted_proxies = 127.0.0.1")
+    assert cli(config, "adduser", "gina", password="gina-secret-8").returncode == 0
     server = Server(config, tmp_path / "server.log").start()
+
+    def attempt(password: str, forwarded_for: str | None = None, *, cookie: str = "",
+                source: str = "127.0.0.1", proto: str | None = None):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30,
+                                                source_address=(source, 0))
+        headers = {"Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie}
+        if forwarded_for:
+            headers["X-Forwarded-For"] = forwarded_for
+        if proto:
+            headers["X-Forwarded-Proto"] = proto
+        try:
+            connection.request("POST", "/login", headers=headers, body=urllib.parse.urlencode(
+                {"username": "gina", "password": password}))
+            answer = connection.getresponse()
+            answer.read()
+            return answer.status, answer.headers
+        finally:
+            connection.close()
+
     try:
-        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        status, headers = attempt("gina-secret-8", "10.0.0.1")  # gina, at home
+        assert status == 200
+        device = next(c.split(";")[0] for c in headers.get_all("Set-Cookie")
+                      if c.startswith("reame-device="))
+        # Over plain HTTP both of Gradio's cookies; over HTTPS (said by the proxy) only the
+        # Secure one.
+        assert any("access-token-unsecure" in c for c in headers.get_all("Set-Cookie"))
+        status, headers = attempt("gina-secret-8", "10.0.0.1", proto="https")
+        cookies = headers.get_all("Set-Cookie")
+        assert status == 200 and cookies
+        assert all("secure" in c.lower() for c in cookies), cookies
+        assert not any("access-token-unsecure" in c for c in cookies), cookies
 
-        def attempt(name: str, password: str) -> tuple[int, Message]:
-            body = urllib.parse.urlencode({"username": name, "password": password}).encode()
-            status, headers, _ = raw(server.url + "login", method="POST", body=body,
-                                     headers=form)
-            return status, headers
-
-        assert attempt("gina", "gina-secret-8")[0] == 200
+        # A guesser: 5 failures for the name are free, then each attempt waits (2 s, 4 s, ...
+        # at most 60 s), from any address.
+        for n in range(5):
+            assert attempt(f"guess-{n}", "10.0.0.2")[0] == 400
+        for address in ("10.0.0.2", "10.0.0.3"):
+            status, headers = attempt("guess-5", address)
+            assert status == 429 and 0 < int(headers["Retry-After"]) <= 3, headers
+        # gina in her own browser is not delayed.
+        assert attempt("gina-secret-8", "10.0.0.1", cookie=device)[0] == 200
+        # An address is limited (10 failures in 10 minutes), whatever the names: here one that
+        # is not the trusted proxy, so its X-Forwarded-For is not believed and 127.0.0.2
+        # counts as itself. (gina's device cookie skips her name's delay.)
         for n in range(10):
-            assert attempt("gina", f"guess-{n}")[0] == 400
-        status, headers = attempt("gina", "gina-secret-8")
-        assert status == 429 and int(headers["Retry-After"]) > 0
+            assert attempt(f"g-{n}", f"10.1.0.{n}", cookie=device, source="127.0.0.2")[0] == 400
+        status, headers = attempt("gina-secret-8", "10.1.0.99", cookie=device,
+                                  source="127.0.0.2")
+        assert status == 429 and int(headers["Retry-After"]) > 60
+        assert attempt("gina-secret-8", "10.0.0.1", cookie=device)[0] == 200  # not her
     finally:
         server.stop()
 
@@ -671,3 +719,38 @@ def test_a_deleted_chats_reply_never_lands_in_a_chat_made_after_it(bank):
     connection.close()  # bob hangs up: what was written is kept, if it has a chat
     settle(server, timeout=120)
     assert alice_api.predict(alices, api_name="/get_chat")["messages"] == []
+
+
+def test_text_that_is_not_text_is_refused_naming_the_field_and_imports_all_or_nothing(bank):
+    """A lone surrogate ("\\ud800": valid JSON, but no UTF-8 text can hold it) made /v1 answer
+    500 and every named endpoint an internal error; an import failed halfway, keeping the
+    chats before; deep nesting gave a RecursionError."""
+    server, keys = bank
+    lone = "caf\ud800"
+    status, answer = v1(server, "chat/completions", key=keys["bob"], body={
+        "model": MODEL, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": lone}]})
+    assert status == 400 and answer["error"]["param"] == "messages[1].content", answer
+    bob = PageSession(server.url, "bob", USERS["bob"])
+    joined = bob.http.post("gradio_api/queue/join", headers={"Content-Type": "application/json"},
+                           content=json.dumps({"data": [lone, None], "fn_index": 0,
+                                               "session_hash": bob.session_hash}))
+    assert joined.status_code == 400 and joined.json()["error"]["param"] == "data[0]"
+    # A pair (an emoji escaped as two surrogates) is text.
+    status, _ = v1(server, "chat/completions", key=keys["bob"], body={
+        "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi \U0001F600"}]})
+    assert status == 200
+
+    alice = login(server, "alice")
+    for title in ("first of two", "second of two"):
+        alice.predict(title, api_name="/new_chat")
+    export = json.loads(alice.predict(api_name="/export_chats"))
+    count = len(alice.predict(api_name="/list_chats"))
+    export["chats"][-1]["title"] = lone  # the last chat of the file: the others come first
+    with pytest.raises(Exception, match=r"chats\[\d+\]\.title is not valid text"):
+        alice.predict(json.dumps(export), api_name="/import_chats")
+    with pytest.raises(Exception, match="nested too deeply"):
+        alice.predict("[" * 100_000 + "]" * 100_000, api_name="/import_chats")
+    assert len(alice.predict(api_name="/list_chats")) == count, "an import kept a part"
+    export["chats"][-1]["title"] = "second of two"
+    assert len(alice.predict(json.dumps(export), api_name="/import_chats")) == count

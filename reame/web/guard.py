@@ -9,6 +9,8 @@
   browsers send no Origin and are not affected;
 - a body it can afford: at most max_body bytes (max_upload for the page's file uploads, which
   are streamed to disk rather than held) as they arrive, whatever Content-Length says;
+- text it can keep: a JSON body whose strings hold a lone surrogate ("\\ud800") is refused
+  with a 400 naming the field (reame/jsontext.py);
 - cookies other sites do not get: Gradio's login cookie is SameSite=None; it goes out as
   SameSite=Lax, so a page of another site cannot send it with its requests.
 """
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import json
 from urllib.parse import urlsplit
+
+from ..jsontext import SURROGATE_ESCAPE, lone_surrogate
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -79,6 +83,10 @@ class Guard:
         if body is None:
             await self._too_large(scope, send, limit)
             return
+        problem = _not_text(body)
+        if problem:
+            await _refuse(scope, send, 400, "invalid_text", problem[1], param=problem[0])
+            return
         await self.app(scope, _replay(body, receive), _lax_cookies(send))
 
     def _trusted(self, origin: str, host: str) -> bool:
@@ -109,12 +117,32 @@ class Guard:
                       f"the request body is over {limit:,} bytes")
 
 
-async def _refuse(scope, send, status: int, code: str, message: str) -> None:
+def _not_text(body: bytes) -> tuple[str, str] | None:
+    """(the field, why) when a JSON body holds a string that is not text (a lone surrogate)
+    or nests too deeply to be read; None otherwise (including bodies that are not JSON: the
+    app says what is wrong with them). Parsed only if a surrogate escape is in the bytes."""
+    if not SURROGATE_ESCAPE.search(body):
+        return None
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return "body", "the JSON body is nested too deeply"
+    except ValueError:
+        return None
+    where = lone_surrogate(value)
+    if where is None:
+        return None
+    return where, (f"{where} is not valid text: it holds a lone UTF-16 surrogate (such as "
+                   f"\\ud800), which no UTF-8 text can; send the text itself")
+
+
+async def _refuse(scope, send, status: int, code: str, message: str,
+                  param: str | None = None) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                 "param": None, "code": code}}).encode()
+                                 "param": param, "code": code}}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})

@@ -2,7 +2,11 @@
 
 - the password check (scrypt, about 50 ms of CPU) runs off the event loop, two at a time at
   most, and costs the same for unknown names (Accounts.check_password);
-- failures are limited per address and per name (429 with Retry-After);
+- failures are limited per address (the client's: a proxy's X-Forwarded-For is believed only
+  from `[server] trusted_proxies`), and spaced per name by a growing delay that a browser which
+  logged in as that name before skips (429 with Retry-After): nobody can lock a person out;
+- the login cookie is Secure when the request came over HTTPS (directly, or by
+  X-Forwarded-Proto from a trusted proxy);
 - the session holds the user's stable id, not the name (a new user given a deleted user's
   name gets none of the old one's chats), and ends as soon as the account changes: a new
   password, a revoked key, or the user deleted (`python app.py passwd/revokekey/deluser`,
@@ -12,6 +16,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import secrets
 import threading
 import time
@@ -24,8 +30,16 @@ from starlette.routing import Mount
 
 from ..accounts import Accounts
 
-MAX_FAILURES = 10  # failed logins per address, and per name, within FAILURE_WINDOW_S
+MAX_FAILURES = 10  # failed logins per address within FAILURE_WINDOW_S; then it waits
 FAILURE_WINDOW_S = 600
+# One name's failures (from any address): past NAME_FREE_FAILURES within the window, its next
+# attempt waits 2, 4, 8, ... s after the last failure, at most NAME_MAX_DELAY_S. A browser that
+# logged in as that name before (DEVICE_COOKIE) does not wait: guessing alice's password from
+# many addresses is slowed down, and alice is not locked out by it.
+NAME_FREE_FAILURES = 5
+NAME_MAX_DELAY_S = 60
+DEVICE_COOKIE = "reame-device"
+DEVICE_DAYS = 90
 CONCURRENT_CHECKS = 2  # password checks running at once (each takes a core for ~50 ms)
 
 # The page at / before a login: Reame's own, light or dark as the system is. A failed attempt
@@ -119,12 +133,49 @@ class FailedLogins:
                 self._failures[key].append(now)
 
 
+class NameDelays:
+    """Recent failures per user name, and how long its next attempt must wait."""
+
+    def __init__(self, free: int = NAME_FREE_FAILURES, max_delay_s: float = NAME_MAX_DELAY_S,
+                 window_s: float = FAILURE_WINDOW_S):
+        self.free, self.max_delay_s, self.window_s = free, max_delay_s, window_s
+        self._failures: dict[str, deque[float]] = defaultdict(deque)
+        self._lock = threading.Lock()
+
+    def retry_after(self, name: str) -> int:
+        now = time.monotonic()
+        with self._lock:
+            times = self._failures.get(name)
+            if not times:
+                return 0
+            while times and times[0] <= now - self.window_s:
+                times.popleft()
+            if not times:
+                del self._failures[name]
+                return 0
+            over = len(times) - self.free
+            if over < 0:
+                return 0
+            wait = times[-1] + min(2.0 ** (over + 1), self.max_delay_s) - now
+        return int(wait) + 1 if wait > 0 else 0
+
+    def failed(self, name: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._failures[name].append(now)
+            if len(self._failures) > 10_000:  # guesses at many names: forget the old ones
+                for old in [n for n, t in self._failures.items() if t[-1] <= now - self.window_s]:
+                    del self._failures[old]
+
+
 class WebLogins:
     """The logins of the page (and of gradio_client), kept in Gradio's token table."""
 
     def __init__(self, accounts: Accounts):
         self.accounts = accounts
-        self.failures = FailedLogins()
+        self.failures = FailedLogins()  # per address
+        self.name_delays = NameDelays()
+        self._device_key = secrets.token_bytes(32)  # device cookies of this process
         self._checks = asyncio.Semaphore(CONCURRENT_CHECKS)
         self._stamps: dict[str, tuple[str, tuple]] = {}  # token -> (name, stamp at login)
         self._lock = threading.Lock()
@@ -152,8 +203,13 @@ class WebLogins:
         form = await request.form()
         name = str(form.get("username", "")).strip()[:256]
         password = str(form.get("password", ""))[:1024]
+        # The client's address: uvicorn takes it from X-Forwarded-For only when the request
+        # comes from one of [server] trusted_proxies.
         address = f"address:{request.client.host if request.client else '?'}"
-        wait = self.failures.retry_after(address, f"name:{name}")
+        known_device = hmac.compare_digest(request.cookies.get(DEVICE_COOKIE, ""),
+                                           self._device(name))
+        wait = max(self.failures.retry_after(address),
+                   0 if known_device else self.name_delays.retry_after(name))
         if wait:
             return JSONResponse({"detail": f"Too many failed logins: try again in {wait} s."},
                                 status_code=429, headers={"Retry-After": str(wait)})
@@ -161,19 +217,30 @@ class WebLogins:
             ok = await run_in_threadpool(self.accounts.check_password, name, password)
         user_id = self.accounts.user_id(name) if ok else None
         if user_id is None:
-            self.failures.failed(address, f"name:{name}")
+            self.failures.failed(address)
+            self.name_delays.failed(name)
             return JSONResponse({"detail": "Incorrect credentials."}, status_code=400)
         token = secrets.token_urlsafe(32)
         with self._lock:
             self._stamps[token] = (name, self.accounts.session_stamp(name))
             gradio.tokens[token] = user_id
         response = JSONResponse({"success": True})
-        # Gradio's cookie names (its pages and API read them); SameSite=Lax (guard.py).
+        # Gradio's cookie names (its pages and API read either); SameSite=Lax (guard.py).
+        # Over HTTPS only the Secure one: a cookie without it would also go out over plain
+        # HTTP to this host.
+        https = request.url.scheme == "https"
         response.set_cookie(f"access-token-{gradio.cookie_id}", token, httponly=True,
                             samesite="lax", secure=True)
-        response.set_cookie(f"access-token-unsecure-{gradio.cookie_id}", token, httponly=True,
-                            samesite="lax")
+        if not https:
+            response.set_cookie(f"access-token-unsecure-{gradio.cookie_id}", token,
+                                httponly=True, samesite="lax")
+        response.set_cookie(DEVICE_COOKIE, self._device(name), httponly=True, samesite="lax",
+                            secure=https, max_age=DEVICE_DAYS * 86400)
         return response
+
+    def _device(self, name: str) -> str:
+        """The device cookie of a browser that logged in as name (in this process)."""
+        return hmac.new(self._device_key, name.encode(), hashlib.sha256).hexdigest()
 
     def prune(self, gradio) -> None:
         """End every session whose account changed since its login (checked when the users

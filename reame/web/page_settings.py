@@ -213,8 +213,9 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
              request: gr.Request, progress=gr.Progress()):
         """Apply: validate, load (with the steps shown as they happen), save."""
         if not can_configure(user_of(request)):
+            # Not status_text: it names the model's and the settings file's paths.
             gr.Warning("Only an admin can change the settings.")
-            yield (status_text("only an admin can change the settings"),
+            yield ("**Not applied:** only an admin can change the settings.",
                    *model_banner(service), *[gr.skip()] * len(fields))
             return
         now = settings.current()["settings"]
