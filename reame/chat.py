@@ -75,7 +75,8 @@ class ChatService:
                  max_chats: int = 5000, limits: Limits = Limits()):
         self.store = store
         self.max_chats = max_chats  # per user
-        self._creating = threading.Lock()  # the count and the new chat, together
+        self._creating = threading.Lock()  # the count and the reservations, together
+        self._reserved: dict[str | None, int] = {}  # user -> chats being made now
         self.defaults = defaults
         self.load_error = load_error
         self.limits = limits  # the line, stalled callers, fair shares (scheduler.py)
@@ -262,13 +263,26 @@ class ChatService:
         return self.new_chat(user=user)
 
     @contextmanager
-    def _room_for_a_chat(self, user: str | None) -> Iterator[None]:
-        """Create a chat in the block, unless the user has max_chats already (TooManyChats)."""
+    def _room_for_a_chat(self, user: str | None, count: int = 1) -> Iterator[None]:
+        """Create count chats in the block, unless the user would have more than max_chats
+        (TooManyChats). The room is reserved under a short lock, and the chats made outside
+        it: a long import makes nobody else wait (nor the same user's "New chat")."""
         with self._creating:
-            if self.store.count_chats(user) >= self.max_chats:
-                raise TooManyChats(f"you have {self.max_chats:,} chats, the most this server "
-                                   "keeps for one user: delete some to start a new one")
+            if (self.store.count_chats(user) + self._reserved.get(user, 0) + count
+                    > self.max_chats):
+                raise TooManyChats(
+                    f"you have {self.max_chats:,} chats, the most this server keeps for one "
+                    f"user: delete some to start a new one" if count == 1 else
+                    f"this would make more than {self.max_chats:,} chats, the most this "
+                    f"server keeps for one user")
+            self._reserved[user] = self._reserved.get(user, 0) + count
+        try:
             yield
+        finally:
+            with self._creating:
+                self._reserved[user] -= count
+                if not self._reserved[user]:
+                    del self._reserved[user]
 
     def list_chats(self, user: str | None = None, limit: int | None = None) -> list[Chat]:
         return self.store.list_chats(owner=user, limit=limit)
@@ -362,10 +376,7 @@ class ChatService:
         imported = parse_import(parsed)
         settings = [chat.settings_over(self.defaults) for chat in imported]
         made = []
-        with self._creating:
-            if self.store.count_chats(user) + len(imported) > self.max_chats:
-                raise TooManyChats(f"this would make more than {self.max_chats:,} chats, the "
-                                   "most this server keeps for one user")
+        with self._room_for_a_chat(user, len(imported)):
             try:
                 for chat, chosen in zip(imported, settings):
                     made.append(self.store.create_chat(title=chat.title, owner=user,

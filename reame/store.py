@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import functools
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from itertools import islice
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import BigInteger, Integer, event, inspect, text
+from sqlalchemy import BigInteger, Integer, event, insert, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.schema import CreateIndex, CreateTable
@@ -74,6 +78,9 @@ class _Text(TypeDecorator):
         return value
 
 
+# An import is written IMPORT_BATCH messages per transaction; the writes waiting meanwhile go
+# between two batches (_WriteGate).
+IMPORT_BATCH = 100
 ANY_OWNER = object()  # a write that need not check whose the chat is (an admin's, a migration's)
 
 # Ids are never reused (SQLite: AUTOINCREMENT; PostgreSQL's sequences never go back): a reply,
@@ -351,6 +358,45 @@ def _server_url(url: str) -> URL:
     return parsed
 
 
+class _WriteGate:
+    """One write of this process at a time, taken in turn. SQLite writes one transaction at a
+    time and a writer that finds it busy polls, sleeping longer and longer: between the
+    batches of a long import it would rarely get in (another user's "New chat" waited
+    seconds). Writers queue here instead, and the import lets the waiting ones go first."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._waiting = 0
+        self._count = threading.Lock()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._count:
+            self._waiting += 1
+        self._lock.acquire()
+        with self._count:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def let_others_in(self, at_most_s: float = 1.0) -> None:
+        """Wait (holding nothing) until the writes waiting now have started."""
+        deadline = time.monotonic() + at_most_s
+        while self._waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+
+def _writes(method):
+    """A Store method that writes: through the store's write gate."""
+    @functools.wraps(method)
+    def gated(self, *args, **kwargs):
+        with self._gate.write():
+            return method(self, *args, **kwargs)
+    return gated
+
+
 class Store:
     """The chats of one database; every method opens and closes its own session.
 
@@ -358,6 +404,7 @@ class Store:
     which several Reame processes may share."""
 
     def __init__(self, database: Path | str):
+        self._gate = _WriteGate()
         if isinstance(database, Path):
             database.parent.mkdir(parents=True, exist_ok=True)
             self.path: Path | None = database
@@ -395,6 +442,7 @@ class Store:
 
     # chats
 
+    @_writes
     def create_chat(self, *, title: str, system_prompt: str, temperature: float,
                     top_p: float, max_tokens: int, owner: str | None = None,
                     branched_from: int | None = None) -> Chat:
@@ -467,6 +515,7 @@ class Store:
             return session.exec(select(func.count()).select_from(Chat)
                                 .where(_owned_by(owner))).one()
 
+    @_writes
     def give_chats(self, owner: str | None, to: str) -> int:
         """Move every chat of owner (None: the chats made without accounts) to `to`; the
         number moved."""
@@ -478,6 +527,7 @@ class Store:
             session.commit()
             return len(chats)
 
+    @_writes
     def update_chat(self, chat_id: int, *, expect_owner: object = ANY_OWNER, **fields) -> Chat:
         """expect_owner: the chat must (still) belong to them, checked in the write's
         transaction (ChatNotFound otherwise)."""
@@ -494,6 +544,7 @@ class Store:
     def touch(self, chat_id: int) -> None:
         self.update_chat(chat_id, updated_at=time.time())
 
+    @_writes
     def delete_chat(self, chat_id: int) -> None:
         with self._session() as session:
             chat = _locked_chat(session, chat_id)
@@ -525,6 +576,7 @@ class Store:
         except ChatNotFound:
             return []
 
+    @_writes
     def add_message(self, chat_id: int, role: str, content: str, *,
                     tokens: Iterable[int] | None = None, tokens_model: str | None = None,
                     stats: dict | None = None, stopped: bool = False,
@@ -563,32 +615,39 @@ class Store:
                              stopped=m.stopped, created_at=m.created_at)
 
     def add_tree(self, chat_id: int, messages: Iterable, current: object | None) -> None:
-        """Messages of an imported tree, in one transaction: each has key, parent (a key
-        before it, or None), role, content, created_at (or None), stopped and stats (dict or
-        None). The branch shown ends at the message keyed current (None: the last)."""
-        with self._session() as session:
-            chat = session.get(Chat, chat_id)
-            if chat is None:
-                raise ChatNotFound(chat_id)
-            stored: dict[object, Message] = {}
-            for m in messages:
-                parent = stored.get(m.parent) if m.parent is not None else None
-                message = Message(
-                    chat_id=chat_id, parent_id=parent.id if parent else None,
-                    position=parent.position + 1 if parent else 0, role=m.role,
-                    content=m.content, stats=json.dumps(m.stats) if m.stats else None,
-                    stopped=m.stopped)
-                if m.created_at is not None:
-                    message.created_at = m.created_at
-                session.add(message)
-                session.flush()
-                stored[m.key] = message
-            leaf = stored.get(current) if current is not None else None
-            if leaf is None and stored:
-                leaf = list(stored.values())[-1]
-            chat.leaf_id = leaf.id if leaf is not None else None
-            session.add(chat)
-            session.commit()
+        """Messages of an imported tree: each has key, parent (a key before it, or None),
+        role, content, created_at (or None), stopped and stats (dict or None). The branch
+        shown ends at the message keyed current (None: the last). Written IMPORT_BATCH
+        messages per transaction, so that other writers (other users' turns) get in between
+        instead of waiting (or failing: "database is locked"); the chat shows its messages
+        (leaf_id) at the end. The caller deletes the chat if this fails part way."""
+        table = Message.__table__
+        stored: dict[object, tuple[int, int]] = {}  # key -> (id, position)
+        last = None
+        pending = iter(messages)
+        while True:
+            batch = list(islice(pending, IMPORT_BATCH))
+            if not batch:
+                break
+            if stored:
+                self._gate.let_others_in()
+            with self._gate.write(), self.engine.begin() as conn:
+                if conn.execute(select(Chat.id).where(Chat.id == chat_id)).first() is None:
+                    raise ChatNotFound(chat_id)
+                for m in batch:
+                    parent = stored.get(m.parent) if m.parent is not None else None
+                    row = {"chat_id": chat_id, "parent_id": parent[0] if parent else None,
+                           "position": parent[1] + 1 if parent else 0, "role": m.role,
+                           "content": m.content, "tokens": None, "tokens_model": None,
+                           "stats": json.dumps(m.stats) if m.stats else None,
+                           "stopped": m.stopped,
+                           "created_at": m.created_at if m.created_at is not None
+                           else time.time()}
+                    message_id = conn.execute(insert(table).values(row)).inserted_primary_key[0]
+                    stored[m.key] = last = (message_id, row["position"])
+        leaf = stored.get(current) if current is not None else None
+        leaf = leaf or last
+        self.update_chat(chat_id, leaf_id=leaf[0] if leaf is not None else None)
 
     def rewind(self, chat_id: int, position: int, *, expect_owner: object = ANY_OWNER) -> None:
         """Show the branch only up to the message before position: the next message added

@@ -41,7 +41,12 @@ def turns_of(messages: list[Message], fingerprint: str) -> list[Turn]:
 def fit(prompts: PromptBuilder, chat: Chat, scope: str, kept: list[Message],
         new: Turn | None, cut_at: int | None) -> Window:
     """The prompt for the next reply: the chat's window plus the new message (None: a reply
-    to the kept messages again). cut_at: the position of an edited message."""
+    to the kept messages again). cut_at: the position of an edited message.
+
+    The work is bounded by the window, not by the chat: the prompts tried are suffixes of the
+    chat, their length found from the newest turn back by doubling, then the cut by bisection
+    (a chat of 10,000 imported messages renders a few prompts of about a window each, not
+    10,000 of up to the whole chat)."""
     engine = prompts.engine
     n_ctx = engine.n_ctx
     start = chat.window_start
@@ -49,30 +54,50 @@ def fit(prompts: PromptBuilder, chat: Chat, scope: str, kept: list[Message],
         start = 0  # an edit of a message the model no longer saw: start over
     visible = [m for m in kept if m.position >= start]
     turns = turns_of(visible, engine.fingerprint) + ([new] if new is not None else [])
-    alone = prompts.tokens(chat.system_prompt, turns[-1:], scope)
+
+    def tokens(cut: int) -> list[int]:
+        return prompts.tokens(chat.system_prompt, turns[cut:], scope)
+
+    alone = tokens(len(turns) - 1)
     if len(alone) >= n_ctx:
         raise MessageTooLong(
             f"This message is {len(alone):,} tokens with the system prompt; the model's "
             f"context holds {n_ctx:,} tokens. Shorten it and send again."
         )
-    prompt = prompts.tokens(chat.system_prompt, turns, scope)
     reply_room = min(chat.max_tokens, n_ctx // 4)
-    if len(prompt) + reply_room <= n_ctx:
+    # From the newest turn back, doubling, until the prompt is over two contexts or whole.
+    cut, prompt = len(turns) - 1, alone
+    step = 8
+    while cut > 0 and len(prompt) <= 2 * n_ctx:
+        cut = max(0, len(turns) - step)
+        prompt = tokens(cut)
+        step *= 2
+    if cut == 0 and len(prompt) + reply_room <= n_ctx:
         return Window(prompt, turns, start, sum(m.position < start for m in kept))
+    whole = prompt if cut == 0 else None  # longer than two contexts: no KV ever held it
+    # The first cut at a user message (or the new message) whose prompt fits the target,
+    # after the cut found too long: bisection, prompts being shorter the later they start.
     target = n_ctx - reply_room - n_ctx // 4
-    cut, shorter = 0, prompt
-    while cut < len(turns) - 1:
-        cut += 1
-        # The window starts at a user message.
-        while cut < len(turns) - 1 and turns[cut].role != "user":
-            cut += 1
-        shorter = prompts.tokens(chat.system_prompt, turns[cut:], scope)
-        if len(shorter) <= target:
-            break
+    cuts = [c for c in range(cut + 1, len(turns) - 1) if turns[c].role == "user"]
+    cuts.append(len(turns) - 1)
+    low, high = 0, len(cuts) - 1  # cuts[high] fits (the message alone fits the context)
+    shorter = alone
+    while low < high:
+        middle = (low + high) // 2
+        tried = tokens(cuts[middle])
+        if len(tried) <= target:
+            high, shorter = middle, tried
+        else:
+            low = middle + 1
+    cut = cuts[high]
+    if cut != len(turns) - 1 and shorter is alone:
+        shorter = tokens(cut)
     start = visible[cut].position if cut < len(visible) else (
         kept[-1].position + 1 if kept else 0)
-    at, n = common_prefix(prompt, shorter), len(prompt) - len(shorter)
-    # The dropped messages must be one span of tokens for the KV to follow.
-    drop = Drop(prompt, at, n) if n > 0 and prompt[at + n:] == shorter[at:] else None
+    drop = None
+    if whole is not None:
+        at, n = common_prefix(whole, shorter), len(whole) - len(shorter)
+        # The dropped messages must be one span of tokens for the KV to follow.
+        drop = Drop(whole, at, n) if n > 0 and whole[at + n:] == shorter[at:] else None
     return Window(shorter, turns[cut:], start, sum(m.position < start for m in kept),
                   dropped_now=cut, drop=drop)
