@@ -196,6 +196,9 @@ def _backup_kv(folder: Path, target: Path) -> tuple[list[FileEntry], dict[str, s
     for path in sorted(folder.iterdir()):
         if not is_own_name(path.name):
             continue
+        if path.is_symlink():  # never Reame's: its target's content is not the cache's
+            left_out[f"{KV_DIR}/{path.name}"] = "a symbolic link, not a file Reame wrote"
+            continue
         try:
             entry = _copy_file(path, target, path.name, "kv", prefix=KV_DIR)
         except FileNotFoundError:  # evicted, or its chat deleted, since the listing
@@ -216,8 +219,9 @@ def _copy_file(source: Path, folder: Path, name: str, part: str, *, prefix: str 
     target = folder / name
     digest, size = hashlib.sha256(), 0
     with source.open("rb") as src, target.open("wb") as dst:
-        if mode is not None:
-            os.fchmod(dst.fileno(), mode)
+        # The source's own mode (KV files are 0600), unless told.
+        os.fchmod(dst.fileno(), mode if mode is not None else stat.S_IMODE(os.fstat(
+            src.fileno()).st_mode))
         while chunk := src.read(_CHUNK):
             digest.update(chunk)
             dst.write(chunk)
@@ -253,6 +257,10 @@ def check_backup(src: Path) -> Manifest:
             raise BackupError(f"{MANIFEST_NAME} in {src} lists an unexpected file {entry.path!r}")
         seen.add(entry.path)
         path = src / entry.path
+        folders = [src / part for part in Path(entry.path).parents if part != Path(".")]
+        if path.is_symlink() or any(folder.is_symlink() for folder in folders):
+            raise BackupError(f"{entry.path} in the backup {src} is a symbolic link: a backup "
+                              f"holds files only; nothing restored")
         if not path.is_file():
             raise BackupError(f"{entry.path} is missing from the backup {src}: nothing restored")
         if path.stat().st_size != entry.size or _sha256(path) != entry.sha256:
@@ -294,18 +302,24 @@ def _part_of(path: str) -> str | None:
     return None
 
 
-def restore(src: Path, config: Config, *, force: bool = False,
-            with_config: bool = False) -> Restored:
+def restore(src: Path, config: Config, *, force: bool = False, with_config: bool = False,
+            on_plan: Callable[[list[tuple[FileEntry, Path]]], object] | None = None
+            ) -> Restored:
     """Put the backup in src back where config says (with_config: where the backup's own
     config says, read as if it were at config.path, which it replaces).
 
     Every file is checked first; then refused if a server uses the database, or if there is
     data already (a database, KV files, an accounts file) unless force: then that is moved
-    aside, never deleted. The database is written last."""
+    aside, never deleted. With with_config, every file must go inside the config's folder (an
+    untrusted backup's config could point its accounts file at ~/.ssh/authorized_keys).
+    on_plan is told every file and where it goes before anything is written. The database is
+    written last."""
     manifest = check_backup(src)
     target = _backup_config(src, manifest, config) if with_config else config
     _check_same_kind(manifest, target)
     places = _places(manifest, target, config.path if with_config else None)
+    if with_config:
+        _check_inside(places, config.path.parent)
     if not target.storage.database_url:
         _check_not_in_use(target.storage.database_path)
     existing = _existing(target, manifest)
@@ -315,12 +329,25 @@ def restore(src: Path, config: Config, *, force: bool = False,
                           f"aside (nothing is deleted)")
     if with_config and config.path.exists():
         existing.append(config.path)
+    if on_plan is not None:
+        on_plan(places)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     moved = [(path, _move_aside(path, stamp)) for path in existing]
     written = sorted(places, key=lambda pair: pair[0].part == "database")  # the database last
     for entry, path in written:
         _install(src / entry.path, path, entry.part)
     return Restored(manifest, written, moved)
+
+
+def _check_inside(places: list[tuple[FileEntry, Path]], folder: Path) -> None:
+    """Refuse a restore that would write outside folder (or through a link out of it)."""
+    root = folder.resolve()
+    for entry, path in places:
+        if not path.parent.resolve().is_relative_to(root) or path.is_symlink():
+            raise BackupError(
+                f"the backup's config puts {entry.path} at {path}, outside {folder}: a restore "
+                f"with --with-config writes only inside the config's folder. Restore without "
+                f"--with-config, or correct the paths in the backup's {CONFIG_NAME}")
 
 
 def _backup_config(src: Path, manifest: Manifest, config: Config) -> Config:
@@ -539,7 +566,7 @@ def run_restore(argv: list[str], default_config: Path) -> int:
     args = parser.parse_args(argv)
     try:
         restored = restore(args.src, _target_config(args.config, args.with_config),
-                           force=args.force, with_config=args.with_config)
+                           force=args.force, with_config=args.with_config, on_plan=_say_plan)
     except (BackupError, ConfigError) as exc:
         print(f"reame: {exc}", file=sys.stderr)
         return 2
@@ -557,6 +584,17 @@ def run_restore(argv: list[str], default_config: Path) -> int:
               "(every node stopped), e.g.\n"
               "    pg_restore --clean --if-exists --dbname='postgresql://...' reame.pgdump")
     return 0
+
+
+def _say_plan(places: list[tuple[FileEntry, Path]]) -> None:
+    """What a restore will write, before it writes it."""
+    folders: dict[Path, list[str]] = {}
+    for _, path in places:
+        folders.setdefault(path.parent, []).append(path.name)
+    for folder, names in folders.items():
+        print(f"will write into {folder}: "
+              + (", ".join(names) if len(names) <= 3 else f"{len(names):,} files"))
+    sys.stdout.flush()
 
 
 def _target_config(path: Path, with_config: bool) -> Config:

@@ -391,7 +391,12 @@ def test_the_commands_exit_codes_and_messages(tmp_path, capsys):
     target = ["--config", str(new.config_path)]
     assert run_restore([str(dest), *target], nowhere) == 0
     out, err = capsys.readouterr()
-    assert out.startswith(f"restored from {dest} (made ") and "): 7 files, " in out and err == ""
+    plan, done = out.split("restored from ")
+    # What it writes is said first, folder by folder.
+    assert plan.splitlines() == [f"will write into {new.folder / 'sessions'}: reame.db",
+                                 f"will write into {new.folder / 'sessions' / 'kv'}: 5 files",
+                                 f"will write into {new.folder}: users.json"], plan
+    assert done.startswith(f"{dest} (made ") and "): 7 files, " in out and err == ""
     assert "; the accounts file)" in out, "the config only with --with-config"
     assert run_restore([str(dest), *target], nowhere) == 2
     assert "reame: there is data already: " in capsys.readouterr().err

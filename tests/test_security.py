@@ -820,3 +820,72 @@ def test_a_big_import_makes_nobody_else_wait(bank):
     assert len(took["chats"]) == 8 and not failed, failed
     assert len(waits) >= 3, (took, waits)
     assert max(waits) < took["s"] / 3, f"alice waited {max(waits):.1f} s of a {took['s']:.1f} s import"
+
+
+def test_an_untrusted_backup_writes_nothing_outside_its_folder_and_links_are_not_followed(
+        tmp_path):
+    """`restore --with-config` of a backup someone handed you wrote its users.json wherever
+    its reame.conf said (into ~/.ssh/authorized_keys); a link in the data folder was backed up
+    with its target's content; KV copies were 0644 where the live files are 0600."""
+    import hashlib
+    import stat
+
+    from reame.backup import MANIFEST_NAME
+
+    from .test_backup import filled_site
+
+    site = filled_site(tmp_path / "site")
+    kv = site.config.cache.dir
+    for path in kv.iterdir():
+        path.chmod(0o600)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the admin's secret")
+    link = kv / "chat-999-0123456789ab.kv"  # a KV file's name, a link's content
+    link.symlink_to(secret)
+    backup_dir = tmp_path / "backup"
+    made = cli(site.config_path, "backup", str(backup_dir))
+    assert made.returncode == 0, made.stderr
+    assert not (backup_dir / "kv" / link.name).exists(), "a link was followed"
+    assert "the admin's secret" not in "".join(p.read_text(errors="ignore")
+                                               for p in backup_dir.rglob("*") if p.is_file())
+    copies = [p for p in (backup_dir / "kv").iterdir() if p.suffix == ".kv"]
+    assert copies and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in copies)
+
+    # The backup's config made to point the accounts file outside (the manifest fixed up).
+    victim = tmp_path / "home" / ".ssh" / "authorized_keys"
+    config_file = backup_dir / "reame.conf"
+    config_file.write_text(config_file.read_text().replace(
+        "users_file = users.json", f"users_file = {victim}"))
+    manifest = json.loads((backup_dir / MANIFEST_NAME).read_text())
+    for entry in manifest["files"]:
+        if entry["path"] == "reame.conf":
+            entry["size"] = config_file.stat().st_size
+            entry["sha256"] = hashlib.sha256(config_file.read_bytes()).hexdigest()
+    (backup_dir / MANIFEST_NAME).write_text(json.dumps(manifest))
+    target = tmp_path / "new" / "reame.conf"
+    target.parent.mkdir()
+    refused = cli(target, "restore", str(backup_dir), "--with-config")
+    assert refused.returncode == 2 and "outside" in refused.stderr, refused.stderr
+    assert not victim.exists() and list(target.parent.iterdir()) == []
+
+    # A backup whose file is a link (to a file of the same content) is refused whole.
+    config_file.write_text(config_file.read_text().replace(f"users_file = {victim}",
+                                                           "users_file = users.json"))
+    (backup_dir / MANIFEST_NAME).write_text(json.dumps({**manifest, "files": [
+        {**e, "size": config_file.stat().st_size,
+         "sha256": hashlib.sha256(config_file.read_bytes()).hexdigest()}
+        if e["path"] == "reame.conf" else e for e in manifest["files"]]}))
+    users = backup_dir / "users.json"
+    kept = tmp_path / "users-elsewhere.json"
+    users.rename(kept)
+    users.symlink_to(kept)
+    refused = cli(target, "restore", str(backup_dir), "--with-config")
+    assert refused.returncode == 2 and "symbolic link" in refused.stderr, refused.stderr
+    users.unlink()
+    kept.rename(users)
+    # The honest restore: says what it writes first, keeps the modes.
+    done = cli(target, "restore", str(backup_dir), "--with-config")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("will write into "), done.stdout
+    restored = [p for p in (tmp_path / "new" / "sessions" / "kv").iterdir() if p.suffix == ".kv"]
+    assert restored and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in restored)
