@@ -233,9 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     # A proxy's X-Forwarded-For/-Proto (the client's address, https) only from the proxies
     # named: otherwise anyone could name any address (login limits) or claim https.
     proxies = config.server.trusted_proxies.replace(" ", "")
+    # Connections limited per address and in all, with a deadline for each request's headers
+    # (reame/web/connections.py); a proxy's clients are counted by the proxy.
+    from reame.web.connections import limited_protocol
+
     uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning",
                 timeout_graceful_shutdown=5, proxy_headers=bool(proxies),
-                forwarded_allow_ips=proxies or None)
+                forwarded_allow_ips=proxies or None,
+                http=limited_protocol(exempt=frozenset(filter(None, proxies.split(",")))))
     return 0
 
 

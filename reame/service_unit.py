@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .config import Config, ConfigError, ServerConfig, load_config
+from .connection_limits import OPEN_FILES, TOTAL
 
 UNIT_PATH = Path("/etc/systemd/system/reame.service")
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -126,6 +127,9 @@ def render_unit(*, project: Path, python: Path, config: Path, user: str = DEFAUL
         "# (finish_writes_on_sigterm in app.py): give it time before systemd sends SIGKILL.",
         "KillSignal=SIGTERM",
         f"TimeoutStopSec={STOP_TIMEOUT_S}",
+        f"# Open files: up to {TOTAL:,} connections (reame/connection_limits.py), the database and",
+        "# the KV files; systemd's default of 1,024 would run out first.",
+        f"LimitNOFILE={OPEN_FILES}",
         "",
         *_hardening(written, [python, config, *written, *reads]),
         "",

@@ -889,3 +889,50 @@ def test_an_untrusted_backup_writes_nothing_outside_its_folder_and_links_are_not
     assert done.stdout.startswith("will write into "), done.stdout
     restored = [p for p in (tmp_path / "new" / "sessions" / "kv").iterdir() if p.suffix == ".kv"]
     assert restored and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in restored)
+
+
+def test_idle_and_half_sent_connections_cannot_fill_the_server(bank):
+    """1,100 idle connections (half-sent headers) used up the open files and alice timed out.
+    Now one address holds at most 128, and headers not finished within 10 s close."""
+    import socket
+
+    from reame.connection_limits import HEADERS_S, PER_ADDRESS
+
+    server, _ = bank
+
+    def half_sent(source: str = "127.0.0.1") -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30,
+                                        source_address=(source, 0))
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and nothing more
+        return sock
+
+    def closed(sock: socket.socket) -> bool:
+        """Whether the server closed it (the data it did not read makes that a reset)."""
+        try:
+            return sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def health(source: str = "127.0.0.1") -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30,
+                                                source_address=(source, 0))
+        try:
+            connection.request("GET", "/health")
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+    held = [half_sent() for _ in range(PER_ADDRESS)]
+    try:
+        started = time.monotonic()
+        extra = half_sent()
+        assert closed(extra), "a connection past the address's limit was kept"
+        extra.close()
+        assert health("127.0.0.2") == 200  # someone else is served meanwhile
+        # The half-sent ones are closed after HEADERS_S.
+        assert all(closed(sock) for sock in held)
+        assert time.monotonic() - started < HEADERS_S + 15
+    finally:
+        for sock in held:
+            sock.close()
+    assert health() == 200
