@@ -20,6 +20,8 @@ from .reference import assert_answers, model_answer
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Say hello in Spanish.",
              "What is 2 + 2?", "Write a haiku about rain.", "What colour is the sky?",
              "Who wrote Hamlet?", "Give me a word that rhymes with cat."]
+COUNTER = "You are a helpful assistant."
+COUNT = "Count from 1 to 300, one number per line, with nothing else."
 LONG = "Write a long story about a dragon who learns to sing."
 
 
@@ -95,13 +97,18 @@ def test_no_reply_holds_another_chats_words(services, engine4):
 
 def test_a_short_question_does_not_wait_for_a_long_reply(services, engine4):
     service = services(engine4, GREEDY.changed(max_tokens=200))
-    long_chat, short_chat = service.new_chat(), service.new_chat()
-    story = service.send(long_chat.id, LONG)
+    # The long reply has a system prompt of its own: it must run long, whatever answers the
+    # test's system prompt gives (with REAME_TEST_SYSTEM_PROMPT in French, a story ended at
+    # once and there was nothing to overtake). The short question is the one compared.
+    long_chat = service.new_chat(system_prompt=COUNTER)
+    short_chat = service.new_chat()
+    story = service.send(long_chat.id, COUNT)
     seen = [next(story) for _ in range(3)]  # the story is being written
-    short = last(service.send(short_chat.id, "What is the capital of France?"))
+    # At most 24 tokens: short whatever the model answers (in French it ran on).
+    short = last(service.send(short_chat.id, "What is the capital of France?", max_tokens=24))
     # The short reply ended while the story goes on: it waited for steps, not for the story.
     assert short.done
-    assert_answers(short.text, model_answer("What is the capital of France?", max_tokens=200))
+    assert_answers(short.text, model_answer("What is the capital of France?", max_tokens=24))
     assert service.scheduler.busy == 1
     rest = list(story)
     assert rest[-1].done and rest[-1].stats.generated > len(seen) + 40
