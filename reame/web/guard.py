@@ -57,13 +57,13 @@ class Guard:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
         if self.allowed_hosts is not None and host_name(host) not in self.allowed_hosts:
-            await _refuse(scope, send, 403, "host_not_allowed",
+            await refuse(scope, send, 403, "host_not_allowed",
                           f"this server does not answer to the host name {host!r}; its "
                           f"administrator can add it to [server] allowed_hosts")
             return
         origin = headers.get("origin")
         if origin is not None and not self._trusted(origin, host):
-            await _refuse(scope, send, 403, "origin_not_allowed",
+            await refuse(scope, send, 403, "origin_not_allowed",
                           f"requests from pages of {origin} are not allowed; the server's "
                           f"administrator can add it to [server] allowed_origins")
             return
@@ -85,7 +85,7 @@ class Guard:
             return
         problem = _not_text(body)
         if problem:
-            await _refuse(scope, send, 400, "invalid_text", problem[1], param=problem[0])
+            await refuse(scope, send, 400, "invalid_text", problem[1], param=problem[0])
             return
         await self.app(scope, _replay(body, receive), _lax_cookies(send))
 
@@ -113,7 +113,7 @@ class Guard:
         return b"".join(chunks)
 
     async def _too_large(self, scope, send, limit: int) -> None:
-        await _refuse(scope, send, 413, "request_too_large",
+        await refuse(scope, send, 413, "request_too_large",
                       f"the request body is over {limit:,} bytes")
 
 
@@ -136,7 +136,7 @@ def _not_text(body: bytes) -> tuple[str, str] | None:
                    f"\\ud800), which no UTF-8 text can; send the text itself")
 
 
-async def _refuse(scope, send, status: int, code: str, message: str,
+async def refuse(scope, send, status: int, code: str, message: str,
                   param: str | None = None) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .guard import UPLOAD_PATH
+from .guard import UPLOAD_PATH, refuse
 
 KINDS = (".json",)
 KEEP_S = 600.0  # an upload not imported within 10 minutes is deleted
@@ -83,9 +83,9 @@ class Uploads:
         key = session_key(headers.get("cookie", ""))
         self.expire()
         if self.waiting(key) >= self.max_waiting:
-            await _answer(send, 429, "too_many_uploads",
-                          f"{self.max_waiting} uploaded files wait to be imported; import them "
-                          f"or wait {self.keep_s / 60:.0f} minutes")
+            await refuse(scope, send, 429, "too_many_uploads",
+                         f"{self.max_waiting} uploaded files wait to be imported; import them "
+                         f"or wait {self.keep_s / 60:.0f} minutes", param="files")
             return
         start, body = {}, []
 
@@ -107,7 +107,8 @@ class Uploads:
         if problem:
             for path in paths:
                 self._discard(path)
-            await _answer(send, 415 if "kind" in problem else 413, "upload_refused", problem)
+            status, message = problem
+            await refuse(scope, send, status, "upload_refused", message, param="files")
             return
         now = time.monotonic()
         with self._lock:
@@ -118,21 +119,21 @@ class Uploads:
         await send(start)
         await send({"type": "http.response.body", "body": b"".join(body)})
 
-    def _problem(self, path: Path) -> str | None:
-        """Why an uploaded file is not kept, or None."""
+    def _problem(self, path: Path) -> tuple[int, str] | None:
+        """Why an uploaded file is not kept (the HTTP status and the words), or None."""
         if path.suffix.lower() not in self.kinds:
-            return (f"this kind of file cannot be uploaded here: only {', '.join(self.kinds)} "
-                    f"files (chats exported from Reame or ChatGPT)")
+            return 415, (f"this kind of file cannot be uploaded here: only "
+                         f"{', '.join(self.kinds)} files (chats exported from Reame or ChatGPT)")
         try:
             size = path.stat().st_size
             with path.open("rb") as file:
                 start = file.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
         except OSError:
-            return "the upload could not be read back"
+            return 400, "the upload could not be read back"
         if size > self.max_bytes:
-            return f"the file is over {self.max_bytes:,} bytes"
+            return 413, f"the file is over {self.max_bytes:,} bytes"
         if start[:1] not in (b"{", b"["):
-            return "this kind of file cannot be uploaded here: the file is not JSON"
+            return 415, "this kind of file cannot be uploaded here: the file is not JSON"
         return None
 
     # The events' side.
@@ -188,11 +189,3 @@ def _delete(path: Path) -> None:
     except OSError:
         pass  # not empty: another file of the same content under another name
 
-
-async def _answer(send, status: int, code: str, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                 "param": "files", "code": code}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
