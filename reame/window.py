@@ -89,9 +89,7 @@ def fit(prompts: PromptBuilder, chat: Chat, scope: str, kept: list[Message],
             high, shorter = middle, tried
         else:
             low = middle + 1
-    cut = cuts[high]
-    if cut != len(turns) - 1 and shorter is alone:
-        shorter = tokens(cut)
+    cut = cuts[high]  # shorter is its prompt: the last one tried that fit, or alone
     start = visible[cut].position if cut < len(visible) else (
         kept[-1].position + 1 if kept else 0)
     drop = None
