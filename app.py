@@ -60,7 +60,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         build_page(demo, service, settings_group=SETTINGS, settings=settings, title="Reame",
                    can_configure=can_configure,
                    name_of=accounts.name_of if accounts is not None else lambda user: None,
-                   uploads=uploads)
+                   uploads=uploads, unwatched_s=config.server.stalled_reply_s)
     demo.queue(default_concurrency_limit=8)
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
     if accounts is not None:

@@ -27,6 +27,10 @@ MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # otherwise, and the tests, which compare with the model's own answer (tests/reference.py),
 # must still pass and still check what they claim.
 SYSTEM_PROMPT = os.environ.get("REAME_TEST_SYSTEM_PROMPT", "You are a helpful assistant.")
+# The model's threads in the tests' engines and servers (0: llama.cpp's choice). Other counts
+# split the matrix products otherwise, so the sums round otherwise: REAME_TEST_THREADS=1 or 2
+# checks that the tests hold with those too.
+THREADS = int(os.environ.get("REAME_TEST_THREADS", "0"))
 GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.0,
                           max_tokens=24)
 
@@ -48,7 +52,7 @@ def gemma_path() -> Path:
 
 @pytest.fixture(scope="session")
 def engine(model_path) -> Engine:
-    return Engine(model_path, n_ctx=2048, n_threads=0)
+    return Engine(model_path, n_ctx=2048, n_threads=THREADS)
 
 
 @pytest.fixture
@@ -99,7 +103,7 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
     path = folder / "reame.conf"
     path.write_text(
         "# test config\n"
-        f"[model]\nmodel_path = {model_path}\nn_ctx = {n_ctx}\nn_threads = 0\n"
+        f"[model]\nmodel_path = {model_path}\nn_ctx = {n_ctx}\nn_threads = {THREADS}\n"
         f"slots = {slots}\n\n"
         f"[generation]\nsystem_prompt = {system_prompt}\n"
         f"temperature = {temperature}\ntop_p = 1.0\nmax_tokens = {max_tokens}\n\n"
@@ -171,9 +175,10 @@ def start_server(folder: Path, **config) -> Server:
 @pytest.fixture(scope="session")
 def page_server(tmp_path_factory, model_path) -> Server:
     """One server for the page tests whose chats don't interfere (the `server` of
-    tests/browser_helpers.py, shared by tests/test_page_*.py); replies of at most 64 tokens."""
+    tests/browser_helpers.py, shared by tests/test_page_*.py); replies of at most 64 tokens; a
+    reply no tab watches is stopped after 6 s (tests/test_page_live.py)."""
     server = start_server(tmp_path_factory.mktemp("browser"), model_path=model_path,
-                          max_tokens=64)
+                          max_tokens=64, server_extra="stalled_reply_s = 6")
     yield server
     server.stop()
 

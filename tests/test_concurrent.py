@@ -14,7 +14,7 @@ from reame.chat import ServerBusy
 from reame.engine import Engine
 from reame.prompt import Turn
 from reame.runtime import service_over
-from .conftest import GREEDY, at_once
+from .conftest import GREEDY, THREADS, at_once
 from .reference import assert_answers, model_answer
 
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "Say hello in Spanish.",
@@ -41,14 +41,14 @@ def services(tmp_path):
 
 @pytest.fixture(scope="module")
 def engine4(model_path) -> Engine:
-    engine = Engine(model_path, n_ctx=2048, slots=4)
+    engine = Engine(model_path, n_ctx=2048, slots=4, n_threads=THREADS)
     yield engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def engine2(model_path) -> Engine:
-    engine = Engine(model_path, n_ctx=2048, slots=2)
+    engine = Engine(model_path, n_ctx=2048, slots=2, n_threads=THREADS)
     yield engine
     engine.close()
 

@@ -1,7 +1,7 @@
-"""The chat list in a real browser: each chat shows its own messages, choosing another stops a
-reply that streams, rename in place, delete, groups, pins, search and keys, export and import,
-copy; and with accounts, Reame's login page and only your own chats. Also writes
-docs/screenshots/chat-list.png.
+"""The chat list in a real browser: each chat shows its own messages (a reply that goes on
+while another chat is shown: tests/test_page_live.py), rename in place, delete, groups, pins,
+search and keys, export and import, copy; and with accounts, Reame's login page and only your
+own chats. Also writes docs/screenshots/chat-list.png.
 
 Helpers and fixtures: tests/browser_helpers.py (the shared server is `page_server` in
 tests/conftest.py; the accounts test starts its own).
@@ -44,41 +44,6 @@ def test_each_chat_in_the_sidebar_shows_its_own_messages(page, server):
         stored = current_chat(server, title_from(shown))["messages"]
         assert words(without_stats(page.locator(BOT).inner_text())) == words(stored[1]["content"])
         expect(page.locator("#chatbot")).not_to_contain_text(other)
-
-
-def test_choosing_another_chat_while_a_reply_streams_stops_it(page, server):
-    client = api(server)
-    quiet = client.predict("A quiet chat", None, api_name="/new_chat")
-    open_app(page, server)
-    new_chat(page)
-    box = page.locator(BOX)
-
-    for turn, (prompt, leave) in enumerate([("Write a short story about a dog.", "sidebar"),
-                                            ("Write a short story about a bird.", "new chat")]):
-        box.fill(prompt)
-        box.press("Enter")
-        expect(page.locator(BOT)).to_have_count(turn + 1, timeout=REPLY_TIMEOUT)
-        expect(page.locator(BOT).nth(turn)).not_to_have_text("", timeout=REPLY_TIMEOUT)
-        if leave == "sidebar":
-            page.locator(CHATS).filter(has_text="A quiet chat").click()
-            shown = "A quiet chat"
-        else:
-            page.click("#new-chat")
-            shown = "New chat"
-        # The chosen chat is shown, and stays shown once the stopped stream has ended.
-        expect(page.locator(USER)).to_have_count(0)
-        wait_for_reply_done(page, 0)
-        expect(page.locator(USER)).to_have_count(0)
-        expect(page.locator(BOT)).to_have_count(0)
-        assert selected_title(page) == shown
-        # The stopped reply was saved in its own chat.
-        stored = current_chat(server, title_from("Write a short story about a dog."))["messages"]
-        assert stored[-1]["role"] == "assistant" and stored[-1]["content"]
-        if leave == "sidebar":
-            page.locator(CHATS).filter(has_text="Write a short story about a dog.").click()
-            expect(page.locator(USER)).to_have_text([prompt])
-            expect(page.locator(STATS)).to_have_count(1)
-    assert client.predict(quiet, api_name="/get_chat")["messages"] == []
 
 
 def test_rename_inline_from_the_chat_s_menu(page, server):

@@ -22,6 +22,8 @@ from reame.engine import Engine
 from reame.prompt import Turn
 from reame.runtime import service_over
 
+from .conftest import THREADS
+
 OPENING = ("You answer questions for the visitors of a small natural history museum. Keep "
            "each answer short and friendly, name the hall where the answer can be seen, and "
            "never invent exhibits. The halls are: minerals, fossils, birds, insects, oceans, "
@@ -64,7 +66,7 @@ class Node:
     """One server 'process' over a folder: engine, SQLite, KV files, service."""
 
     def __init__(self, folder, model_path, *, cache=True):
-        self.engine = Engine(model_path, n_ctx=2048)
+        self.engine = Engine(model_path, n_ctx=2048, n_threads=THREADS)
         self.service = service_over(folder, self.engine, DEFAULTS, cache=cache)
 
     def ask(self, question: str, sampling: str, history: tuple = ()):

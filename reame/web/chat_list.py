@@ -16,24 +16,29 @@ from ..store import END_MARK, MARK, Chat, Found
 SHOWN = 200  # rows at most; older chats are found by searching
 
 
-def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None = None) -> str:
+def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None = None,
+                   writing: frozenset[int] = frozenset()) -> str:
     """The list of chats (pinned first, then most recent), current one marked; total: how
-    many the user has (when chats holds only the first SHOWN)."""
+    many the user has (when chats holds only the first SHOWN); writing: the chats whose reply
+    is being written (marked so)."""
     if not chats:
         return _nav('<p class="reame-list-note">No chats yet.</p>')
-    rows = [_row(chat, chat.id == current) for chat in chats[:SHOWN]]
+    rows = [_row(chat, chat.id == current, writing=chat.id in writing)
+            for chat in chats[:SHOWN]]
     total = len(chats) if total is None else total
     note = (f'<p class="reame-list-note">Showing the {SHOWN:,} most recent of {total:,} '
             "chats: search to find the others.</p>" if total > SHOWN else "")
     return _nav(f'<ul class="reame-rows">{"".join(rows)}</ul>{note}')
 
 
-def search_results_html(found: list[Found], current: int | None, words: str) -> str:
+def search_results_html(found: list[Found], current: int | None, words: str, *,
+                        writing: frozenset[int] = frozenset()) -> str:
     """The chats a search for words found, each with a snippet of a matching message."""
     if not found:
         return _nav(f'<p class="reame-list-note">No chat holds “{html.escape(words)}”.</p>',
                     searching=True)
-    rows = [_row(f.chat, f.chat.id == current, snippet=f.snippet) for f in found]
+    rows = [_row(f.chat, f.chat.id == current, snippet=f.snippet, writing=f.chat.id in writing)
+            for f in found]
     return _nav(f'<ul class="reame-rows">{"".join(rows)}</ul>', searching=True)
 
 
@@ -43,16 +48,19 @@ def _nav(body: str, *, searching: bool = False) -> str:
             f'data-searching="{str(searching).lower()}">{body}</nav>')
 
 
-def _row(chat: Chat, current: bool, *, snippet: str = "") -> str:
+def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False) -> str:
     title = html.escape(chat.title)
     shown = _snippet_html(snippet) if snippet else ""
+    if writing:  # a reply goes on being written there while another chat is shown
+        shown += ('<span class="reame-writing">'
+                  '<span aria-hidden="true">● </span>writing a reply…</span>')
     pin = "Unpin" if chat.pinned else "Pin"
     marked = ' aria-current="page"' if current else ""
     # The chat's button opens it; only the current one is a Tab stop (the arrow keys move
     # between rows), so that the message box is a few Tabs away whatever the number of chats.
     return (
         f'<li class="reame-row" data-chat="{chat.id}" data-updated="{chat.updated_at:.0f}" '
-        f'data-pinned="{str(chat.pinned).lower()}">'
+        f'data-pinned="{str(chat.pinned).lower()}" data-writing="{str(writing).lower()}">'
         f'<button class="reame-open" data-reame-action="open:{chat.id}" title="{title}"'
         f'{marked} tabindex="{0 if current else -1}">'
         f'<span class="reame-title">{title}</span>{shown}</button>'

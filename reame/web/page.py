@@ -19,10 +19,10 @@ from ..chat_settings import FIELD, ChatSettings
 from ..render import inert_html, shown_reply, to_chatbot
 from ..settings import Settings
 from .chat_list import SHOWN, chat_list_html, search_results_html
-from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, HIDDEN, ROLE_JS, flatten, import_button,
-                         panel, panel_js)
+from .live_replies import LiveReplies, LiveReply
+from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, FOLLOW_JS, HIDDEN, ROLE_JS, flatten,
+                         import_button, panel, panel_js)
 from .page_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
-from .turn_updates import turn_updates
 from .uploads import UploadRefused, Uploads, session_key
 from .user import user_of
 
@@ -44,12 +44,14 @@ def _range(name: str) -> tuple[float, float]:
 
 
 def _listing(service: ChatService, user: str | None, chat_id: int | None,
-             words: str = "") -> str:
-    """The chat list's HTML: the user's chats, or those a search for words found."""
+             words: str = "", writing: frozenset[int] = frozenset()) -> str:
+    """The chat list's HTML: the user's chats, or those a search for words found; writing:
+    the chats whose reply is being written."""
     if words.strip():
-        return search_results_html(service.search(words, user), chat_id, words)
+        return search_results_html(service.search(words, user), chat_id, words,
+                                   writing=writing)
     return chat_list_html(service.list_chats(user, limit=SHOWN), chat_id,
-                          total=service.count_chats(user))
+                          total=service.count_chats(user), writing=writing)
 
 
 def _latest(service: ChatService, user: str | None) -> int | None:
@@ -73,13 +75,18 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                settings: Settings | None = None, title: str = "Reame",
                can_configure: Callable[[str | None], bool] = lambda user: True,
                name_of: Callable[[str | None], str | None] = lambda user: None,
-               uploads: Uploads | None = None) -> None:
+               uploads: Uploads | None = None, unwatched_s: float = 10) -> None:
     """The page, built into demo (the Blocks being defined). Settings changes run one at a time
     (the concurrency group settings_group); turns, any number at once (the service's scheduler
     lines them up). can_configure(user) says who may change the settings (with accounts:
-    admins); name_of(user) is the name a logged-in user goes by (None: no accounts)."""
+    admins); name_of(user) is the name a logged-in user goes by (None: no accounts).
+    Replies go on being written when the page shows another chat (live_replies); one that no
+    open tab watches is stopped after unwatched_s."""
+    live = LiveReplies(unwatched_s)
     current = gr.State(None)  # the chat shown, by id
     pending = gr.State("")  # the message being sent (the textbox clears at once)
+    # The chats of the user whose reply is being written, as the list last showed them.
+    listed_writing = gr.State(frozenset())
 
     with gr.Sidebar(open=True, elem_id="sidebar"):
         gr.Markdown(f"### {title}")
@@ -101,6 +108,12 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                         show_label=False, container=False)
     action_btn = gr.Button("Message action", elem_id="reame-action-btn",
                            elem_classes=["reame-offscreen"])
+    # Follows the reply of the chat shown, if one is being written (FOLLOW_JS clicks it once
+    # a chat is shown).
+    follow_btn = gr.Button("Follow the reply", elem_id="reame-follow-btn",
+                           elem_classes=["reame-offscreen"])
+    # While replies are written in chats not shown, the list is checked for their end.
+    list_timer = gr.Timer(2.0, active=False)
     # An export for the browser to save: {"name", "type", "text"} as JSON (DOWNLOAD_JS).
     download = gr.Textbox(elem_id="reame-download", elem_classes=["reame-offscreen"],
                           show_label=False, container=False)
@@ -155,10 +168,20 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             return to_chatbot(thread.branch, chat.window_start, thread)
         return to_chatbot(messages, service.get_chat(chat_id, user).window_start)
 
+    def writing(user):
+        return frozenset(live.chats_of(user))
+
+    def listing(user, chat_id, words=""):
+        return _listing(service, user, chat_id, words, writing(user))
+
     def show(chat_id, request: gr.Request):
-        """Everything that depends on which chat is shown."""
+        """Everything that depends on which chat is shown; a reply being written in it is
+        shown as far as it got (FOLLOW_JS then follows it)."""
         user = user_of(request)
-        if chat_id is not None:
+        reply = live.get(user, chat_id)
+        if reply is not None:
+            messages = live_view(reply)
+        elif chat_id is not None:
             try:
                 messages = shown(chat_id, user)
             except ChatNotFound:
@@ -168,7 +191,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                                  daemon=True).start()
         else:
             messages = []
-        return (chat_id, _listing(service, user, chat_id), messages,
+        return (chat_id, listing(user, chat_id), messages,
                 *_settings_values(service, chat_id, user), "")
 
     def on_load(request: gr.Request):
@@ -200,11 +223,11 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
 
     def begin_send(text, chat_id, in_progress, words, prompt, temp, top, max_tok,
                    request: gr.Request):
-        if in_progress:
+        user = user_of(request)
+        if in_progress or live.get(user, chat_id) is not None:
             # A toast: the streaming reply's updates would wipe a validation message.
             raise gr.Error("A reply is still being written: wait for it, or press stop.",
                            print_exception=False)
-        user = user_of(request)
         if chat_id is None:
             try:
                 chat_id = service.new_chat(user=user).id
@@ -222,27 +245,99 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             # The reply waits for the model: say so where the reply will be.
             history.append({"role": "assistant", "content": loading_text(loading)})
         return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
-                _listing(service, user, chat_id, words))
+                listing(user, chat_id, words))
+
+    def live_view(reply: LiveReply) -> list[dict]:
+        """A reply being written as the Chatbot shows it: under the chat as it was when it
+        started, the reply so far (or its place in line)."""
+        if reply.latest is None:
+            return reply.base
+        return reply.base + [{"role": "assistant", "content": shown_reply(reply.latest)}]
+
+    async def follow_reply(user, chat_id, tab):
+        """The Chatbot (and, once, the message box with its Stop) while the chat's reply is
+        written; nothing if none is. Cancelling this (another chat chosen, the tab closed)
+        stops the following, not the reply."""
+        first = True
+        async with aclosing(live.follow(user, chat_id, tab)) as updates:
+            async for reply in updates:
+                # Before its first update the page shows the reply's chat already (begin_send,
+                # with a model load's notice; or show()). Leave the textbox's text alone: the
+                # user may be typing the next message.
+                view = live_view(reply) if reply.latest is not None else gr.skip()
+                yield view, (gr.Textbox(submit_btn=False, stop_btn=True) if first
+                             else gr.skip())
+                first = False
+
+    async def write_reply(user, chat_id, request, base, begin, text=None):
+        """Start a reply in the background and follow it. A refusal (e.g. MessageTooLong:
+        nothing was stored) is a toast rather than gr.Error — on an error the Chatbot keeps an
+        "Error" badge over the conversation — and a sent text goes back to the box, so that
+        the user loses nothing; so does a Stop that came before the reply started."""
+        try:
+            started = live.start(user, chat_id, request.session_hash, base, begin)
+            if started is None:
+                yield await in_thread(shown, chat_id, user), text if text else gr.skip()
+                return
+            async with aclosing(follow_reply(user, chat_id, request.session_hash)) as updates:
+                async for update in updates:
+                    yield update
+        except (ChatError, ChatNotFound) as exc:
+            gr.Warning(str(exc))
+            yield await in_thread(shown, chat_id, user), text if text else gr.skip()
 
     async def stream_reply(text, chat_id, request: gr.Request):
-        # Async, so that a Stop stops the turn at once, also mid-prompt (turn_updates).
         if not text:
             return
         user = user_of(request)
         base = await in_thread(shown, chat_id, user)
         base.append({"role": "user", "content": inert_html(text)})
-        try:
-            async with aclosing(turn_updates(
-                    lambda: service.send(chat_id, text, user=user))) as updates:
-                async for update in updates:
-                    reply = shown_reply(update)
-                    # Leave the textbox alone: the user may be typing the next message.
-                    yield base + [{"role": "assistant", "content": reply}], gr.skip()
-        except ChatError as exc:  # e.g. MessageTooLong: nothing was stored
-            # A toast rather than gr.Error: on an error the Chatbot keeps an "Error" badge
-            # over the conversation. The text goes back so that the user loses nothing.
-            gr.Warning(str(exc))
-            yield await in_thread(shown, chat_id, user), text
+        async with aclosing(write_reply(user, chat_id, request, base, lambda: service.send(
+                chat_id, text, user=user), text)) as updates:
+            async for update in updates:
+                yield update
+
+    async def follow(chat_id, words, request: gr.Request):
+        """Once a chat is shown: follow the reply being written in it, if any, and at its end
+        show the chat as kept (as end_send does for the tab that sent it; not through a
+        `.then`, which would also run, late, when there was nothing to follow, and could
+        undo a message sent meanwhile). And the list's timer on while replies are written in
+        other chats."""
+        user = user_of(request)
+        extra = (gr.skip(),) * 4
+        followed = False
+        async with aclosing(follow_reply(user, chat_id, request.session_hash)) as updates:
+            async for update in updates:
+                followed = True
+                yield *update, *extra
+        now = writing(user)
+        timer = gr.Timer(active=bool(now - {chat_id}))
+        if chat_id in now:  # a new reply began meanwhile: its own following shows it
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), now, timer
+            return
+        ready = gr.Textbox(submit_btn=True, stop_btn=False)  # a followed chat left: Send back
+        if not followed:
+            yield gr.skip(), ready, gr.skip(), gr.skip(), now, timer
+            return
+        messages = await in_thread(shown, chat_id, user)
+        yield (messages, ready, await in_thread(listing, user, chat_id, words),
+               await in_thread(lambda: cache_markdown(
+                   service, user, whole_server=can_configure(user))), now, timer)
+
+    def stop_reply(chat_id, in_progress, request: gr.Request):
+        """Stop: the reply of the chat shown ends at its next step and is kept."""
+        live.stop(user_of(request), chat_id, starting=bool(in_progress))
+
+    async def tab_closed(request: gr.Request):
+        live.leave(request.session_hash)
+
+    def check_list(chat_id, words, shown_writing, request: gr.Request):
+        """While replies are written in other chats: the list again once one has ended
+        (its "writing" mark gone), and the timer off once none is left."""
+        user = user_of(request)
+        now = writing(user)
+        listed = listing(user, chat_id, words) if now != shown_writing else gr.skip()
+        return listed, now, gr.Timer(active=bool(now - {chat_id}))
 
     def type_ahead(text, chat_id, request: gr.Request):
         if chat_id is not None and text:
@@ -252,32 +347,24 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                 pass
 
     def end_send(chat_id, words, request: gr.Request):
-        """After a reply, however it ended: done, failed, stopped, or another chat chosen.
-
-        Shows the chat as stored. A stopped reply is saved when Gradio closes the cancelled
-        generator, which it does before it runs this `.then`; and the stream's last chunks,
-        which can arrive after another chat was chosen, are replaced by that chat.
-        """
+        """After following a reply, however it ended: done, failed, stopped, or another chat
+        chosen (the reply goes on). Shows the chat as stored — the stream's last chunks, which
+        can arrive after another chat was chosen, are replaced by that chat — unless a reply
+        is being written in the chat shown: its own following shows it. While replies are
+        written in other chats, the list's timer watches for their end."""
         user = user_of(request)
+        now = writing(user)
+        timer = gr.Timer(active=bool(now - {chat_id}))
+        cache = cache_markdown(service, user, whole_server=can_configure(user))
+        if chat_id in now:
+            return (gr.skip(), gr.skip(), listing(user, chat_id, words), gr.skip(), cache,
+                    now, timer)
         try:
             messages = shown(chat_id, user) if chat_id is not None else []
         except ChatNotFound:
             messages = []
         return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
-                _listing(service, user, chat_id, words), "",
-                cache_markdown(service, user, whole_server=can_configure(user)))
-
-    async def stream_turn(base, start):
-        """Stream a regenerated or edited reply after base (the messages kept), with the
-        message box's Stop shown (end_send puts Send back)."""
-        yield base, gr.Textbox(submit_btn=False, stop_btn=True)
-        try:
-            async with aclosing(turn_updates(start)) as updates:
-                async for update in updates:
-                    reply = shown_reply(update)
-                    yield base + [{"role": "assistant", "content": reply}], gr.skip()
-        except ChatError as exc:
-            gr.Warning(str(exc))
+                listing(user, chat_id, words), "", cache, now, timer)
 
     async def regenerate(chat_id, request: gr.Request):
         if chat_id is None:
@@ -287,9 +374,9 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         def prepare():
             return shown(chat_id, user, kept_on_regenerate(service.messages(chat_id, user)))
 
-        async with aclosing(stream_turn(await in_thread(prepare), lambda: service.regenerate(
-                chat_id, user=user))) as updates:
-            async for update in updates:
+        async with aclosing(write_reply(user, chat_id, request, await in_thread(prepare),
+                                        lambda: service.regenerate(chat_id, user=user))) as ups:
+            async for update in ups:
                 yield update
 
     async def edit(chat_id, data: gr.EditData, request: gr.Request):
@@ -315,7 +402,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             yield await in_thread(shown, chat_id, user), gr.skip()
             return
         base = kept + [{"role": "user", "content": inert_html(text)}]
-        async with aclosing(stream_turn(base, lambda: updates)) as stream:
+        async with aclosing(write_reply(user, chat_id, request, base,
+                                        lambda: updates)) as stream:
             async for update in stream:
                 yield update
 
@@ -338,6 +426,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             elif kind == "rename":
                 service.rename_chat(target, text, user)
             elif kind == "delete":
+                live.stop(user, target)  # its reply first: nothing is written into it after
                 service.delete_chat(target, user)
                 if target == chat_id:
                     chat_id = _latest(service, user)
@@ -358,7 +447,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
 
     def find(words, chat_id, request: gr.Request):
         """The chat list as the search box asks: the chats found, or all of them."""
-        return _listing(service, user_of(request), chat_id, words)
+        user = user_of(request)
+        return listing(user, chat_id, words)
 
     def export_all(request: gr.Request):
         return _download(service.export_file(None, user_of(request)))
@@ -410,7 +500,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
 
     demo.load(on_load_page, None, [*view, cache_md, role, account, *settings_outputs],
               queue=False,
-              **HIDDEN).then(None, [role], None, js=ROLE_JS, **HIDDEN)
+              **HIDDEN).then(None, [role], None, js=ROLE_JS, **HIDDEN).then(
+                  None, None, None, js=FOLLOW_JS, **HIDDEN)
 
     # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
     # badge over the conversation even with show_progress="hidden".
@@ -424,25 +515,38 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         stream_reply, [pending, current], [chatbot, message], show_progress="minimal",
         show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN,  # the scheduler's line
     )
-    # Runs after the reply ends, also when cancelled (stop, chat switch, delete).
-    after = [chatbot, message, chat_list, pending, cache_md]
+    # Runs after the following of a reply ends, also when cancelled (chat switch, delete).
+    after = [chatbot, message, chat_list, pending, cache_md, listed_writing, list_timer]
     streaming.then(end_send, [current, search], after, queue=False, **HIDDEN)
-    # Regenerate (the retry button under the last reply) and edit (a user message): the
-    # message box's Stop stops them too.
+    # Regenerate (the retry button under the last reply) and edit (a user message), and the
+    # following of a reply written in a chat just shown: the message box's Stop stops them too.
     replies = [streaming]
     for trigger, fn in ((chatbot.retry, regenerate), (chatbot.edit, edit)):
         reply = trigger(fn, [current], [chatbot, message], show_progress="minimal",
                         show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN)
         reply.then(end_send, [current, search], after, queue=False, **HIDDEN)
         replies.append(reply)
-    message.stop(None, None, None, cancels=replies, js=FOCUS_MESSAGE_JS, **HIDDEN)
+    replies.append(follow_btn.click(
+        follow, [current, search], [chatbot, message, chat_list, cache_md, listed_writing,
+                                    list_timer],
+        show_progress="minimal", show_progress_on=[chatbot], concurrency_limit=None,
+        trigger_mode="multiple", **HIDDEN))  # the same chat again: a new following
+    # Stop ends the reply of the chat shown (not merely its following); its following then
+    # ends, and end_send shows the reply as kept.
+    message.stop(stop_reply, [current, pending], None, queue=False, **HIDDEN).then(
+        None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN)
+    list_timer.tick(check_list, [current, search, listed_writing],
+                    [chat_list, listed_writing, list_timer], queue=False,
+                    show_progress="hidden", **HIDDEN)
+    demo.unload(tab_closed)
     # While the user types, the part of the prompt the message already fixes is evaluated
     # (never waiting for the model): sending then evaluates only the rest.
     message.change(type_ahead, [message, current], None, trigger_mode="always_last",
                    queue=False, show_progress="hidden", **HIDDEN)
 
-    # Opening, making or changing a chat stops a reply in progress (its partial text is
-    # saved), then typing goes on in the message box.
+    # Opening, making or changing a chat stops following the reply being written (it goes
+    # on), follows the one of the chat now shown, if any, and typing goes on in the message
+    # box.
     # The Chatbot's own Clear (its trash icon) empties the view: it opens an empty chat, the
     # one cleared stays in the list (else its messages would come back at the next load).
     for event in (
@@ -452,7 +556,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                              cancels=replies,
                              js="(action, chat) => [window.reameAction || '', chat]",
                              **HIDDEN)):
-        event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN)
+        event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN).then(
+            None, None, None, js=FOLLOW_JS, **HIDDEN)
     download.change(None, [download], None, js=DOWNLOAD_JS, **HIDDEN)
     search.input(find, [search, current], [chat_list], trigger_mode="always_last", queue=False,
                  show_progress="hidden", **HIDDEN)

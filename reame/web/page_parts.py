@@ -57,6 +57,11 @@ h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9
                                text-overflow: ellipsis; max-width: 100%; }
 .reame-snippet { font-size: 0.8em; opacity: 0.85; font-weight: normal; }
 .reame-snippet mark { background: var(--color-accent-soft, #fde68a); color: inherit; }
+.reame-writing { display: block; font-size: 0.8em; font-weight: normal;
+  color: var(--color-accent, #2563eb); }
+.reame-writing span { animation: reame-pulse 1.2s ease-in-out infinite; }
+@keyframes reame-pulse { 50% { opacity: 0.3; } }
+@media (prefers-reduced-motion: reduce) { .reame-writing span { animation: none; } }
 .reame-menu summary { list-style: none; cursor: pointer; padding: 0.3em 0.55em;
                       border-radius: 6px; opacity: 0.85; }
 .reame-menu summary::-webkit-details-marker { display: none; }
@@ -111,6 +116,8 @@ FOCUS_MESSAGE_JS = """() => {
     document.querySelector('#message textarea')?.focus();
 }"""
 ROLE_JS = "(role) => { document.documentElement.dataset.reameRole = role; }"
+# Once a chat is shown: follow the reply being written in it, if any (page.follow).
+FOLLOW_JS = "() => { document.getElementById('reame-follow-btn')?.click(); }"
 
 
 @contextmanager

@@ -1,0 +1,145 @@
+"""reame/web/live_replies.py on the real service, without a browser: what the page relies on
+when it shows another chat, reloads or closes (tests/test_page_live.py does it in Chromium).
+
+A reply is written whoever follows it; each follower sees it from where it is; Stop keeps it
+as far as it got; a reply no tab watches is stopped after the bound, unless a tab follows it
+again first; a Stop that overtakes its reply's start still stops it; replies never cross users.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from reame.chat import ChatError
+from reame.web.live_replies import LiveReplies
+
+LONG = "Write the numbers from 1 to 500, separated by commas."
+
+
+async def stop(live, *args, **kwargs) -> bool:
+    """live.stop waits for the reply to be kept: from a worker thread, as the page calls it."""
+    return await asyncio.to_thread(live.stop, *args, **kwargs)
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 120))
+
+
+def long_chat(service, user=None) -> int:
+    chat = service.new_chat(user=user)
+    service.update_settings(chat.id, max_tokens=400, user=user)
+    return chat.id
+
+
+async def until(condition, seconds: float = 60) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("not within the time")
+
+
+def test_a_reply_is_written_without_followers_and_followed_from_where_it_is(service):
+    chat = long_chat(service)
+    live = LiveReplies(unwatched_s=60)
+
+    async def scenario():
+        reply = live.start(None, chat, "tab", [], lambda: service.send(chat, LONG))
+        assert live.chats_of(None) == {chat} and live.chats_of("someone else") == set()
+        # Nobody follows: it is written all the same.
+        await until(lambda: reply.latest is not None and len(reply.latest.text) > 40)
+        seen = []
+        async for followed in live.follow(None, chat, "another tab"):
+            seen.append(followed.latest.text)
+            if len(seen) == 3:
+                break
+        assert len(seen[0]) > 40  # not from its start: from where it is
+        assert seen == sorted(seen, key=len)  # each from where the reply is
+        assert "another tab" in reply.tabs
+        assert await stop(live, None, chat) is True  # kept as far as it got
+        return seen[-1]
+
+    last_seen = run(scenario())
+    kept = service.messages(chat)[-1]
+    assert kept.role == "assistant" and kept.stopped and kept.content.startswith(last_seen)
+    assert live.chats_of(None) == set() and live.get(None, chat) is None
+
+
+def test_a_reply_no_tab_watches_is_stopped_after_the_bound_unless_followed_again(service):
+    first, second = long_chat(service), long_chat(service)
+    live = LiveReplies(unwatched_s=0.5)
+
+    async def scenario():
+        left = live.start(None, first, "closed tab", [], lambda: service.send(first, LONG))
+        kept = live.start(None, second, "reloaded tab", [],
+                          lambda: service.send(second, LONG))
+        await until(lambda: left.latest is not None and kept.latest is not None)
+        live.leave("closed tab")
+        live.leave("reloaded tab")
+        # The reloaded tab (a new session) follows its reply again within the bound.
+        follower = aiter(live.follow(None, second, "the new tab"))
+        await anext(follower)
+        await until(left.ended.is_set, seconds=30)
+        await asyncio.sleep(1.0)  # past the bound for the second one too
+        assert not kept.ended.is_set(), "a followed reply was stopped"
+        assert await stop(live, None, second) is True
+        await follower.aclose()
+
+    run(scenario())
+    for chat in (first, second):
+        reply = service.messages(chat)[-1]
+        assert reply.role == "assistant" and reply.stopped, (chat, reply)
+
+
+def test_a_stop_that_overtakes_the_start_of_its_reply_still_stops_it(service):
+    chat = long_chat(service)
+    live = LiveReplies(unwatched_s=60)
+
+    async def scenario():
+        assert await stop(live, None, chat, starting=True) is False  # the reply had not started
+        assert live.start(None, chat, "tab", [], lambda: service.send(chat, LONG)) is None
+        # Only that once, and not for a Stop that came after a reply had ended.
+        await stop(live, None, chat)
+        reply = live.start(None, chat, "tab", [], lambda: service.send(chat, LONG))
+        assert reply is not None
+        await until(lambda: reply.latest is not None)
+        await stop(live, None, chat)
+
+    run(scenario())
+    assert [m.role for m in service.messages(chat)] == ["user", "assistant"]
+
+
+def test_one_reply_per_chat_and_never_another_user_s(service):
+    chat = long_chat(service, user="alice")
+    live = LiveReplies(unwatched_s=60)
+
+    async def scenario():
+        reply = live.start("alice", chat, "tab", [], lambda: service.send(chat, LONG,
+                                                                          user="alice"))
+        with pytest.raises(ChatError, match="still being written"):
+            live.start("alice", chat, "tab", [], lambda: service.send(chat, LONG, user="alice"))
+        # Bob names alice's chat: he neither sees, follows nor stops her reply.
+        assert live.get("bob", chat) is None and live.chats_of("bob") == set()
+        assert [r async for r in live.follow("bob", chat, "bob's tab")] == []
+        assert await stop(live, "bob", chat) is False
+        await until(lambda: reply.latest is not None and len(reply.latest.text) > 10)
+        assert not reply.ended.is_set()
+        await stop(live, "alice", chat)
+
+    run(scenario())
+
+
+def test_a_refused_turn_ends_its_followers_with_the_refusal(service):
+    chat = long_chat(service)
+    live = LiveReplies(unwatched_s=60)
+
+    async def scenario():
+        live.start(None, chat, "tab", [], lambda: service.send(chat, "   "))
+        with pytest.raises(ChatError):
+            async for _ in live.follow(None, chat, "tab"):
+                pass
+
+    run(scenario())
+    assert service.messages(chat) == []
