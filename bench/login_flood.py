@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,44 +27,22 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from bench.checkouts import commit, serve
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PASSWORD = "flood-password-1"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start(checkout: Path, folder: Path) -> tuple[subprocess.Popen, str, str]:
-    """A server of that checkout with one user; its process, URL and API key."""
+def write_config(checkout: Path, folder: Path) -> tuple[Path, str]:
+    """A config with one user "flood" (added by that checkout); its path and the user's API key."""
     config = folder / "reame.conf"
     config.write_text(f"[model]\nmodel_path = {MODEL}\nn_ctx = 1024\n\n[server]\nusers_file =\n\n"
                       f"[storage]\nsessions_dir = {folder / 'sessions'}\n")
     made = subprocess.run([sys.executable, str(checkout / "app.py"), "adduser", "flood", "--key",
                            "--config", str(config), "--password-stdin"], input=PASSWORD + "\n",
                           capture_output=True, text=True, cwd=checkout, check=True)
-    key = made.stdout.split("API key (shown once): ")[1].split()[0]
-    port = free_port()
-    process = subprocess.Popen([sys.executable, str(checkout / "app.py"), "--config", str(config),
-                                "--port", str(port)], cwd=checkout,
-                               stdout=(folder / "server.log").open("wb"), stderr=subprocess.STDOUT,
-                               env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "v1/models", timeout=2)
-        except urllib.error.HTTPError:
-            return process, url, key  # answering (401 without the key)
-        except OSError:
-            time.sleep(0.3)
-        else:
-            return process, url, key
-    process.kill()
-    raise RuntimeError(f"the server of {checkout} did not start")
+    return config, made.stdout.split("API key (shown once): ")[1].split()[0]
 
 
 def latencies(url: str, key: str, seconds: float) -> list[float]:
@@ -94,8 +71,8 @@ def flood(url: str, stop: threading.Event, counted: list[int]) -> None:
 
 def measure(checkout: Path, clients: int, seconds: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="reame-flood-") as tmp:
-        process, url, key = start(checkout, Path(tmp))
-        try:
+        config, key = write_config(checkout, Path(tmp))
+        with serve(checkout, config) as url:
             latencies(url, key, 2)  # warm up
             alone = latencies(url, key, seconds)
             stop, counted = threading.Event(), []
@@ -108,12 +85,7 @@ def measure(checkout: Path, clients: int, seconds: float) -> dict:
             stop.set()
             for thread in threads:
                 thread.join(timeout=60)
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-    commit = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h"],
-                            capture_output=True, text=True).stdout.strip()
-    return {"checkout": str(checkout), "commit": commit, "alone": alone, "during": during,
+    return {"checkout": str(checkout), "commit": commit(checkout), "alone": alone, "during": during,
             "logins_per_s": sum(counted) / (seconds + 1)}
 
 
