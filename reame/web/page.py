@@ -298,11 +298,10 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                 yield update
 
     async def follow(chat_id, words, request: gr.Request):
-        """Once a chat is shown: follow the reply being written in it, if any, and at its end
-        show the chat as kept (as end_send does for the tab that sent it; not through a
-        `.then`, which would also run, late, when there was nothing to follow, and could
-        undo a message sent meanwhile). And the list's timer on while replies are written in
-        other chats."""
+        """Once a chat is shown: follow the reply being written in it, if any, then show the
+        chat as kept (as end_send does for the tab that sent it, but without end_send's reset
+        of the message being sent: run late, after nothing to follow, it would lose a message
+        sent meanwhile). And the list's timer on while replies are written in other chats."""
         user = user_of(request)
         extra = (gr.skip(),) * 4
         followed = False
@@ -315,11 +314,16 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         if chat_id in now:  # a new reply began meanwhile: its own following shows it
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), now, timer
             return
-        ready = gr.Textbox(submit_btn=True, stop_btn=False)  # a followed chat left: Send back
+        # The chat as kept, and Send back: also when nothing was followed, for the last chunks
+        # of the chat left, which can arrive after it was left (as end_send does).
+        ready = gr.Textbox(submit_btn=True, stop_btn=False)
+        try:
+            messages = await in_thread(shown, chat_id, user) if chat_id is not None else []
+        except ChatNotFound:
+            messages = gr.skip()
         if not followed:
-            yield gr.skip(), ready, gr.skip(), gr.skip(), now, timer
+            yield messages, ready, gr.skip(), gr.skip(), now, timer
             return
-        messages = await in_thread(shown, chat_id, user)
         yield (messages, ready, await in_thread(listing, user, chat_id, words),
                await in_thread(lambda: cache_markdown(
                    service, user, whole_server=can_configure(user))), now, timer)
