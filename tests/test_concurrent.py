@@ -8,6 +8,8 @@ at once, a recent chat's KV still live.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from reame.chat import ServerBusy
@@ -104,13 +106,18 @@ def test_a_short_question_does_not_wait_for_a_long_reply(services, engine4):
     short_chat = service.new_chat()
     story = service.send(long_chat.id, COUNT)
     seen = [next(story) for _ in range(3)]  # the story is being written
-    # At most 24 tokens: short whatever the model answers (in French it ran on).
-    short = last(service.send(short_chat.id, "What is the capital of France?", max_tokens=24))
-    # The short reply ended while the story goes on: it waited for steps, not for the story.
-    assert short.done
+    # Its reader goes on reading, as a client would: a story nobody reads for stall_s is a
+    # stalled caller and is ended (with one thread beside a busy core the short reply took
+    # over 10 s, and the unread story was cancelled under it).
+    with ThreadPoolExecutor(1) as pool:
+        reader = pool.submit(list, story)
+        # At most 24 tokens: short whatever the model answers (in French it ran on).
+        short = last(service.send(short_chat.id, "What is the capital of France?", max_tokens=24))
+        # The short reply ended while the story goes on: it waited for steps, not the story.
+        assert short.done
+        assert not reader.done() and service.scheduler.busy == 1
+        rest = reader.result(timeout=240)
     assert_answers(short.text, model_answer("What is the capital of France?", max_tokens=24))
-    assert service.scheduler.busy == 1
-    rest = list(story)
     assert rest[-1].done and rest[-1].stats.generated > len(seen) + 40
 
 
