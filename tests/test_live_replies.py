@@ -143,3 +143,30 @@ def test_a_refused_turn_ends_its_followers_with_the_refusal(service):
 
     run(scenario())
     assert service.messages(chat) == []
+
+
+def test_a_tab_that_shows_another_chat_gets_nothing_more_of_the_one_it_left(service):
+    """However late the browser cancels the following of the chat left, that following ends at
+    the reply's next update: no chunk of it is drawn over the chat shown now."""
+    left, other = long_chat(service), long_chat(service)
+    live = LiveReplies(unwatched_s=60)
+
+    async def scenario():
+        live.showing("tab", left)
+        reply = live.start(None, left, "tab", [], lambda: service.send(left, LONG))
+        following = live.follow(None, left, "tab")
+        first = await anext(following)
+        assert first is reply
+        live.showing("tab", other)  # the page shows another chat; its cancel has not come
+        with pytest.raises(StopAsyncIteration):
+            await anext(following)
+        assert live.get(None, left) is reply and not reply.ended.is_set()  # still written
+        assert [r async for r in live.follow(None, left, "tab")] == []  # not while elsewhere
+        live.showing("tab", left)  # back: followed again, from where it is
+        again = live.follow(None, left, "tab")
+        assert (await anext(again)) is reply
+        await again.aclose()
+        assert await stop(live, None, left) is True
+
+    run(scenario())
+    assert service.messages(left)[-1].stopped

@@ -9,7 +9,9 @@ is stopped after `unwatched_s` seconds (the stall bound, [server] stalled_reply_
 follows it again meanwhile (a reload does). A stopped reply keeps what it has (turn_updates).
 
 One reply per chat at a time; replies are keyed by (user, chat), so that a user only ever sees,
-follows or stops their own.
+follows or stops their own. The page says which chat each tab shows (`showing`): a following
+ends as soon as its tab shows another chat, so that a chunk of the chat left never reaches the
+chat shown, however late the browser's cancel arrives.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class LiveReplies:
         self._lock = threading.Lock()
         self._replies: dict[Key, LiveReply] = {}
         self._early_stops: dict[Key, float] = {}
+        self._shown: dict[str, int | None] = {}  # tab -> the chat it shows
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # reading (any thread)
@@ -74,6 +77,17 @@ class LiveReplies:
         """The user's chats whose reply is being written."""
         with self._lock:
             return {chat for owner, chat in self._replies if owner == user}
+
+    def shows(self, tab: str, chat_id: int | None) -> bool:
+        """Whether the tab shows the chat (as far as the page said; yes for a tab that has
+        said nothing yet)."""
+        with self._lock:
+            return self._shown.get(tab, chat_id) == chat_id
+
+    def showing(self, tab: str, chat_id: int | None) -> None:
+        """The tab shows this chat from now on."""
+        with self._lock:
+            self._shown[tab] = chat_id
 
     # the event loop's side
 
@@ -124,10 +138,14 @@ class LiveReplies:
         reply = self.get(user, chat_id)
         if reply is None:
             return
+        if not self.shows(tab, chat_id):
+            return
         self.watch(reply, tab)
         yield reply
         while not reply.ended.is_set():
             await reply._changed.wait()  # no await between the check and the wait
+            if not self.shows(tab, chat_id):
+                return  # the tab shows another chat now: the reply goes on unwatched by it
             yield reply
         if reply.error is not None:
             raise reply.error
@@ -143,6 +161,7 @@ class LiveReplies:
         after unwatched_s, unless one is followed again meanwhile. On the event loop."""
         loop = asyncio.get_running_loop()
         with self._lock:
+            self._shown.pop(tab, None)
             replies = [r for r in self._replies.values() if tab in r.tabs]
         for reply in replies:
             reply.tabs.discard(tab)

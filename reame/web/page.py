@@ -191,6 +191,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                                  daemon=True).start()
         else:
             messages = []
+        live.showing(request.session_hash, chat_id)  # a following of another chat ends
         return (chat_id, listing(user, chat_id), messages,
                 *_settings_values(service, chat_id, user), "")
 
@@ -238,6 +239,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         values = (prompt, temp, top, max_tok)
         if values != tuple(_settings_values(service, chat_id, user)):
             save_settings(chat_id, *values, request)
+        live.showing(request.session_hash, chat_id)
         history = shown(chat_id, user)
         history.append({"role": "user", "content": inert_html(text)})
         loading = loading_model()
