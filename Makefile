@@ -6,14 +6,17 @@ VENV        := .venv
 VENV_PY     := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (auto: one per core); each file runs whole on one worker
+# (its servers and browser shared by its tests), each worker's engines get their share of cores.
+TEST_WORKERS ?= auto
 SUDO        := $(shell [ $$(id -u) = 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv model browser tools run test bench clean
+.PHONY: help venv model browser tools run test screenshots bench clean
 
 help: ## List the targets
 	@echo "Reame make targets:"
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "Pass extra pytest options with: make test PYTEST_ARGS='-k name -x'"
 
 venv: $(STAMP) ## Create .venv and install requirements.txt (no-op when up to date)
@@ -56,7 +59,11 @@ run: venv model ## Start the chat server (app.py)
 	$(VENV_PY) app.py
 
 test: venv model browser tools ## Run the test suite
-	$(VENV_PY) -m pytest -q $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+screenshots: venv model browser ## Retake README's screenshots into docs/screenshots/ (page tests)
+	REAME_SCREENSHOTS=1 $(VENV_PY) -m pytest -q tests/test_page_send.py tests/test_page_chats.py \
+		tests/test_page_history.py tests/test_page_access.py $(PYTEST_ARGS)
 
 bench: venv model ## Run the benchmark (python -m bench; adds requirements-bench.txt)
 	$(VENV_PY) -m pip install -r requirements-bench.txt

@@ -30,7 +30,11 @@ SYSTEM_PROMPT = os.environ.get("REAME_TEST_SYSTEM_PROMPT", "You are a helpful as
 # The model's threads in the tests' engines and servers (0: llama.cpp's choice). Other counts
 # split the matrix products otherwise, so the sums round otherwise: REAME_TEST_THREADS=1 or 2
 # checks that the tests hold with those too.
-THREADS = int(os.environ.get("REAME_TEST_THREADS", "0"))
+# Under pytest-xdist (make test: one worker per core) each worker's engines get their share
+# of the cores, so that two workers do not fight over every core.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = int(os.environ.get("REAME_TEST_THREADS",
+                             max(1, (os.cpu_count() or 1) // WORKERS) if WORKERS > 1 else 0))
 GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.0,
                           max_tokens=24)
 
@@ -97,9 +101,10 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
                  max_tokens: int = 24, temperature: float = 0.0, port: int | None = None,
                  host: str = "127.0.0.1", users_file: str = "", extra: str = "",
                  system_prompt: str = SYSTEM_PROMPT, slots: int = 4,
-                 max_waiting: int = 16, server_extra: str = "") -> Path:
+                 max_waiting: int = 16, server_extra: str = "", warm_up: bool = False) -> Path:
     """A reame.conf in folder with its sessions beside it; extra goes at the end (after
-    [storage]), server_extra into [server]."""
+    [storage]), server_extra into [server]. No warm-up unless asked (tests/test_warmup.py):
+    it costs each server start a few seconds and changes no answer."""
     path = folder / "reame.conf"
     path.write_text(
         "# test config\n"
@@ -108,7 +113,7 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
         f"[generation]\nsystem_prompt = {system_prompt}\n"
         f"temperature = {temperature}\ntop_p = 1.0\nmax_tokens = {max_tokens}\n\n"
         f"[server]\nhost = {host}\nport = {port or free_port()}\nusers_file = {users_file}\n"
-        f"max_waiting = {max_waiting}\n{server_extra}\n"
+        f"max_waiting = {max_waiting}\nwarm_up = {str(warm_up).lower()}\n{server_extra}\n"
         f"[storage]\nsessions_dir = sessions\n{extra}",
         encoding="utf-8",
     )

@@ -62,7 +62,7 @@ def health(url: str) -> int | None:
 
 
 def test_health_says_ok_only_once_the_warm_up_is_done(tmp_path, model_path):
-    config = write_config(tmp_path, model_path=model_path)
+    config = write_config(tmp_path, model_path=model_path, warm_up=True)
     port = free_port()
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as out:
