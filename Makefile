@@ -31,7 +31,7 @@ $(STAMP): requirements.txt | $(VENV_PY)
 	@touch $@
 
 model: | $(VENV_PY) ## Fetch and check the default model into models/
-	$(VENV_PY) -m reame.setup_model
+	$(VENV_PY) -m reame.models.setup_model
 
 browser: ## Install Debian's chromium (for the UI tests) if /usr/bin/chromium is missing
 	@if [ -x /usr/bin/chromium ]; then \

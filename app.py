@@ -17,13 +17,13 @@ from pathlib import Path
 # its first request: nothing leaves this machine unless a user asks for a download.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from reame.accounts import AccountError, Accounts
-from reame.accounts_cli import COMMANDS, give_ids, run_command
-from reame.chat import ChatService
-from reame.config import Config, ConfigError, load_config
+from reame.accounts.cli import COMMANDS, give_ids, run_command
+from reame.accounts.users import AccountError, Accounts
+from reame.admin.live_settings import Settings
+from reame.chats.service import ChatService
+from reame.chats.store import DatabaseUnavailable
+from reame.config.reame_conf import Config, ConfigError, load_config
 from reame.runtime import build_service
-from reame.settings import Settings
-from reame.store import DatabaseUnavailable
 from reame.web.guard import Guard
 from reame.web.login import WebLogins
 from reame.web.named_api import register_api
@@ -142,8 +142,8 @@ def finish_writes_on_sigterm(service: ChatService) -> None:
 
 def start_warm_up(service: ChatService) -> None:
     """Run the model and Gradio's first-call imports once while the server starts; /health
-    says warming_up until it is done (reame/warmup.py)."""
-    from reame.warmup import warm_up
+    says warming_up until it is done (reame/inference/warmup.py)."""
+    from reame.inference.warmup import warm_up
 
     def warm() -> None:
         try:
@@ -156,25 +156,25 @@ def start_warm_up(service: ChatService) -> None:
 
 
 def _install_service(argv: list[str]) -> int:
-    from reame import service_unit
+    from reame.admin import service_unit
 
     return service_unit.run(argv, DEFAULT_CONFIG)
 
 
 def _backup(argv: list[str]) -> int:
-    from reame.backup import run_backup
+    from reame.admin.backup import run_backup
 
     return run_backup(argv, DEFAULT_CONFIG)
 
 
 def _restore(argv: list[str]) -> int:
-    from reame.backup import run_restore
+    from reame.admin.backup import run_restore
 
     return run_restore(argv, DEFAULT_CONFIG)
 
 
 def _pull(argv: list[str]) -> int:
-    from reame.pull import run_pull
+    from reame.models.pull import run_pull
 
     return run_pull(argv, DEFAULT_CONFIG)
 

@@ -19,7 +19,7 @@ import time
 import llama_cpp
 import numpy
 
-from reame.engine import Engine
+from reame.inference.engine import Engine
 
 from .scenarios import Context, _filler_tokens
 

@@ -63,7 +63,7 @@ def model_id(port: int) -> str:
 
 def end_tokens() -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
-    from reame.engine import Engine
+    from reame.inference.engine import Engine
 
     engine = Engine(MODEL, n_ctx=256)
     try:

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MEASURE = r"""
 import json, sys, threading, time
 from pathlib import Path
-from reame.chat import ChatService
-from reame.chat_settings import ChatSettings
-from reame.store import Store
+from reame.chats.service import ChatService
+from reame.config.chat_settings import ChatSettings
+from reame.chats.store import Store
 
 data, folder = Path(sys.argv[1]).read_bytes(), Path(sys.argv[2])
 service = ChatService(Store(folder / "reame.db"), None, ChatSettings(), max_chats=100_000)

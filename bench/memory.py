@@ -41,10 +41,10 @@ from pathlib import Path
 
 import psutil
 
-from reame.catalog import cpu_repacks, memory_needed
-from reame.config import SETTINGS
-from reame.engine import slots_that_fit
-from reame.gguf_info import GGUFInfo, read_gguf_info
+from reame.config.reame_conf import SETTINGS
+from reame.models.catalog import cpu_repacks, memory_needed
+from reame.models.gguf_info import GGUFInfo, read_gguf_info
+from reame.models.kv_budget import slots_that_fit
 
 from . import make_models, servers, users, workload
 
@@ -306,7 +306,7 @@ def report(data: dict, out: Path) -> str:
         "Answering adds the KV of the conversation copied out of llama.cpp to be written to "
         "its file after the reply (prompt tokens x KV bytes per token), and a few MB of "
         "compute buffers (decodes of 16 tokens).\n\n"
-        "**estimate**: `reame.catalog.memory_needed` from the file's header facts (recorded "
+        "**estimate**: `reame.models.catalog.memory_needed` from the file's header facts (recorded "
         "in results.json), as the Settings tab checks a model before loading it: the file + "
         "the repacked matrices + the slots' KV + one full window's KV copied out + 200 MB for "
         "the server. It is for a full window, so it sits a little above these half-window "

@@ -1,4 +1,4 @@
-"""Scenario "plan": what the batch plan (reame/batches.py) costs, side by side in one run.
+"""Scenario "plan": what the batch plan (reame/inference/batches.py) costs, side by side in one run.
 
 Every prompt is evaluated in chunks of CHUNK tokens at absolute positions, so that the reply
 never depends on what the cache held. Before, the new tokens of a turn
@@ -14,8 +14,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from reame.batches import CHUNK
-from reame.engine import Engine
+from reame.inference.batches import CHUNK
+from reame.inference.engine import Engine
 
 from .scenarios import Context, _filler_tokens
 

@@ -6,8 +6,16 @@ import os
 import platform
 from pathlib import Path
 
-from .systems import (DISK_CACHE, MB, NO_CACHE, PAGE_VARIANTS, REAME, REAME_OPENED, REAME_TYPED,
-                      SYSTEMS)
+from .systems import (
+    DISK_CACHE,
+    MB,
+    NO_CACHE,
+    PAGE_VARIANTS,
+    REAME,
+    REAME_OPENED,
+    REAME_TYPED,
+    SYSTEMS,
+)
 
 COLORS = {REAME: "#1b7837", NO_CACHE: "#b2182b", DISK_CACHE: "#2166ac"}
 MARKERS = {REAME: "o", NO_CACHE: "s", DISK_CACHE: "^"}

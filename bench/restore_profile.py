@@ -25,7 +25,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from reame.kvfile import checksum
+from reame.inference.kv.kvfile import checksum
 
 MB = 1024 * 1024
 REAME_NOW = "reame: KVStore.read + Engine.restore + checksum check"
@@ -48,7 +48,7 @@ def read_file(path: Path) -> bytearray:
 
 def split(data) -> tuple[list[int], memoryview, memoryview, int]:
     """(tokens, body to checksum, state, stored checksum) of a reame KV file."""
-    from reame.kvfile import _PREAMBLE, _SUM
+    from reame.inference.kv.kvfile import _PREAMBLE, _SUM
 
     _magic, _version, header_len = _PREAMBLE.unpack_from(data)
     header = json.loads(bytes(data[_PREAMBLE.size:_PREAMBLE.size + header_len]))

@@ -21,9 +21,19 @@ from pathlib import Path
 
 from . import workload
 from .servers import LLAMA_SERVER, REAME_SERIAL, REAME_SLOTS
-from .systems import (DISK_CACHE, MB, NO_CACHE, PAGE_VARIANTS, REAME, REAME_TYPED, SYSTEMS,
-                      ServiceSystem,
-                      System, TurnResult, make_system)
+from .systems import (
+    DISK_CACHE,
+    MB,
+    NO_CACHE,
+    PAGE_VARIANTS,
+    REAME,
+    REAME_TYPED,
+    SYSTEMS,
+    ServiceSystem,
+    System,
+    TurnResult,
+    make_system,
+)
 
 log = logging.getLogger(__name__)
 
@@ -534,7 +544,7 @@ def _median(values) -> float | None:
 
 def kv_bytes_per_token(ctx: Context) -> dict:
     """State bytes per token at f16 and q8_0: the slope between two prefill lengths."""
-    from reame.engine import Engine
+    from reame.inference.engine import Engine
 
     n1, n2 = ctx.plan.kv_probe_tokens
     tokens = _filler_tokens(ctx, n2)

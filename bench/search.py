@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reame.store import Store
+from reame.chats.store import Store
 from reame.web.chat_list import SHOWN, chat_list_html
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -63,7 +63,7 @@ def llama_server_missing() -> str | None:
 
 def reame_knows_slots() -> bool:
     """Whether this checkout reads `[model] slots` (unknown keys are ignored silently)."""
-    from reame.config import SETTINGS
+    from reame.config.reame_conf import SETTINGS
 
     return any((s.section, s.key) == ("model", "slots") for s in SETTINGS)
 

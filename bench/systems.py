@@ -233,8 +233,8 @@ class ServiceSystem(System):
         return self.folder / "kv"
 
     def _start(self) -> None:
-        from reame.config import GenerationConfig
-        from reame.engine import Engine
+        from reame.config.reame_conf import GenerationConfig
+        from reame.inference.engine import Engine
         from reame.runtime import service_over
 
         self.engine = Engine(self.model, n_ctx=self.n_ctx, kv_type=self.kv_type,

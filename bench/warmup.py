@@ -96,7 +96,7 @@ def build_base(folder: Path, model: Path, history: int) -> Path:
         return len(vocab.tokenize(text.encode(), add_bos=False, special=True))
 
     config = config_file(folder, model, warm=False)
-    from reame.store import Store
+    from reame.chats.store import Store
 
     store = Store(folder / "sessions" / "reame.db")
     for i in range(4):

@@ -9,15 +9,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .cache import KVCache
-from .chat import ChatService
-from .chat_settings import ChatSettings
-from .config import Config
-from .engine import Engine
-from .kvstore import KVStore
-from .model_file import ModelLoadError
-from .scheduler import Limits
-from .store import Store
+from reame.chats.service import ChatService
+from reame.chats.store import Store
+from reame.config.chat_settings import ChatSettings
+from reame.config.reame_conf import Config
+from reame.inference.cache import KVCache
+from reame.inference.engine import Engine
+from reame.inference.kv.kvstore import KVStore
+from reame.inference.scheduler import Limits
+from reame.models.model_file import ModelLoadError
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import pytest
 from gradio_client import Client
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from reame.render import stats_text
-from reame.turn import TurnStats
+from reame.inference.turn import TurnStats
+from reame.web.render import stats_text
 
 from .conftest import ROOT, Server
 
@@ -63,7 +63,7 @@ CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
 ITALY = "What is the capital of Italy?"
 STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")
-# The buttons under a message (reame/render.py, message_tools), as its text shows them.
+# The buttons under a message (reame/web/render.py, message_tools), as its text shows them.
 TOOLS_LINE = re.compile(r"(?:\s|[‹›]|Previous version|Next version|\d+/\d+|Branch from here)*$")
 VERSIONS = "#chatbot .reame-version-of"
 PREVIOUS = "#chatbot .reame-tool[title='Previous version']"

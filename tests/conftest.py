@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from reame.chat import ChatService
-from reame.config import GenerationConfig
-from reame.engine import Engine
-from reame.store import Store
+from reame.chats.service import ChatService
+from reame.chats.store import Store
+from reame.config.reame_conf import GenerationConfig
+from reame.inference.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -19,8 +19,8 @@ import re
 import threading
 from pathlib import Path
 
-from reame.engine import Engine, Sampling
-from reame.prompt import PromptBuilder, Turn
+from reame.inference.engine import Engine, Sampling
+from reame.inference.prompt import PromptBuilder, Turn
 
 from .conftest import GREEDY, MODEL
 

@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 from gradio_client import Client
 
-from reame.accounts import AccountError, Accounts
-from reame.store import Store
+from reame.accounts.users import AccountError, Accounts
+from reame.chats.store import Store
 
 from .conftest import ROOT, Server, write_config
 from .reference import assert_answers, model_answer

@@ -3,7 +3,7 @@
 import pytest
 from gradio_client import Client
 
-from reame.batches import CHUNK
+from reame.inference.batches import CHUNK
 
 from .reference import assert_answers, model_answer
 

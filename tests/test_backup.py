@@ -20,14 +20,21 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 
-from reame.accounts import Accounts
-from reame.backup import (MANIFEST_NAME, BackupError, backup, check_backup, restore,
-                          run_backup, run_restore)
-from reame.batches import Batch
-from reame.config import load_config
-from reame.kvfile import TMP_PREFIX
-from reame.kvstore import TOTALS_NAME, KVStore
-from reame.store import Store
+from reame.accounts.users import Accounts
+from reame.admin.backup import (
+    MANIFEST_NAME,
+    BackupError,
+    backup,
+    check_backup,
+    restore,
+    run_backup,
+    run_restore,
+)
+from reame.chats.store import Store
+from reame.config.reame_conf import load_config
+from reame.inference.batches import Batch
+from reame.inference.kv.kvfile import TMP_PREFIX
+from reame.inference.kv.kvstore import TOTALS_NAME, KVStore
 
 from .conftest import ROOT, Server, start_server, write_config
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from reame.chat import ChatError
-from reame.render import stats_text
-from reame.store import ChatNotFound
-from reame.window import turns_of
+from reame.chats.service import ChatError
+from reame.chats.window import turns_of
+from reame.config.refusals import ChatNotFound
+from reame.web.render import stats_text
 
 from .test_cache import Node
 

@@ -17,8 +17,24 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
-    BOT, BOX, CAPITAL, ERROR_BADGE, PLANET, REPLY_TIMEOUT, STATS, STATS_TAIL, TOAST, USER, api,
-    browser, new_chat, open_app, page, send, without_stats)
+    BOT,
+    BOX,
+    CAPITAL,
+    ERROR_BADGE,
+    PLANET,
+    REPLY_TIMEOUT,
+    STATS,
+    STATS_TAIL,
+    TOAST,
+    USER,
+    api,
+    browser,
+    new_chat,
+    open_app,
+    page,
+    send,
+    without_stats,
+)
 from .conftest import Server, start_server
 from .hub_server import FakeHub
 from .reference import assert_answers, model_answer

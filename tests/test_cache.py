@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from reame.batches import CHUNK
-from reame.engine import Engine, common_prefix
-from reame.kvstore import BLOCK, TOTALS_NAME, KVStore
-from reame.prompt import Turn
-from reame.render import stats_text
+from reame.chats.window import turns_of
+from reame.inference.batches import CHUNK
+from reame.inference.engine import Engine, common_prefix
+from reame.inference.kv.kvstore import BLOCK, TOTALS_NAME, KVStore
+from reame.inference.prompt import Turn
 from reame.runtime import service_over
-from reame.window import turns_of
+from reame.web.render import stats_text
 
 from .conftest import GREEDY
 from .reference import assert_answers, model_answer
@@ -373,7 +373,7 @@ def test_a_damaged_file_is_a_miss_and_is_replaced(folder, model_path, damage, ca
     damage(path)
     reference = cold_reply(folder, model_path, node, chat.id, "Say hello.")
     later = Node(folder, model_path)
-    with caplog.at_level(logging.WARNING, logger="reame.kvstore"):
+    with caplog.at_level(logging.WARNING, logger="reame.inference.kv.kvstore"):
         last = later.say(chat.id, "Say hello.")
     assert last.stats.source == "none" and last.stats.reused == 0
     assert last.stats.prefilled == last.stats.prompt_tokens
@@ -411,7 +411,7 @@ def test_a_failed_write_delivers_the_reply_and_leaves_no_partial_file(folder, mo
     def disk_full(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("reame.kvfile.os.fsync", disk_full)
+    monkeypatch.setattr("reame.inference.kv.kvfile.os.fsync", disk_full)
     last = node.say(chat.id, "Which planet do we live on?")
     assert_answers(last.text, model_answer("Which planet do we live on?"))
     node.kv.flush()

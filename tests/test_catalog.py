@@ -2,7 +2,7 @@ import shutil
 
 import pytest
 
-from reame.catalog import ModelCheckError, check_model, list_models
+from reame.models.catalog import ModelCheckError, check_model, list_models
 
 
 def test_lists_and_describes_the_models_folder(tmp_path, model_path):

@@ -25,7 +25,8 @@ import pytest
 from gradio_client import Client
 from playwright.sync_api import Error as PlaywrightError
 
-from reame import kvfile
+from reame.inference.kv import kvfile
+
 from .browser_helpers import BOX, CHATS, browser, open_app  # noqa: F401 - browser: a fixture
 from .conftest import start_server
 from .test_disconnect import LONG, LONG_PROMPT, metric, read_until

@@ -2,9 +2,9 @@
 
 import pytest
 
-from reame.chat import ChatService, EmptyMessage, MessageTooLong, NoModel
-from reame.store import ChatNotFound
-from reame.window import turns_of
+from reame.chats.service import ChatService, EmptyMessage, MessageTooLong, NoModel
+from reame.chats.window import turns_of
+from reame.config.refusals import ChatNotFound
 
 from .conftest import GREEDY
 from .reference import assert_answers, model_answer
@@ -102,7 +102,7 @@ def test_a_stopped_reply_keeps_its_partial_text(service):
 
 
 def test_oldest_messages_are_left_out_when_the_history_outgrows_the_context(store, model_path):
-    from reame.engine import Engine
+    from reame.inference.engine import Engine
     small = Engine(model_path, n_ctx=256)
     service = ChatService(store, small, GREEDY)
     chat = service.new_chat()

@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from reame.chat import ServerBusy
-from reame.engine import Engine
-from reame.prompt import Turn
+from reame.chats.service import ServerBusy
+from reame.inference.engine import Engine
+from reame.inference.prompt import Turn
 from reame.runtime import service_over
+
 from .conftest import GREEDY, THREADS, at_once
 from .reference import assert_answers, model_answer
 

@@ -16,11 +16,19 @@ from gradio_client import Client
 from playwright.sync_api import expect
 
 from .browser_helpers import (  # noqa: F401 - browser is a fixture
-    BOT, BOX, REPLY_TIMEOUT, STOP, browser, new_chat, open_app, wait_for_reply_done,
-    without_stats)
+    BOT,
+    BOX,
+    REPLY_TIMEOUT,
+    STOP,
+    browser,
+    new_chat,
+    open_app,
+    wait_for_reply_done,
+    without_stats,
+)
 from .conftest import Server, at_once, start_server
-from .test_openai import model_id, sdk
 from .reference import assert_answers, model_answer
+from .test_openai import model_id, sdk
 
 WORDS = ["PELICAN", "TORNADO", "MARMALADE", "VIOLIN", "GLACIER", "PUMPKIN", "SAXOPHONE",
          "CACTUS"]

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from reame.config import ConfigError, load_config
+from reame.config.reame_conf import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,7 @@ def test_missing_config_file_is_an_error(tmp_path):
 def test_update_keeps_comments_order_and_unknown_keys(tmp_path):
     original = (ROOT / "reame.conf").read_text() + "\n[custom]\n# mine\nflavour = mint\n"
     path = write(tmp_path, original)
-    from reame.config import update_config
+    from reame.config.reame_conf import update_config
 
     config = update_config(path, {("model", "n_ctx"): 2048, ("cache", "kv_type"): "q8_0",
                                   ("cache", "enabled"): False})
@@ -81,7 +81,7 @@ def test_update_keeps_comments_order_and_unknown_keys(tmp_path):
 
 
 def test_update_refuses_bad_values_and_writes_nothing(tmp_path):
-    from reame.config import update_config
+    from reame.config.reame_conf import update_config
 
     path = write(tmp_path, (ROOT / "reame.conf").read_text())
     before = path.read_bytes()

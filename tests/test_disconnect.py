@@ -20,8 +20,9 @@ import pytest
 from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from reame.engine import Engine
+from reame.inference.engine import Engine
 from reame.runtime import service_over
+
 from .conftest import GREEDY, Server, start_server
 
 LONG = "Write a very long story about a dragon who learns to sing, with many chapters."

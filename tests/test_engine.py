@@ -1,9 +1,9 @@
 import pytest
 
-from reame.batches import CHUNK, plan
-from reame.engine import Engine, Sampling
-from reame.model_file import ModelLoadError, check_model_file, model_fingerprint
-from reame.render import inert_html
+from reame.inference.batches import CHUNK, plan
+from reame.inference.engine import Engine, Sampling
+from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
+from reame.web.render import inert_html
 
 
 def test_missing_model_names_the_path_and_lists_the_models_folder(tmp_path):

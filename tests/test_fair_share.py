@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from reame.chat import ServerBusy
-from reame.engine import Engine
+from reame.chats.service import ServerBusy
+from reame.inference.engine import Engine
+from reame.inference.scheduler import Limits
 from reame.runtime import service_over
-from reame.scheduler import Limits
+
 from .conftest import GREEDY
 
 LONG = "Write a long story about a dragon who learns to sing."

@@ -1,6 +1,6 @@
 import pytest
 
-from reame.gguf_info import NotGGUF, read_gguf_info
+from reame.models.gguf_info import NotGGUF, read_gguf_info
 
 
 def test_describes_the_default_model_without_loading_it(model_path, engine):

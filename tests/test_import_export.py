@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reame.transfer import BadImport
+from reame.chats.transfer import BadImport
 
 from .test_cache import Node
 

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from reame.chat import ChatError
+from reame.chats.service import ChatError
 from reame.web.live_replies import LiveReplies
 
 LONG = "Write the numbers from 1 to 500, separated by commas."

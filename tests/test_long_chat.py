@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from reame.web.named_api import message_dict
-from reame.chat import MessageTooLong
-from reame.config import GenerationConfig
-from reame.engine import Engine
-from reame.render import stats_text, to_chatbot
+from reame.chats.service import MessageTooLong
+from reame.config.reame_conf import GenerationConfig
+from reame.inference.engine import Engine
 from reame.runtime import service_over
+from reame.web.named_api import message_dict
+from reame.web.render import stats_text, to_chatbot
 
 N_CTX = 1024
 SETTINGS = GenerationConfig(system_prompt="You are a helpful assistant.", temperature=0.0,

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from reame.catalog import cpu_repacks, memory_needed
-from reame.gguf_info import GGUFInfo, read_gguf_info
+from reame.models.catalog import cpu_repacks, memory_needed
+from reame.models.gguf_info import GGUFInfo, read_gguf_info
 
 from .conftest import ROOT, start_server
 

@@ -15,7 +15,7 @@ import pytest
 from gradio_client import Client
 from openai import APIError, APIStatusError, OpenAI
 
-from reame.engine import Engine
+from reame.inference.engine import Engine
 
 from .conftest import Server, start_server
 from .reference import assert_answers, model_answer

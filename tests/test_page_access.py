@@ -13,9 +13,30 @@ from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
-    BOT, BOX, CHATS, CURRENT, PLANET, REPLY_TIMEOUT, RETRY, SCREENSHOTS, STATS, STOP,
-    UI_TIMEOUT, USER, VERSIONS, api, browser, current_id, new_chat, open_app, page,
-    selected_title, send, server, wait_for_reply_done)
+    BOT,
+    BOX,
+    CHATS,
+    CURRENT,
+    PLANET,
+    REPLY_TIMEOUT,
+    RETRY,
+    SCREENSHOTS,
+    STATS,
+    STOP,
+    UI_TIMEOUT,
+    USER,
+    VERSIONS,
+    api,
+    browser,
+    current_id,
+    new_chat,
+    open_app,
+    page,
+    selected_title,
+    send,
+    server,
+    wait_for_reply_done,
+)
 
 PHONE = {"width": 390, "height": 844}
 OPEN = re.compile(r"\bopen\b")  # the sidebar's class while it is open

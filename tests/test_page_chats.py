@@ -16,12 +16,35 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from reame.chat import title_from
+from reame.chats.service import title_from
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
-    BOT, BOX, CAPITAL, CHATS, ERROR_BADGE, REPLY_TIMEOUT, SCREENSHOTS, STATS, UI_TIMEOUT, USER,
-    CURRENT, VIEWPORT, api, browser, chat_menu, current_chat, new_chat, open_app, page,
-    selected_title, send, server, wait_for_reply_done, without_stats, words)
+    BOT,
+    BOX,
+    CAPITAL,
+    CHATS,
+    CURRENT,
+    ERROR_BADGE,
+    REPLY_TIMEOUT,
+    SCREENSHOTS,
+    STATS,
+    UI_TIMEOUT,
+    USER,
+    VIEWPORT,
+    api,
+    browser,
+    chat_menu,
+    current_chat,
+    new_chat,
+    open_app,
+    page,
+    selected_title,
+    send,
+    server,
+    wait_for_reply_done,
+    without_stats,
+    words,
+)
 from .conftest import Server, write_config
 from .reference import assert_answers, model_answer
 

@@ -15,14 +15,48 @@ import re
 
 from playwright.sync_api import expect
 
-from reame.batches import CHUNK
-from reame.chat import title_from
+from reame.chats.service import title_from
+from reame.inference.batches import CHUNK
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
-    BOT, BOX, BRANCH, CAPITAL, CHATS, EDIT, EDIT_BOX, EDIT_SUBMIT, ITALY, NEXT, PLANET, PREVIOUS,
-    REPLY_TIMEOUT, RETRY, REUSED, SCREENSHOTS, STATS, STATS_TAIL, USER, VERSIONS, api, browser,
-    current_chat, current_id, new_chat, open_app, page, reload, selected_title, send, server,
-    stored_stats_text, typed_ahead_call, wait_for_reply_done, wait_until, without_stats, words)
+    BOT,
+    BOX,
+    BRANCH,
+    CAPITAL,
+    CHATS,
+    EDIT,
+    EDIT_BOX,
+    EDIT_SUBMIT,
+    ITALY,
+    NEXT,
+    PLANET,
+    PREVIOUS,
+    REPLY_TIMEOUT,
+    RETRY,
+    REUSED,
+    SCREENSHOTS,
+    STATS,
+    STATS_TAIL,
+    USER,
+    VERSIONS,
+    api,
+    browser,
+    current_chat,
+    current_id,
+    new_chat,
+    open_app,
+    page,
+    reload,
+    selected_title,
+    send,
+    server,
+    stored_stats_text,
+    typed_ahead_call,
+    wait_for_reply_done,
+    wait_until,
+    without_stats,
+    words,
+)
 from .reference import assert_answers, model_answer
 
 

@@ -14,8 +14,24 @@ import time
 from playwright.sync_api import expect
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
-    BOT, BOX, CHATS, CURRENT, REPLY_TIMEOUT, STATS, STOP, USER, api, browser, open_app, page,
-    reload, server, wait_for_reply_done, wait_until, without_stats)
+    BOT,
+    BOX,
+    CHATS,
+    CURRENT,
+    REPLY_TIMEOUT,
+    STATS,
+    STOP,
+    USER,
+    api,
+    browser,
+    open_app,
+    page,
+    reload,
+    server,
+    wait_for_reply_done,
+    wait_until,
+    without_stats,
+)
 from .test_disconnect import metric
 
 # A reply that lasts: SmolLM2 writes numbers on and on (greedy; 1,200 tokens and more, also

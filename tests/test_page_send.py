@@ -15,13 +15,39 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-from reame.chat import title_from
+from reame.chats.service import title_from
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
-    BOT, BOX, CAPITAL, ERROR_BADGE, REPLY_TIMEOUT, SCREENSHOTS, STATS, STATS_TAIL, STOP, SUBMIT,
-    TOAST, TOOLS_LINE, UI_TIMEOUT, USER, api, browser, current_chat, current_id, new_chat,
-    open_app, open_panel_and_type, page, reload, selected_title, send, server,
-    wait_for_reply_done, without_stats, words)
+    BOT,
+    BOX,
+    CAPITAL,
+    ERROR_BADGE,
+    REPLY_TIMEOUT,
+    SCREENSHOTS,
+    STATS,
+    STATS_TAIL,
+    STOP,
+    SUBMIT,
+    TOAST,
+    TOOLS_LINE,
+    UI_TIMEOUT,
+    USER,
+    api,
+    browser,
+    current_chat,
+    current_id,
+    new_chat,
+    open_app,
+    open_panel_and_type,
+    page,
+    reload,
+    selected_title,
+    send,
+    server,
+    wait_for_reply_done,
+    without_stats,
+    words,
+)
 from .conftest import Server, start_server
 
 

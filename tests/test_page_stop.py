@@ -16,8 +16,19 @@ import time
 from playwright.sync_api import expect
 
 from .browser_helpers import (  # noqa: F401 - browser, page, server are fixtures
-    BOX, CURRENT, REPLY_TIMEOUT, STOP, api, browser, current_id, new_chat, open_app, page,
-    server, wait_for_reply_done)
+    BOX,
+    CURRENT,
+    REPLY_TIMEOUT,
+    STOP,
+    api,
+    browser,
+    current_id,
+    new_chat,
+    open_app,
+    page,
+    server,
+    wait_for_reply_done,
+)
 from .test_disconnect import LONG_PROMPT, metric, settle
 
 

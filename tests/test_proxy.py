@@ -16,6 +16,7 @@ from openai import OpenAI
 from .browser_helpers import BOT, browser, open_app, page, send  # noqa: F401 - fixtures
 from .conftest import ROOT, Server, write_config
 from .nginx import Nginx
+
 LOCATION = ROOT / "deploy" / "nginx-reame.conf"
 PREFIX = "/reame"
 

@@ -20,18 +20,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from reame.catalog import list_models, model_folders
-from reame.config import load_config, update_config
-from reame.pull import PullError, pull_model
-from reame.settings import Settings
-from reame.web.page_settings import picker_info
+from reame.admin.live_settings import Settings
+from reame.config.reame_conf import load_config, update_config
+from reame.models.catalog import list_models, model_folders
+from reame.models.pull import PullError, pull_model
+from reame.web.settings_tab import picker_info
 
 from .conftest import ROOT
 from .hub_server import COMMIT, FakeHub
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# `python app.py pull` once app.py hands `pull` to reame.pull.run_pull; the module until then.
+# `python app.py pull` once app.py hands `pull` to reame.models.pull.run_pull; the module until then.
 PULL = [sys.executable, str(ROOT / "app.py"), "pull"]
 CHUNK = 10 << 20  # huggingface_hub writes what arrives in pieces of this size
 
@@ -223,7 +223,7 @@ def test_progress_is_reported_as_the_bytes_arrive(hub, tmp_path, model_bytes):
 
 def test_a_full_disk_is_refused_before_downloading(hub, tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr("reame.pull.shutil.disk_usage", lambda _: usage(1 << 30, 0, 1 << 20))
+    monkeypatch.setattr("reame.models.pull.shutil.disk_usage", lambda _: usage(1 << 30, 0, 1 << 20))
     with pytest.raises(PullError, match=r"not enough disk space in .*: the download needs 94 "
                                         r"MB more, 1 MB are free"):
         pull_model(REPO, FILE, tmp_path / "models", endpoint=hub.url)

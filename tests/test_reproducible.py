@@ -16,10 +16,10 @@ import shutil
 
 import pytest
 
-from reame.batches import plan
-from reame.config import GenerationConfig
-from reame.engine import Engine
-from reame.prompt import Turn
+from reame.config.reame_conf import GenerationConfig
+from reame.inference.batches import plan
+from reame.inference.engine import Engine
+from reame.inference.prompt import Turn
 from reame.runtime import service_over
 
 from .conftest import THREADS

@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from reame.config import load_config
-from reame.service_unit import (
-    UNIT_PATH, ServiceUnitError, build_unit, default_python, health_url, render_unit, run,
+from reame.admin.service_unit import (
+    UNIT_PATH,
+    ServiceUnitError,
+    build_unit,
+    default_python,
+    health_url,
+    render_unit,
+    run,
 )
+from reame.config.reame_conf import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD_ANALYZE = Path("/usr/bin/systemd-analyze")

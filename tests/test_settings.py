@@ -4,11 +4,11 @@ import shutil
 
 import pytest
 
-from reame.cache import user_scope
-from reame.config import load_config
-from reame.prompt import Turn
+from reame.admin.live_settings import Settings, SettingsError
+from reame.config.reame_conf import load_config
+from reame.inference.cache import user_scope
+from reame.inference.prompt import Turn
 from reame.runtime import build_service
-from reame.settings import Settings, SettingsError
 
 from .conftest import ROOT
 from .reference import assert_answers, model_answer
@@ -147,12 +147,12 @@ def test_a_model_that_fails_to_load_keeps_the_old_one_serving(setup, tmp_path, m
     other = tmp_path / "models" / "other.gguf"
     shutil.copy(model_path, other)
     # What fails is not the subject here: make llama.cpp's full load fail after the checks.
-    import reame.engine
+    import reame.inference.engine
 
     def refuse(*args, **kwargs):
         raise ValueError("Failed to load model from file")
 
-    monkeypatch.setattr(reame.engine, "LlamaModel", refuse)
+    monkeypatch.setattr(reame.inference.engine, "LlamaModel", refuse)
     before = path.read_bytes()
     engine = settings.service.engine
     with pytest.raises(SettingsError, match="could not load .*other.gguf.* keeps serving"):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from reame.kvstore import KVStore
+from reame.inference.kv.kvstore import KVStore
 
 from .conftest import ROOT, free_port
 
@@ -22,8 +22,8 @@ def test_sigterm_ends_the_server_after_the_queued_kv_writes(tmp_path):
         sys.path.insert(0, {str(ROOT)!r})
         import uvicorn
         import app
-        from reame.batches import Batch
-        from reame.kvstore import KVStore
+        from reame.inference.batches import Batch
+        from reame.inference.kv.kvstore import KVStore
 
         class Service:  # what the handler needs of the real ChatService: its KV cache
             cache = KVStore(Path({str(tmp_path)!r}), fingerprint="test", max_bytes=1 << 40)

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from reame.engine import slots_that_fit
-from reame.gguf_info import read_gguf_info
-from reame.model_file import ModelLoadError
+from reame.models.gguf_info import read_gguf_info
+from reame.models.kv_budget import slots_that_fit
+from reame.models.model_file import ModelLoadError
 
 from .conftest import ROOT
 
@@ -20,7 +20,7 @@ MB = 2**20
 
 MEASURE = """
 import json, sys, psutil
-from reame.engine import Engine
+from reame.inference.engine import Engine
 before = psutil.Process().memory_info().rss
 engine = Engine(sys.argv[1], n_ctx=int(sys.argv[2]), slots=int(sys.argv[3]),
                 kv_budget_bytes=int(sys.argv[4]) or None)

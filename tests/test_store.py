@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from reame.store import END_MARK, MARK, MIGRATIONS, ChatNotFound, Store
+from reame.chats.store import END_MARK, MARK, MIGRATIONS, Store
+from reame.config.refusals import ChatNotFound
 
 from .postgres import postgres, postgres_url  # noqa: F401 - fixtures
 

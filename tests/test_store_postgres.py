@@ -13,12 +13,13 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from reame.accounts import Accounts
-from reame.accounts_cli import run_command
-from reame.backup import POSTGRESQL, BackupError, backup, restore, run_backup
-from reame.config import ConfigError, load_config
-from reame.settings import without_password
-from reame.store import MIGRATIONS, ChatNotFound, DatabaseUnavailable, Store
+from reame.accounts.cli import run_command
+from reame.accounts.users import Accounts
+from reame.admin.backup import POSTGRESQL, BackupError, backup, restore, run_backup
+from reame.admin.live_settings import without_password
+from reame.chats.store import MIGRATIONS, DatabaseUnavailable, Store
+from reame.config.reame_conf import ConfigError, load_config
+from reame.config.refusals import ChatNotFound
 
 from .conftest import ROOT, at_once, free_port
 from .postgres import postgres, postgres_url  # noqa: F401 - fixtures

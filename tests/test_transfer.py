@@ -1,4 +1,4 @@
-"""Export and import of chats (reame/transfer.py): Reame's own documents round trip, ChatGPT's
+"""Export and import of chats (reame/chats/transfer.py): Reame's own documents round trip, ChatGPT's
 export, the Markdown of a chat, and files that are not what they claim to be. No model here:
 chats are built in a real SQLite store in a temp dir."""
 
@@ -12,12 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reame import transfer
-from reame.chat_settings import ChatSettings
-from reame.errors import ChatError
-from reame.store import Store, Thread
-from reame.titles import DEFAULT_TITLE, MAX_TITLE
-from reame.transfer import (
+from reame.chats import transfer
+from reame.chats.store import Store, Thread
+from reame.chats.titles import DEFAULT_TITLE, MAX_TITLE
+from reame.chats.transfer import (
     BadImport,
     ImportedChat,
     ImportedMessage,
@@ -26,6 +24,8 @@ from reame.transfer import (
     parse_import,
     to_markdown,
 )
+from reame.config.chat_settings import ChatSettings
+from reame.config.refusals import ChatError
 
 CHATGPT = Path(__file__).parent / "data" / "chatgpt_conversations.json"
 STATS = {"reused": 120, "source": "disk", "restore_ms": 3.5, "generated": 7,

@@ -15,9 +15,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 

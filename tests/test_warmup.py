@@ -12,9 +12,9 @@ import time
 import urllib.error
 import urllib.request
 
-from reame.engine import Engine
+from reame.inference.engine import Engine
+from reame.inference.warmup import warm_up
 from reame.runtime import service_over
-from reame.warmup import warm_up
 
 from .conftest import GREEDY, ROOT, free_port, write_config
 

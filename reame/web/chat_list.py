@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from ..store import END_MARK, MARK, Chat, Found
+from reame.chats.store import END_MARK, MARK, Chat, Found
 
 SHOWN = 200  # rows at most; older chats are found by searching
 

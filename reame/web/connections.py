@@ -20,7 +20,7 @@ from collections import Counter
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..connection_limits import HEADERS_S, PER_ADDRESS, TOTAL
+from reame.config.connection_limits import HEADERS_S, PER_ADDRESS, TOTAL
 
 
 def limited_protocol(*, exempt: frozenset[str] = frozenset(), per_address: int = PER_ADDRESS,

@@ -10,7 +10,7 @@
 - a body it can afford: at most max_body bytes (max_upload for the page's file uploads, which
   are streamed to disk rather than held) as they arrive, whatever Content-Length says;
 - text it can keep: a JSON body whose strings hold a lone surrogate ("\\ud800") is refused
-  with a 400 naming the field (reame/jsontext.py);
+  with a 400 naming the field (reame/chats/jsontext.py);
 - cookies other sites do not get: Gradio's login cookie is SameSite=None; it goes out as
   SameSite=Lax, so a page of another site cannot send it with its requests.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from ..jsontext import SURROGATE_ESCAPE, lone_surrogate
+from reame.chats.jsontext import SURROGATE_ESCAPE, lone_surrogate
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 

@@ -2,8 +2,8 @@
 
 200 {"status": "ok"} while it serves; 503 {"status": "loading"} (with Retry-After) while a
 model loads, 503 {"status": "no_model"} when none is loaded, 503 {"status": "warming_up"}
-while the model runs once at start (reame/warmup.py), so that the first request is as fast as
-the next. No login is needed, so it says
+while the model runs once at start (reame/inference/warmup.py), so that the first request is
+as fast as the next. No login is needed, so it says
 nothing more: no model name, path or error text (the Settings tab and the log have those).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from ..chat import ChatService
+from reame.chats.service import ChatService
 
 RETRY_AFTER_S = 2  # a model load usually ends within seconds
 

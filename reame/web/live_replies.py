@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from ..chat import ChatError, ChatNotFound
-from ..turn import TurnUpdate
-from ..turn_stream import TurnStream
-from .turn_updates import turn_updates
+from reame.chats.service import ChatError, ChatNotFound
+from reame.inference.turn import TurnUpdate
+from reame.inference.turn_stream import TurnStream
+from reame.web.turn_updates import turn_updates
 
 log = logging.getLogger(__name__)
 

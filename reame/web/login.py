@@ -28,7 +28,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Mount
 
-from ..accounts import Accounts
+from reame.accounts.users import Accounts
 
 MAX_FAILURES = 10  # failed logins per address within FAILURE_WINDOW_S; then it waits
 FAILURE_WINDOW_S = 600

@@ -19,14 +19,19 @@ import logging
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
-from prometheus_client import generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..accounts import Accounts
-from ..cache import FROM_FILES
-from ..chat import ChatService
-from ..turn import Decoding, TurnStats
+from reame.accounts.users import Accounts
+from reame.chats.service import ChatService
+from reame.inference.cache import FROM_FILES
+from reame.inference.turn import Decoding, TurnStats
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import gradio as gr
 
-from ..chat import ChatError, ChatNotFound, ChatService
-from ..chat_settings import ChatSettings
-from ..settings import Settings, SettingsError
-from ..store import END_MARK, MARK, Chat, Message, Thread
-from .turn_updates import turn_updates
-from .user import user_of
+from reame.admin.live_settings import Settings, SettingsError
+from reame.chats.service import ChatError, ChatNotFound, ChatService
+from reame.chats.store import END_MARK, MARK, Chat, Message, Thread
+from reame.config.chat_settings import ChatSettings
+from reame.web.turn_updates import turn_updates
+from reame.web.user import user_of
 
 
 def chat_summary(chat: Chat) -> dict[str, Any]:

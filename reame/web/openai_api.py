@@ -32,11 +32,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ..accounts import Accounts
-from ..chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, MessageTooLong,
-                   NoModel, ServerBusy, TurnUpdate)
-from ..turn_stream import TurnStream
-from .openai_request import ApiError, CompletionRequest, error_response, parse_request
+from reame.accounts.users import Accounts
+from reame.chats.service import (
+    ChatError,
+    ChatNotFound,
+    ChatService,
+    EmptyMessage,
+    MessageTooLong,
+    NoModel,
+    ServerBusy,
+    TurnUpdate,
+)
+from reame.inference.turn_stream import TurnStream
+from reame.web.openai_request import ApiError, CompletionRequest, error_response, parse_request
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal, get_args
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..chat_settings import FIELD
-from ..prompt import Turn
+from reame.config.chat_settings import FIELD
+from reame.inference.prompt import Turn
 
 MAX_STOPS = 4
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)

@@ -13,18 +13,33 @@ from contextlib import aclosing
 import anyio.to_thread
 import gradio as gr
 
-from ..chat import (ChatError, ChatNotFound, ChatService, EmptyMessage, NoModel,
-                    kept_on_regenerate)
-from ..chat_settings import FIELD, ChatSettings
-from ..render import inert_html, shown_reply, to_chatbot
-from ..settings import Settings
-from .chat_list import SHOWN, chat_list_html, search_results_html
-from .live_replies import LiveReplies, LiveReply
-from .page_parts import (DOWNLOAD_JS, FOCUS_MESSAGE_JS, FOLLOW_JS, HIDDEN, ROLE_JS, flatten,
-                         import_button, panel, panel_js)
-from .page_settings import banner_texts, build_settings_tab, cache_markdown, loading_text
-from .uploads import UploadRefused, Uploads, session_key
-from .user import user_of
+from reame.admin.live_settings import Settings
+from reame.chats.service import (
+    ChatError,
+    ChatNotFound,
+    ChatService,
+    EmptyMessage,
+    NoModel,
+    kept_on_regenerate,
+)
+from reame.config.chat_settings import FIELD, ChatSettings
+from reame.web.chat_list import SHOWN, chat_list_html, search_results_html
+from reame.web.live_replies import LiveReplies, LiveReply
+from reame.web.page_parts import (
+    DOWNLOAD_JS,
+    FOCUS_MESSAGE_JS,
+    FOLLOW_JS,
+    HIDDEN,
+    ROLE_JS,
+    flatten,
+    import_button,
+    panel,
+    panel_js,
+)
+from reame.web.render import inert_html, shown_reply, to_chatbot
+from reame.web.settings_tab import banner_texts, build_settings_tab, cache_markdown, loading_text
+from reame.web.uploads import UploadRefused, Uploads, session_key
+from reame.web.user import user_of
 
 log = logging.getLogger(__name__)
 

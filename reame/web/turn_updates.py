@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 import anyio.to_thread
 
-from ..turn import TurnUpdate
-from ..turn_stream import TurnStream
+from reame.inference.turn import TurnUpdate
+from reame.inference.turn_stream import TurnStream
 
 
 async def turn_updates(start: Callable[[], TurnStream]) -> AsyncIterator[TurnUpdate]:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .guard import UPLOAD_PATH, refuse
+from reame.web.guard import UPLOAD_PATH, refuse
 
 KINDS = (".json",)
 KEEP_S = 600.0  # an upload not imported within 10 minutes is deleted

@@ -1,0 +1,141 @@
+"""`python app.py adduser|passwd|deluser|addkey|revokekey|users|adopt ...`: manage accounts.
+
+The users file is the one reame.conf names in [server] users_file; adduser sets it to
+users.json (beside reame.conf) when it is empty. Passwords are read from the terminal without
+echo, or from standard input with --password-stdin (one line), for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from pathlib import Path
+
+from reame.accounts.users import AccountError, Accounts
+from reame.chats.store import DatabaseUnavailable, Store
+from reame.config.reame_conf import ConfigError, load_config, update_config
+
+COMMANDS = ("adduser", "passwd", "deluser", "addkey", "revokekey", "users", "adopt")
+DEFAULT_USERS_FILE = "users.json"
+
+
+def run_command(argv: list[str], default_config: Path) -> int:
+    parser = argparse.ArgumentParser(prog="python app.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=default_config)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add = sub.add_parser("adduser", help="create a user (and print an API key with --key)")
+    add.add_argument("name")
+    add.add_argument("--admin", action="store_true", help="may change the settings")
+    add.add_argument("--key", action="store_true", help="also make an API key and print it")
+    add.add_argument("--password-stdin", action="store_true")
+    passwd = sub.add_parser("passwd", help="set a user's password")
+    passwd.add_argument("name")
+    passwd.add_argument("--password-stdin", action="store_true")
+    sub.add_parser("deluser", help="remove a user and end their sessions (their chats stay, "
+                                   "unreachable until `adopt NAME --from ID`)"
+                   ).add_argument("name")
+    sub.add_parser("addkey", help="make an API key for a user and print it").add_argument("name")
+    revoke = sub.add_parser("revokekey", help="revoke one of a user's API keys")
+    revoke.add_argument("name")
+    revoke.add_argument("key_id")
+    sub.add_parser("users", help="list users and their key ids")
+    adopt = sub.add_parser("adopt", help="give a user the chats made before accounts were on "
+                                         "(they belong to nobody and nobody sees them)")
+    adopt.add_argument("name")
+    adopt.add_argument("--from", dest="from_user", metavar="USER",
+                       help="instead, the chats of USER: a name, or the id deluser printed")
+    # Accept `app.py adduser NAME --config X` as well as `app.py --config X adduser NAME`.
+    args = parser.parse_args(_config_first(argv))
+    try:
+        accounts = _accounts(args.config, create=args.command == "adduser")
+        given = accounts.assign_ids()
+        if given:
+            give_ids(given, Store(load_config(args.config).storage.database))
+        if args.command == "adopt":
+            return _adopt(args, accounts)
+        return _run(args, accounts)
+    except (AccountError, ConfigError, DatabaseUnavailable) as exc:
+        print(f"reame: {exc}", file=sys.stderr)
+        return 2
+
+
+def give_ids(given: dict[str, str], store) -> None:
+    """The chats of users from before ids (owned by the name) move to their new ids
+    (Accounts.assign_ids gives them)."""
+    for name, user_id in given.items():
+        moved = store.give_chats(name, user_id)
+        print(f"user {name} is now {user_id}; {moved} chat{'' if moved == 1 else 's'} moved "
+              f"with them", file=sys.stderr)
+
+
+def _config_first(argv: list[str]) -> list[str]:
+    if "--config" in argv[1:]:
+        i = argv.index("--config")
+        return argv[i:i + 2] + argv[:i] + argv[i + 2:]
+    return argv
+
+
+def _accounts(config_path: Path, *, create: bool) -> Accounts:
+    config = load_config(config_path)
+    if config.users_path is None:
+        if not create:
+            raise AccountError(f"{config_path} has no [server] users_file: no accounts yet "
+                               f"(adduser makes the first)")
+        config = update_config(config_path, {("server", "users_file"): DEFAULT_USERS_FILE})
+        print(f"[server] users_file = {DEFAULT_USERS_FILE} written to {config_path}")
+    return Accounts(config.users_path)
+
+
+def _adopt(args: argparse.Namespace, accounts: Accounts) -> int:
+    if args.name not in accounts.names():
+        raise AccountError(f"no user {args.name!r} (add one with `python app.py adduser NAME`)")
+    store = Store(load_config(args.config).storage.database)
+    source = args.from_user
+    if source is not None:  # a user's name, else an id (of a removed user) or an old name
+        source = accounts.user_id(source) or source
+    moved = store.give_chats(source, accounts.user_id(args.name))
+    whose = f"of {args.from_user}" if args.from_user else "made without accounts"
+    print(f"{moved} chat{'' if moved == 1 else 's'} {whose} now belong{'s' if moved == 1 else ''}"
+          f" to {args.name}")
+    return 0
+
+
+def _password(from_stdin: bool) -> str:
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    first = getpass.getpass("Password: ")
+    if getpass.getpass("Again: ") != first:
+        raise AccountError("the passwords differ")
+    return first
+
+
+def _run(args: argparse.Namespace, accounts: Accounts) -> int:
+    if args.command == "adduser":
+        first = not accounts.names()
+        accounts.add_user(args.name, _password(args.password_stdin), admin=args.admin or first)
+        print(f"user {args.name} added to {accounts.path}"
+              + (" (admin: the first user)" if first and not args.admin else
+                 " (admin)" if args.admin else ""))
+        if args.key:
+            print(f"API key (shown once): {accounts.add_key(args.name)}")
+    elif args.command == "passwd":
+        accounts.set_password(args.name, _password(args.password_stdin))
+        print(f"password of {args.name} changed")
+    elif args.command == "deluser":
+        user_id = accounts.user_id(args.name)
+        accounts.remove_user(args.name)
+        print(f"user {args.name} removed; their chats stay, owned by {user_id}: "
+              f"`python app.py adopt NAME --from {user_id}` gives them to another user")
+    elif args.command == "addkey":
+        print(f"API key for {args.name} (shown once): {accounts.add_key(args.name)}")
+    elif args.command == "revokekey":
+        accounts.revoke_key(args.name, args.key_id)
+        print(f"key {args.key_id} of {args.name} revoked")
+    elif args.command == "users":
+        for name in accounts.names():
+            keys = ", ".join(k["id"] for k in accounts.keys(name)) or "no keys"
+            admin = " (admin)" if accounts.is_admin(name) else ""
+            print(f"{name}{admin}: {keys}")
+    return 0

@@ -1,0 +1,3 @@
+"""Stored chats: the database (store), the service the page and the APIs call (service), the
+model's window over a long chat (window), stateless conversations (conversation), export and
+import (transfer), titles, and the JSON text checks (jsontext)."""

@@ -1,0 +1,66 @@
+"""Stateless conversations (the OpenAI route): a whole conversation sent with every request.
+
+Nothing is stored but the KV: a conversation's file is found again by its tokens (the cache's
+block-hash index, within the asker's scope). For that, a reply resent as text must become the
+very tokens that were generated for it: ReplyMemory keeps them, per model and scope.
+"""
+
+from __future__ import annotations
+
+from reame.config.refusals import MessageTooLong
+from reame.inference.prompt import PromptBuilder, Turn
+from reame.inference.turn import Decoding, TurnStats
+
+KNOWN_REPLIES = 1024  # replies whose exact tokens are kept for stateless clients
+
+
+class ReplyMemory:
+    """(model, scope, reply text) -> the exact tokens generated for it, newest last."""
+
+    def __init__(self, size: int = KNOWN_REPLIES):
+        self.size = size
+        self._tokens: dict[tuple[str, str, str], tuple[int, ...]] = {}
+
+    def tokenize(self, prompts: PromptBuilder, system_prompt: str, turns: list[Turn],
+                 scope: str) -> tuple[list[Turn], list[int]]:
+        """The turns (replies this server wrote with their exact tokens) and the prompt, in
+        the vocabulary of prompts' model; too long for its context raises MessageTooLong."""
+        known = [self._known(prompts.engine.fingerprint, t, scope) for t in turns]
+        prompt = prompts.tokens(system_prompt, known, scope)
+        n_ctx = prompts.engine.n_ctx
+        if len(prompt) >= n_ctx:
+            raise MessageTooLong(
+                f"The conversation is {len(prompt):,} tokens; the model's context holds "
+                f"{n_ctx:,} tokens. Shorten it and send again.")
+        return known, prompt
+
+    def _known(self, model: str, turn: Turn, scope: str) -> Turn:
+        """An assistant turn with the exact tokens this server generated for its text, in a
+        reply to the same scope (another user's replies must not change this prompt)."""
+        if turn.role != "assistant" or turn.tokens is not None:
+            return turn
+        tokens = self._tokens.get((model, scope, turn.content))
+        return Turn(turn.role, turn.content, tokens) if tokens else turn
+
+    def remember(self, model: str, scope: str, text: str, tokens: list[int]) -> None:
+        key = (model, scope, text)
+        self._tokens.pop(key, None)
+        self._tokens[key] = tuple(tokens)
+        while len(self._tokens) > self.size:
+            self._tokens.pop(next(iter(self._tokens)))
+
+
+class ConversationKeeper:
+    """A stateless turn's Keeper (turn.py): its KV file is saved by the runner; a reply that
+    ran to its end is remembered with its exact tokens."""
+
+    def __init__(self, memory: ReplyMemory, model: str, scope: str):
+        self.memory, self.model, self.scope = memory, model, scope
+
+    def alive(self) -> bool:
+        return True
+
+    def keep(self, decoding: Decoding, stats: TurnStats) -> None:
+        if decoding.complete:
+            self.memory.remember(self.model, self.scope, decoding.text.strip(),
+                                 decoding.generated)

@@ -1,0 +1,28 @@
+"""Chat titles: a new chat's, one made from the first message, and what a title may be."""
+
+from __future__ import annotations
+
+from reame.config.refusals import ChatError
+
+DEFAULT_TITLE = "New chat"
+TITLE_LENGTH = 48  # characters of a title made from a message
+MAX_TITLE = 200  # characters of a chat's title
+
+
+def title_from(text: str) -> str:
+    """The first words of a message, cut at a word boundary."""
+    line = " ".join(text.split())
+    if len(line) <= TITLE_LENGTH:
+        return line
+    cut = line[: TITLE_LENGTH - 1]
+    if " " in cut[TITLE_LENGTH // 2:]:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:.") + "…"
+
+
+def checked_title(title: str) -> str:
+    """title with its spaces tidied; ChatError if it is too long."""
+    title = " ".join(title.split())
+    if len(title) > MAX_TITLE:
+        raise ChatError(f"a chat title has at most {MAX_TITLE} characters")
+    return title

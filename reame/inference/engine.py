@@ -1,0 +1,500 @@
+"""The llama.cpp model and context: load, tokenize, evaluate, sample; one sequence per slot.
+
+The engine tracks `tokens`, the exact token list whose KV is live in the context, and
+`evaluated`, a counter of every token it has decoded: the cache's whole point is to keep that
+counter low, and the tests read it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import logging
+import os
+import time
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+import xxhash
+from llama_cpp._internals import LlamaContext, LlamaModel, LlamaSampler
+from llama_cpp._logger import set_verbose
+
+from reame.inference.batches import (
+    CHUNK,
+    Batch,
+    common_prefix,
+    plan,
+    resume_point,
+    shifted,
+    truncated,
+    valid,
+)
+from reame.models.gguf_info import read_gguf_info
+from reame.models.kv_budget import slots_that_fit
+from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
+
+log = logging.getLogger(__name__)
+
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
+
+class ContextOverflow(ValueError):
+    """The tokens to evaluate do not fit in the context window."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    seed: int | None = None
+    # (token, bias) added to the token's logit before sampling; -100 or less bans it (as
+    # OpenAI's logit_bias does).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+
+class TextStream:
+    """Turns tokens into text as they arrive, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, engine: "Engine"):
+        self._engine = engine
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._decoder.decode(self._engine.token_piece(token))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One llama.cpp sequence of the context (a slot): the exact tokens whose KV it holds, the
+    decodes that made it (batches.py), and len(tokens) right after its last decode."""
+
+    id: int
+    tokens: list[int] = field(default_factory=list)
+    batches: list[Batch] = field(default_factory=list)
+    logits_for: int = -1
+    evaluated: int = 0  # tokens its decodes evaluated, all told
+    decode_s: float = 0.0  # and the time they took
+
+
+def drain(steps: Iterator[object]) -> object:
+    """Run a generator of steps to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+class Engine:
+    """One loaded model and its context of `slots` sequences. Not thread-safe: one thread
+    drives it (scheduler.py), or a caller holds a lock.
+
+    Every KV method works on the current sequence (`use`). Each sequence has its own cells
+    (llama.cpp's kv_unified off): a sequence's decodes see exactly what they would see alone,
+    so a reply does not depend on who else is talking (see DESIGN.md)."""
+
+    def __init__(self, model_path: Path, *, n_ctx: int, n_threads: int = 0,
+                 kv_type: str = "f16", models_dir: Path | None = None, n_batch: int = 512,
+                 slots: int = 1, kv_budget_bytes: int | None = None):
+        model_path = Path(model_path)
+        check_model_file(model_path, models_dir or model_path.parent)
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type {kv_type!r}: expected one of {', '.join(KV_TYPES)}")
+        threads = n_threads or os.cpu_count() or 1
+        self.kv_bytes_per_token = _kv_bytes_per_token(model_path, kv_type)
+        self.slots_wanted = slots
+        slots = slots_that_fit(slots, n_ctx, self.kv_bytes_per_token, kv_budget_bytes)
+        # A quantized V cache needs flash attention in llama.cpp.
+        self.kv_type, self.flash_attn = kv_type, kv_type != "f16"
+        started = time.perf_counter()
+        _init_backend()
+        try:
+            self._model = LlamaModel(path_model=str(model_path),
+                                     params=llama_cpp.llama_model_default_params(),
+                                     verbose=False)
+            self._ctx = LlamaContext(model=self._model, params=_context_params(
+                n_ctx, slots, n_batch, threads, kv_type, self.flash_attn), verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelLoadError(f"llama.cpp could not load {model_path}: {exc}") from None
+        self.model_path = model_path
+        self.n_ctx = llama_cpp.llama_n_ctx_seq(self._ctx.ctx)  # one sequence's window
+        self.fingerprint = model_fingerprint(model_path)
+        self.metadata = self._model.metadata()
+        self.chat_template: str | None = self.metadata.get("tokenizer.chat_template")
+        self._vocab = self._model.vocab
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.max_token_bytes = self._longest_token()  # to refuse huge texts untokenized
+        # A sliding-window model's KV can be saved and restored exactly only while the whole
+        # sequence fits in its window (measured on Gemma 3: past it, the restored sequence
+        # starts at the window). None: no such limit known.
+        n_swa = llama_cpp.llama_model_n_swa(self._model.model)
+        self.restore_limit: int | None = n_swa if n_swa > 0 else None
+        # Context shift (drop old tokens, move the rest down) needs RoPE-style positions; a
+        # sliding-window model's masks depend on absolute positions, so it is not shifted.
+        self.can_shift = (self.restore_limit is None and bool(llama_cpp.llama_memory_can_shift(
+            llama_cpp.llama_get_memory(self._ctx.ctx))))
+        self.sequences = [Sequence(i) for i in range(slots)]
+        self.seq = self.sequences[0]  # the sequence the KV methods work on
+        self._last: Sequence | None = None  # whose decode made the live logits
+        self.evaluated = 0
+        # One decode's tokens (a plan's decodes are at most CHUNK), built here with the
+        # sequence's id.
+        self._batch = llama_cpp.llama_batch_init(CHUNK, 0, 1)
+        self.load_s = time.perf_counter() - started  # reported by /metrics
+        log.info("loaded %s (n_ctx %d, %d slot%s, %d threads) in %.2f s", model_path.name,
+                 self.n_ctx, slots, "" if slots == 1 else "s", threads, self.load_s)
+
+    @property
+    def name(self) -> str:
+        return self.model_path.name
+
+    @property
+    def kv_fingerprint(self) -> str:
+        """What a saved KV state depends on: the model file, the KV layout, the library."""
+        return (f"model={self.fingerprint};kv={self.kv_type};flash_attn={int(self.flash_attn)};"
+                f"llama-cpp-python={llama_cpp.__version__}")
+
+    @property
+    def context(self):
+        """llama.cpp's llama_context pointer (for measurements that call llama.cpp directly)."""
+        return self._ctx.ctx
+
+    @property
+    def n_params(self) -> int:
+        return self._model.n_params()
+
+    def close(self) -> None:
+        """Free the model and its context now rather than at garbage collection."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        self._ctx.close()
+        self._model.close()
+        for seq in self.sequences:
+            seq.tokens, seq.batches = [], []
+
+    def __del__(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self.close()
+
+    # the current sequence
+
+    def use(self, seq: Sequence) -> None:
+        """Let the KV methods work on seq from now on."""
+        self.seq = seq
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.seq.tokens
+
+    @property
+    def batches(self) -> list[Batch]:
+        return self.seq.batches
+
+    # tokens
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        """Tokenize; special: control tokens written as text ("<|im_end|>") are parsed (a
+        chat template's text), else they stay characters (what people write)."""
+        if not text:
+            return [self.bos_token] if add_bos and self.bos_token >= 0 else []
+        return self._model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return self._model.detokenize(tokens, special=special).decode("utf-8", errors="replace")
+
+    @property
+    def bos_token(self) -> int:
+        return self._model.token_bos()
+
+    @property
+    def eos_token(self) -> int:
+        return self._model.token_eos()
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def _longest_token(self) -> int:
+        """An upper bound of a token's length in bytes, from the vocabulary's texts (they
+        spell a byte in one to six bytes: "Ġ", "<0x0A>"), so that n bytes of text are surely
+        more than n / this many tokens. About 50 ms for 49k tokens, paid when the model loads."""
+        return max(len(llama_cpp.llama_vocab_get_text(self._vocab, t) or b"")
+                   for t in range(self.n_vocab))
+
+    def token_text(self, token: int, *, special: bool = True) -> str:
+        return self.token_piece(token, special=special).decode("utf-8", errors="replace")
+
+    def token_piece(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return ctypes.string_at(buf, n)
+
+    def is_end(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def text_stream(self) -> TextStream:
+        return TextStream(self)
+
+    # the KV of the current sequence
+
+    def common_prefix(self, tokens: list[int]) -> int:
+        return common_prefix(self.tokens, tokens)
+
+    def resume_point(self, prompt: list[int], *, complete: bool = True) -> int:
+        """How much of prompt the live KV can give without changing the reply (batches.py)."""
+        return resume_point(self.batches, self.tokens, prompt, complete=complete)
+
+    @property
+    def _memory(self):
+        return llama_cpp.llama_get_memory(self._ctx.ctx)
+
+    def _holds(self, first: int, last: int) -> bool:
+        """Whether the current sequence's KV spans exactly positions first..last."""
+        mem, seq = self._memory, self.seq.id
+        return (llama_cpp.llama_memory_seq_pos_min(mem, seq) == first
+                and llama_cpp.llama_memory_seq_pos_max(mem, seq) == last)
+
+    def truncate(self, n: int) -> bool:
+        """Keep the KV of the first n tokens, or fewer: the cut goes down to the start of the
+        decode it falls in (a decode's head alone is not what any plan makes). False when the
+        model cannot (then the KV is cleared)."""
+        if n >= len(self.tokens):
+            return True
+        n = max((b.start for b in self.batches if b.start <= n), default=0)
+        ok = n > 0 and llama_cpp.llama_memory_seq_rm(self._memory, self.seq.id, n, -1)
+        # Never trust a True: sliding-window and recurrent models may keep nothing.
+        if ok and not self._holds(0, n - 1):
+            ok = False
+        if not ok:
+            self.clear()
+            return n == 0
+        seq = self.seq
+        seq.tokens, seq.batches, seq.logits_for = seq.tokens[:n], truncated(seq.batches, n), -1
+        return True
+
+    def shift(self, at: int, n: int) -> bool:
+        """Drop the KV of tokens[at:at + n] and move the tokens after it n positions down,
+        without recomputing them (llama.cpp re-rotates their keys at the next decode).
+        False, with the KV cleared, if the model cannot or the result is not as expected."""
+        if not self.can_shift or n <= 0 or at + n >= len(self.tokens):
+            return False
+        mem, seq = self._memory, self.seq
+        if not llama_cpp.llama_memory_seq_rm(mem, seq.id, at, at + n):
+            self.clear()
+            return False
+        llama_cpp.llama_memory_seq_add(mem, seq.id, at + n, -1, -n)
+        tokens = seq.tokens[:at] + seq.tokens[at + n:]
+        if not self._holds(0, len(tokens) - 1):
+            self.clear()
+            return False
+        seq.tokens, seq.batches, seq.logits_for = tokens, shifted(seq.batches, at, n), -1
+        return True
+
+    def clear(self) -> None:
+        """Empty the current sequence's KV. Its cells are only marked free: their old, finite
+        values are masked out of every later decode (17 ms saved per restore at n_ctx 8192
+        against zeroing them)."""
+        llama_cpp.llama_memory_seq_rm(self._memory, self.seq.id, -1, -1)
+        seq = self.seq
+        seq.tokens, seq.batches, seq.logits_for = [], [], -1
+
+    def _decode(self, tokens: list[int], *, kept: bool = False) -> None:
+        """One llama.cpp decode of tokens after the live ones; their KV becomes live."""
+        seq = self.seq
+        if len(seq.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflow(
+                f"{len(seq.tokens) + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
+            )
+        if len(tokens) > CHUNK:
+            raise ValueError(f"a decode of {len(tokens)} tokens: the plan makes at most {CHUNK}")
+        start = len(seq.tokens)
+        batch = self._batch
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
+            batch.seq_id[i][0] = seq.id
+            batch.logits[i] = i == len(tokens) - 1  # only the last token's logits are read
+        batch.n_tokens = len(tokens)
+        self._last = None  # a failed decode leaves no sequence's logits live
+        started = time.perf_counter()
+        status = llama_cpp.llama_decode(self._ctx.ctx, batch)
+        seq.decode_s += time.perf_counter() - started
+        if status != 0:
+            raise RuntimeError(f"llama_decode returned {status}")
+        seq.tokens.extend(tokens)
+        seq.batches.append(Batch(start, len(seq.tokens), kept))
+        seq.logits_for, self._last = len(seq.tokens), seq
+        seq.evaluated += len(tokens)
+        self.evaluated += len(tokens)
+
+    def extend_steps(self, tokens: list[int]) -> Iterator[None]:
+        """Evaluate tokens after the live ones, in the decodes batches.plan() gives for their
+        absolute positions; yield between two decodes (a step: scheduler.py may run another
+        sequence's there), never after the last, whose logits the caller may sample from."""
+        base = len(self.tokens)
+        for i, (a, b) in enumerate(plan(base, base + len(tokens))):
+            if i:
+                yield
+            self._decode(tokens[a - base:b - base])
+
+    def extend(self, tokens: list[int]) -> None:
+        drain(self.extend_steps(tokens))
+
+    def prefill_steps(self, prompt: list[int]) -> Generator[None, None, int]:
+        """Make the KV hold prompt, reusing what the live KV can give without changing the
+        reply (resume_point); return how many tokens were reused. The prompt's last decode is
+        evaluated again, so that its logits are there to sample from, unless it was the very
+        last decode (type-ahead evaluated this prompt): then its logits are still live, and
+        the same bits as evaluating it again."""
+        if self.ready_for(prompt):
+            return len(prompt)
+        self.truncate(self.resume_point(prompt))
+        reuse = len(self.tokens)
+        yield from self.extend_steps(prompt[reuse:])
+        return reuse
+
+    def prefill(self, prompt: list[int]) -> int:
+        return drain(self.prefill_steps(prompt))
+
+    def ready_for(self, prompt: list[int]) -> bool:
+        """Whether the KV holds exactly prompt and the logits of its last decode are live (no
+        other sequence decoded since)."""
+        seq = self.seq
+        return (self._last is seq and seq.logits_for == len(prompt) == len(seq.tokens)
+                and seq.tokens == prompt)
+
+    def prefill_head_steps(self, head: list[int]) -> Iterator[None]:
+        """Make the KV hold head, whole chunks of a longer prompt (a shared-prefix snapshot),
+        in the decodes that prompt's own plan makes."""
+        if len(head) % CHUNK:
+            raise ValueError(f"a head of {len(head)} tokens is not whole chunks of {CHUNK}")
+        self.truncate(self.resume_point(head, complete=False))
+        yield from self.extend_steps(head[len(self.tokens):])
+
+    def prefill_head(self, head: list[int]) -> None:
+        drain(self.prefill_head_steps(head))
+
+    def sampler(self, sampling: Sampling) -> LlamaSampler:
+        sampler = LlamaSampler()
+        if sampling.logit_bias:
+            sampler.add_logit_bias(self.n_vocab, {
+                token: -float("inf") if bias <= -100 else bias
+                for token, bias in sampling.logit_bias})
+        if sampling.temperature <= 0:
+            sampler.add_greedy()
+            return sampler
+        seed = sampling.seed if sampling.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED
+        sampler.add_top_k(sampling.top_k)
+        sampler.add_top_p(sampling.top_p, 1)
+        sampler.add_min_p(sampling.min_p, 1)
+        sampler.add_temp(sampling.temperature)
+        sampler.add_dist(seed)
+        return sampler
+
+    def generate(self, sampling: Sampling, max_tokens: int) -> Iterator[int]:
+        """Sample after the live tokens; yield each new token (its KV is live once the next is
+        asked for). Each step (decode the last token, sample the next) is done at once, so
+        another sequence may run between two: the sequence and its logits are the ones this
+        generator started with.
+
+        Stops at an end-of-generation token (not yielded), after max_tokens, or when the context
+        is full.
+        """
+        sampler, seq = self.sampler(sampling), self.seq
+        token = None
+        for _ in range(max_tokens):
+            if self.seq is not seq:
+                raise RuntimeError("generate() resumed on another sequence")
+            if token is not None:
+                if len(seq.tokens) >= self.n_ctx:
+                    return
+                self._decode([token], kept=True)  # only when another token is wanted after it
+            if self._last is not seq:
+                raise RuntimeError("generate() found another sequence's logits")
+            token = sampler.sample(self._ctx, -1)
+            if self.is_end(token):
+                return
+            yield token
+
+    # saving and restoring the KV of the current sequence (no logits: see DESIGN.md)
+
+    def state(self) -> memoryview:
+        """The KV of the live tokens, as llama_state_seq_get_data gives it."""
+        ctx, seq = self._ctx.ctx, self.seq.id
+        size = llama_cpp.llama_state_seq_get_size(ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq)
+        return memoryview(buf).cast("B")[:written]
+
+    def restore(self, tokens: list[int], state: memoryview, batches: list[Batch]) -> bool:
+        """Load a saved KV (of any sequence) for tokens, made by batches; False (and an empty
+        sequence) if it does not take exactly."""
+        if not tokens or len(tokens) > self.n_ctx or not valid(batches, len(tokens)):
+            return False
+        self.clear()  # set_data writes every cell it uses
+        buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        read = llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buf, len(state), self.seq.id)
+        del buf  # the caller may close the mapping under state
+        # Never trust the call: check the positions the sequence now holds.
+        if read != len(state) or not self._holds(0, len(tokens) - 1):
+            self.clear()
+            return False
+        self.seq.tokens, self.seq.batches = list(tokens), list(batches)
+        return True
+
+    def _logits_ptr(self):
+        if self._last is not self.seq:
+            raise RuntimeError("the live logits are another sequence's")
+        return llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
+
+    def logits_digest(self) -> str:
+        """xxh3-64 of the logits after the last evaluated token: the same digest means the
+        same distribution to sample from, bit for bit."""
+        return xxhash.xxh3_64_hexdigest(ctypes.string_at(self._logits_ptr(), 4 * self.n_vocab))
+
+    def logits(self) -> "numpy.ndarray":
+        """A copy of the logits after the last evaluated token."""
+        import numpy
+
+        return numpy.ctypeslib.as_array(self._logits_ptr(), shape=(self.n_vocab,)).copy()
+
+
+def _kv_bytes_per_token(path: Path, kv_type: str) -> int | None:
+    try:
+        return read_gguf_info(path).kv_bytes_per_token(kv_type)
+    except (OSError, ValueError):
+        return None  # llama.cpp says why it cannot load it
+
+
+def _context_params(n_ctx: int, slots: int, n_batch: int, threads: int, kv_type: str,
+                    flash_attn: bool) -> "llama_cpp.llama_context_params":
+    """A context of `slots` sequences of n_ctx tokens each, in cells of their own."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * slots, slots, False
+    params.n_batch = params.n_ubatch = n_batch
+    params.n_threads = params.n_threads_batch = threads
+    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    params.type_k = params.type_v = KV_TYPES[kv_type]
+    return params
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+    set_verbose(False)  # llama.cpp's own log: errors only (as Llama(verbose=False))

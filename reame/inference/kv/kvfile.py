@@ -1,0 +1,250 @@
+"""One KV file: its format, reading it back (its head only, or mapped whole), writing it.
+
+File layout (little-endian):
+    magic b"REAMEKV\\0" | u32 format version | u32 header length | header (JSON, utf-8)
+    | tokens (int32 x n_tokens) | state (state_bytes) | u64 xxh3-64 of everything before it
+
+The header holds the fingerprint (model file, KV type, flash attention, llama-cpp-python
+version): a file whose fingerprint differs is not restored. It holds the decodes that made
+the KV (batches.py): a restored KV is reused only where it gives the same reply. And it holds
+the file's scope, whose tokens made it (cache.py: a user's KV serves only that user). Writes
+go to a temp file, fsync, os.replace: a reader sees the old file or the new one, never a
+partial one. A file that cannot be read back exactly raises Unusable, saying why; the folder
+of files (kvstore.py) counts it as a miss, never an error.
+
+Speed (see bench/restore_profile.py): a file is mapped, not copied, and its checksum (xxh3-64,
+three times as fast as zlib's crc32, so it ends before llama.cpp's copy does) runs in a
+second thread while llama.cpp loads the state (both release the GIL); the caller checks it with
+`KVEntry.verified()` before trusting the KV.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tempfile
+import threading
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import xxhash
+
+import reame.inference.batches as batch_plan
+from reame.inference.batches import Batch
+
+MAGIC = b"REAMEKV\0"
+FORMAT_VERSION = 3  # 1: crc32 checksum; 2: no batches
+_PREAMBLE = struct.Struct("<8sII")
+_SUM = struct.Struct("<Q")
+TMP_PREFIX = "reame-kv-"  # a write in progress: TMP_PREFIX + random + ".tmp", beside the file
+
+
+class Unusable(Exception):
+    """A KV file that cannot be used (truncated, corrupt, another format or model); says why."""
+
+
+class Head(NamedTuple):
+    """What a file holds, from its head only."""
+
+    tokens: list[int]
+    batches: list[Batch]
+    scope: str
+
+
+def checksum(data) -> int:
+    """The file's checksum: xxh3-64 (releases the GIL on large buffers)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+class KVEntry:
+    """A mapped KV file: its tokens, its state, and its checksum being verified meanwhile.
+
+    Use it as a context manager (the mapping is closed on exit) and call verified() before
+    trusting anything loaded from `state`."""
+
+    def __init__(self, data: mmap.mmap, tokens: list[int], batches: list[Batch], scope: str,
+                 body: memoryview, state: memoryview, stored_sum: int):
+        self.tokens = tokens
+        self.batches = batches
+        self.scope = scope
+        self.state = state  # writable (a private mapping), so ctypes takes it without a copy
+        self._data, self._body, self._stored_sum = data, body, stored_sum
+        self._sum: list[int] = []
+        self._checker = threading.Thread(target=lambda: self._sum.append(checksum(body)),
+                                         name="kv-checksum", daemon=True)
+        self._checker.start()
+
+    def verified(self) -> bool:
+        """Whether the file's checksum matches (waits for the check to finish)."""
+        self._checker.join()
+        return self._sum == [self._stored_sum]
+
+    def close(self) -> None:
+        self._checker.join()
+        for view in (self.state, self._body):
+            view.release()
+        self._data.close()
+
+    def __enter__(self) -> "KVEntry":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_head(path: Path, fingerprint: str) -> Head | None:
+    """The tokens the file holds, the batches that made their KV and its scope, from its head
+    only; None if there is no file, Unusable if it is not one of fingerprint's."""
+    try:
+        with path.open("rb") as f:
+            header_len = _header_length(f.read(_PREAMBLE.size))
+            header = _header(f.read(header_len), fingerprint)
+            raw = f.read(4 * header["n_tokens"])
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Unusable(f"cannot read: {exc.strerror}") from None
+    if len(raw) != 4 * header["n_tokens"]:
+        raise Unusable("truncated")
+    tokens = array("i")
+    tokens.frombytes(raw)
+    return Head(tokens.tolist(), header["batches"], header["scope"])
+
+
+def fingerprint_of(path: Path) -> str:
+    """The fingerprint the file says it was made with (a backup takes every model's files);
+    Unusable if its head is unreadable."""
+    try:
+        with path.open("rb") as f:
+            length = _header_length(f.read(_PREAMBLE.size))
+            return str(json.loads(f.read(length))["fingerprint"])
+    except OSError as exc:
+        raise Unusable(f"cannot read: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError):
+        raise Unusable("unreadable header") from None
+
+
+def problem(path: Path) -> str | None:
+    """Why the file could not be restored by the model that made it (its head, sizes and
+    checksum checked); None: it is whole."""
+    try:
+        entry = load(path, fingerprint_of(path))
+    except Unusable as exc:
+        return str(exc)
+    if entry is None:
+        return "missing"
+    with entry:
+        return None if entry.verified() else "checksum mismatch"
+
+
+def load(path: Path, fingerprint: str) -> KVEntry | None:
+    """The file mapped, its header checked and its checksum started; None if there is no file,
+    Unusable if it is not one of fingerprint's. The caller closes the entry and must check
+    entry.verified()."""
+    try:
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size < _PREAMBLE.size + _SUM.size:
+                raise Unusable("truncated")
+            # Private and writable: llama.cpp gets the bytes without a copy, and files are
+            # only ever replaced (os.replace), never rewritten in place under a mapping.
+            data = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise Unusable(f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return _parse(data, fingerprint)
+    except Unusable:
+        data.close()
+        raise
+
+
+def _parse(data: mmap.mmap, fingerprint: str) -> KVEntry:
+    header_len = _header_length(data)
+    end = len(data) - _SUM.size
+    if _PREAMBLE.size + header_len > end:
+        raise Unusable("truncated")
+    header = _header(data[_PREAMBLE.size:_PREAMBLE.size + header_len], fingerprint)
+    n_tokens, state_bytes = header["n_tokens"], header["state_bytes"]
+    start = _PREAMBLE.size + header_len
+    if start + 4 * n_tokens + state_bytes != end:
+        raise Unusable("sizes do not add up (truncated?)")
+    tokens = array("i")
+    tokens.frombytes(data[start:start + 4 * n_tokens])
+    (stored,) = _SUM.unpack_from(data, end)
+    body = memoryview(data)[:end]
+    return KVEntry(data, tokens.tolist(), header["batches"], header["scope"], body,
+                   body[start + 4 * n_tokens:], stored)
+
+
+def _header_length(raw: bytes | mmap.mmap) -> int:
+    """The header's length, if raw starts a file of this format."""
+    if len(raw) < _PREAMBLE.size:
+        raise Unusable("truncated")
+    magic, version, header_len = _PREAMBLE.unpack_from(raw)
+    if magic != MAGIC:
+        raise Unusable("not a Reame KV file")
+    if version != FORMAT_VERSION:
+        raise Unusable(f"format version {version}, expected {FORMAT_VERSION}")
+    return header_len
+
+
+def _header(raw: bytes, fingerprint: str) -> dict:
+    try:
+        header = json.loads(raw)
+        for key in ("n_tokens", "state_bytes"):
+            header[key] = int(header[key])
+        made_with = header["fingerprint"]
+        header["batches"] = batch_plan.decode(header["batches"])
+        header["scope"] = header.get("scope", "")
+        if not isinstance(header["scope"], str):
+            raise TypeError("scope")
+    except (ValueError, KeyError, TypeError):
+        raise Unusable("unreadable header") from None
+    if header["batches"] is None or not batch_plan.valid(header["batches"],
+                                                         header["n_tokens"]):
+        raise Unusable("unreadable header")
+    if made_with != fingerprint:
+        raise Unusable("made with another model or KV settings")
+    return header
+
+
+def write(path: Path, fingerprint: str, tokens: Sequence[int], state: bytes | memoryview,
+          batches: Sequence[Batch] | None, scope: str) -> int:
+    """Atomically replace path by a file of fingerprint holding these; the bytes of its header,
+    tokens and state. OSError if the disk refused (then no temporary file is left). batches:
+    the decodes that made the KV (None: unknown, reusable only as a whole); scope: whose."""
+    if batches is None:
+        batches = [Batch(0, len(tokens), True)] if tokens else []
+    header = json.dumps({"fingerprint": fingerprint, "n_tokens": len(tokens),
+                         "state_bytes": len(state),
+                         "batches": batch_plan.encode(batches),
+                         "scope": scope}).encode()
+    token_bytes = array("i", tokens).tobytes()
+    preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header))
+    digest = xxhash.xxh3_64()
+    for part in (preamble, header, token_bytes, state):
+        digest.update(part)
+    tmp = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=TMP_PREFIX, suffix=".tmp",
+                                         delete=False) as f:
+            tmp = Path(f.name)
+            f.write(preamble)
+            f.write(header)
+            f.write(token_bytes)
+            f.write(state)
+            f.write(_SUM.pack(digest.intdigest()))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise
+    return len(header) + len(token_bytes) + len(state)

@@ -1,0 +1,117 @@
+"""A chat -> the prompt's tokens, with the model's own chat template.
+
+Assistant replies are spliced in as the exact tokens the model generated (when they are known
+for this model): re-tokenizing a reply's text need not give them back, and the KV holds the
+generated ones. The prompt of turn n+1 then starts with every token of turn n's KV.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from array import array
+from dataclasses import dataclass
+
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from reame.inference.engine import Engine, common_prefix
+
+# For models without a chat template (base models): plain labelled turns.
+PLAIN_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
+    "{% elif message['role'] == 'user' %}User: {{ message['content'] }}\n"
+    "{% else %}Assistant: {{ message['content'] }}\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+PLAIN_STOPS = ("\nUser:", "\nAssistant:")
+
+# Each message's text is rendered as a placeholder and tokenized on its own, as text: what a
+# user writes can never become a control token ("<|im_start|>system" typed in a message stays
+# those characters). The placeholder is wrapped in en spaces, which templates do not write:
+# where the template trims a message, they are gone, and the text is trimmed the same way.
+_PLACEHOLDER = "\u2002\x1eREAME-{}\x1e\u2002"
+_PLACEHOLDER_RE = re.compile("(\u2002?)\x1eREAME-(\\d+)\x1e(\u2002?)")
+CACHED_TOKENS = 1_000_000  # tokens of tokenized pieces kept per model (about 4 MB)
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str  # "user" | "assistant"
+    content: str
+    tokens: tuple[int, ...] | None = None  # exact generated tokens, for assistant turns
+
+
+class PromptBuilder:
+    """Renders chats into token lists for one engine's model."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.has_template = bool(engine.chat_template)
+        template = engine.chat_template or PLAIN_TEMPLATE
+        self.stops: tuple[str, ...] = () if self.has_template else PLAIN_STOPS
+        self._formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=engine.token_text(engine.eos_token),
+            bos_token=engine.token_text(engine.bos_token) if engine.bos_token >= 0 else "",
+        )
+        self._bos_text = self._formatter.bos_token
+        # (kind, scope, text, add_bos) -> tokens; the newest last. A message's text is kept per
+        # scope (cache.py): whether another user's text was tokenized before never shows.
+        self._pieces: dict[tuple, array] = {}
+        self._cached_tokens = 0
+        self._pieces_lock = threading.Lock()  # web threads and the engine's thread use them
+
+    def tokens(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
+        """The prompt for the next reply: the chat, then the template's assistant header. The
+        template's own text may hold control tokens; the messages' text never does. Assistant
+        turns with their generated tokens are spliced in as those tokens."""
+        messages = ([Turn("system", system_prompt)] if system_prompt else []) + list(turns)
+        text = self._formatter(messages=[{"role": m.role, "content": _PLACEHOLDER.format(i)}
+                                         for i, m in enumerate(messages)]).prompt
+        add_bos = self.engine.adds_bos and not (self._bos_text and text.startswith(self._bos_text))
+        parts = _PLACEHOLDER_RE.split(text)
+        out: list[int] = []
+        # split() gives: template text, then (lead, index, trail, template text) per message
+        out.extend(self._piece("template", "", parts[0], add_bos))
+        for n in range(1, len(parts), 4):
+            lead, index, trail, after = parts[n:n + 4]
+            message = messages[int(index)]
+            if message.tokens is not None:
+                out.extend(message.tokens)
+            else:
+                content = message.content if lead else message.content.lstrip()
+                content = content if trail else content.rstrip()
+                out.extend(self._piece("text", scope, content, False))
+            out.extend(self._piece("template", "", after, False))
+        return out
+
+    def fixed_head(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
+        """The tokens of the prompt for turns + a next user message that no message can change
+        (the next turn's header): the common prefix of the prompts for messages "a" and "b"."""
+        a = self.tokens(system_prompt, turns + [Turn("user", "a")], scope)
+        b = self.tokens(system_prompt, turns + [Turn("user", "b")], scope)
+        return a[:common_prefix(a, b)]
+
+    def _piece(self, kind: str, scope: str, text: str, add_bos: bool) -> array:
+        """A piece of the prompt tokenized: the template's text with its control tokens, or a
+        message's text as text. The same pieces come back every turn (each earlier message):
+        each is tokenized once, the oldest forgotten past CACHED_TOKENS; a piece longer than
+        the context is not kept (no prompt holding it can be answered)."""
+        key = (kind, scope, text, add_bos)
+        with self._pieces_lock:
+            tokens = self._pieces.pop(key, None)
+            if tokens is not None:
+                self._pieces[key] = tokens  # the newest now
+                return tokens
+        tokens = array("i", self.engine.tokenize(text, add_bos=add_bos,
+                                                 special=kind == "template"))
+        if len(tokens) > self.engine.n_ctx:
+            return tokens
+        with self._pieces_lock:
+            if self._pieces.pop(key, None) is None:  # another thread may have added it
+                self._cached_tokens += len(tokens)
+            self._pieces[key] = tokens
+            while self._cached_tokens > CACHED_TOKENS and len(self._pieces) > 1:
+                self._cached_tokens -= len(self._pieces.pop(next(iter(self._pieces))))
+        return tokens

@@ -1,0 +1,520 @@
+"""One thread drives the engine; the turns of several people take turns on it.
+
+Every piece of work that uses the engine (a turn, a restore ahead of a turn, type-ahead) is a
+Task: a generator run on the engine's thread, one step per `next()`. A step is one decode (at
+most batches.CHUNK prompt tokens, or one generated token, with its sampling); whatever a step
+yields besides None is streamed to the task's caller. The active tasks' steps go round in turn,
+so a new message's first token waits for its own prefill plus one step of each other reply,
+never for another reply to end. A task steps on only once its caller has asked for the next
+item (as a plain generator would): a stopped reply has exactly what its caller saw.
+
+However its caller goes away, a task ends: closing its stream, cancel() (a Stop, a client that
+hung up), cancel_chat(), stop(cancel=True) (a shutdown, a model switch), and a caller that
+stops asking: a task whose caller has held every item it was given for Limits.stall_s (a
+client that stopped reading, a stream dropped without being closed) is cancelled then. A
+cancelled task stops at its next step, within one decode, and gives its slot back.
+
+Each active task has a slot: one of the engine's sequences (engine.Sequence), its own KV
+cells. A slot keeps its KV when its task ends, so a chat's next turn goes back to the slot that
+holds its history ("live": nothing restored); a task with no such slot takes the one used
+least recently. With every slot busy, tasks wait in a bounded line (`Waiting` tells each its
+place); past the bound, reserve() refuses (ServerBusy). A chat's tasks run one after another.
+
+Background tasks (type-ahead) never wait in line and run only while no other task is active; a
+task that needs their slot, or their chat, stops them.
+
+The engine's thread runs while there is work and ends when there is none (a new task starts
+another), so an idle scheduler holds no thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from reame.config.refusals import ServerBusy
+from reame.inference.cache import KVCache
+from reame.inference.engine import Engine, Sequence
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5  # what a refused client is told to wait
+
+Work = Callable[[], Iterator[object]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much the scheduler lets wait, and for how long a caller may stop asking."""
+
+    max_waiting: int = 16  # tasks waiting for a slot, beyond the free slots
+    stall_s: float = 10.0  # a caller that asks for nothing this long is gone: its task ends
+    share: float = 0.5  # of the slots, and of the line, one user may hold (with accounts)
+
+    def per_user(self, slots: int) -> tuple[int, int]:
+        """The slots and the places in line one user may hold."""
+        return (max(1, math.floor(slots * self.share)),
+                max(1, math.floor(self.max_waiting * self.share)))
+
+
+class Replaced(ServerBusy):
+    """The model was replaced before the task got a slot: nothing was done, send again."""
+
+    def __init__(self):
+        super().__init__("the model was replaced: send again", 1)
+
+
+class Stopped(Exception):
+    """The reserved task was stopped (cancelled, or a shutdown) before it got its slot."""
+
+
+ADMITTED = object()  # put in a reserved task's queue when it gets its slot
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Streamed to a task's caller while it waits for a slot: its place in line (1: next)."""
+
+    position: int
+
+
+@dataclass(eq=False)
+class Slot:
+    seq: Sequence
+    task: "Task | None" = None
+    used: float = 0.0  # when its last task ended (least recently used first out)
+
+
+@dataclass(eq=False)
+class Task:
+    """One piece of work for the engine and the queue its caller reads."""
+
+    work: Work | None  # None: reserved, its caller not ready yet
+    chat_id: int | None
+    scope: str
+    prompt: list[int] | None
+    background: bool
+    owner: str | None = None  # the user it is for (fair shares); None: no accounts
+    prelude: Work | None = None  # run on the task's slot while its caller gets ready
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+    slot: Slot | None = None
+    steps: Iterator[object] | None = None  # the prelude's or the work's, under way
+    in_work: bool = False  # steps are the work's (not the prelude's)
+    position: int = 0
+    asked: int = 0  # items its caller has asked for
+    given: int = 0  # items put in its queue
+    idle_since: float | None = None  # its caller holds every item given, and asks for none
+
+    @property
+    def wants(self) -> bool:
+        return self.given < self.asked
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _End:
+    """The last item of a task's queue; error: what the work raised, if anything."""
+
+    def __init__(self, error: BaseException | None = None):
+        self.error = error
+
+
+class Scheduler:
+    """Runs tasks on one engine from its own thread."""
+
+    def __init__(self, engine: Engine, cache: KVCache, limits: Limits = Limits()):
+        self.engine, self.cache = engine, cache
+        self.limits = limits
+        self.slots = [Slot(seq) for seq in engine.sequences]
+        self._line: deque[Task] = deque()  # waiting for a slot, first come first served
+        self._active: list[Task] = []
+        self._cond = threading.Condition()
+        self._running = False  # the engine's thread
+        self._stopping = False
+        self._stop_error: Callable[[], BaseException] | None = None  # tasks in line: why
+
+    def _stopped(self) -> BaseException | None:
+        """A new exception saying why a task in line ends unrun (each caller raises its own)."""
+        return self._stop_error() if self._stop_error is not None else None
+
+    @property
+    def max_waiting(self) -> int:
+        return self.limits.max_waiting
+
+    def stop(self, *, cancel: bool = False,
+             error: Callable[[], BaseException] | None = None) -> None:
+        """Refuse new tasks; return once the tasks under way are done. With cancel, they are
+        stopped at their next step (a shutdown, a model switch); tasks still in line end
+        with error() (None: they just end)."""
+        with self._cond:
+            self._stopping = True
+            if cancel:
+                self._stop_error = error
+                for task in (*self._active, *self._line):
+                    task.cancel()
+            self._cond.notify_all()
+            while self._running and threading.current_thread().name != "reame-engine":
+                self._cond.wait()
+
+    # the callers' side
+
+    def stream(self, work: Work, *, chat_id: int | None = None, scope: str = "",
+               prompt: list[int] | None = None, owner: str | None = None) -> Iterator[object]:
+        """Run work's steps on the engine and yield what they yield (Waiting while in line);
+        re-raise what work raises. Closing this iterator stops the work at its next step and
+        waits for it to wind down (its finally blocks run on the engine's thread)."""
+        task = self.reserve(chat_id=chat_id, scope=scope, prompt=prompt, owner=owner)
+        return self.results(task, work)
+
+    def reserve(self, *, chat_id: int | None = None, scope: str = "",
+                prompt: list[int] | None = None, prelude: Work | None = None,
+                owner: str | None = None) -> Task:
+        """A place in line for work to come (results() gives it), or ServerBusy now, before
+        the caller changes anything. prelude, if any, runs on the task's slot once it has one
+        (e.g. restoring the chat's KV while the caller builds the prompt). wait_for_slot()
+        tells the caller when the task holds its slot. A reserved place not used is given back
+        with cancel()."""
+        task = Task(None, chat_id, scope, prompt, background=False, prelude=prelude,
+                    owner=owner)
+        with self._cond:
+            if self._stopping:
+                raise self._stopped() or ServerBusy(
+                    "the model is being replaced: try again in a moment", RETRY_AFTER_S)
+            waiting = sum(not t.background for t in self._line)
+            free = sum(s.task is None or s.task.background for s in self.slots)
+            if waiting + 1 > free + self.limits.max_waiting:  # it would wait beyond the bound
+                raise ServerBusy(
+                    f"the server is full: {len(self.slots) - free} replies are being written "
+                    f"and {waiting} are waiting. Try again in a moment.", RETRY_AFTER_S)
+            if owner is not None:
+                slots, places = self.limits.per_user(len(self.slots))
+                mine = sum(t.owner == owner and not t.background
+                           for t in (*self._active, *self._line))
+                if mine >= slots + places:
+                    raise ServerBusy(
+                        f"you have {mine} replies being written or waiting, the most one user "
+                        "may have at once on this server. Try again when one has ended.",
+                        RETRY_AFTER_S)
+            self._enter(task)
+        return task
+
+    def cancel(self, task: Task) -> None:
+        with self._cond:
+            task.cancel()
+            self._cond.notify_all()
+
+    def cancel_chat(self, chat_id: int) -> int:
+        """Stop the chat's tasks, under way or waiting (a Stop in the page); how many."""
+        with self._cond:
+            tasks = [t for t in (*self._active, *self._line)
+                     if t.chat_id == chat_id and not t.background and not t.cancelled]
+            for task in tasks:
+                task.cancel()
+            self._cond.notify_all()
+        return len(tasks)
+
+    def wait_for_slot(self, task: Task) -> Iterator[Waiting]:
+        """Yield the reserved task's place in line (Waiting) until it holds its slot. Raises
+        the scheduler's stop error (Replaced) if it was stopped before that, or Stopped if
+        the task was cancelled meanwhile."""
+        while True:
+            self._ask(task)
+            item = task.out.get()
+            if item is ADMITTED:
+                return
+            if isinstance(item, _End):
+                raise item.error or Stopped()
+            yield item
+
+    def results(self, task: Task, work: Work) -> Iterator[object]:
+        """Let the reserved task run work; its stream (as stream())."""
+        with self._cond:
+            task.work = work
+            self._cond.notify_all()
+        return self._results(task)
+
+    def run(self, work: Work, **where) -> object:
+        """Run work to its end and return its last yielded item (None if none)."""
+        last = None
+        for item in self.stream(work, **where):
+            if not isinstance(item, Waiting):
+                last = item
+        return last
+
+    def try_run(self, work: Work, *, chat_id: int | None = None, scope: str = "",
+                background: bool = False) -> tuple[bool, object]:
+        """Run work now if a slot is free and nobody waits for one, else not at all; with
+        background, only while no other task is active either, at the lowest priority (a task
+        that comes meanwhile stops it). (started, work's last item)."""
+        task = Task(work, chat_id, scope, None, background=background)
+        with self._cond:
+            if (self._stopping or any(not t.background for t in self._line)
+                    or all(s.task is not None for s in self.slots)
+                    or background and any(not t.background for t in self._active)):
+                return False, None
+            self._enter(task)
+        last = None
+        for item in self._results(task):
+            last = item
+        return True, last
+
+    @property
+    def busy(self) -> int:
+        """Tasks active or waiting (background ones not counted)."""
+        with self._cond:
+            return sum(not t.background for t in (*self._active, *self._line))
+
+    def load(self) -> tuple[int, int]:
+        """Turns on a slot and turns waiting for one (background tasks not counted)."""
+        with self._cond:
+            return (sum(not t.background for t in self._active),
+                    sum(not t.background for t in self._line))
+
+    def writing(self) -> set[int]:
+        """The chats whose turn holds a slot or waits for one."""
+        with self._cond:
+            return {t.chat_id for t in (*self._active, *self._line)
+                    if t.chat_id is not None and not t.background and not t.cancelled}
+
+    def _enter(self, task: Task) -> None:
+        """Put task in line and make sure the engine's thread runs (the lock is held)."""
+        self._line.append(task)
+        if not self._running:
+            self._running = True
+            threading.Thread(target=self._drive, name="reame-engine", daemon=True).start()
+        self._cond.notify_all()
+
+    def _ask(self, task: Task) -> None:
+        with self._cond:
+            task.asked += 1
+            task.idle_since = None
+            self._cond.notify_all()
+
+    def _results(self, task: Task) -> Iterator[object]:
+        try:
+            while True:
+                self._ask(task)
+                item = task.out.get()
+                if item is ADMITTED:  # reserved and given its work before that
+                    continue
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
+                    return
+                yield item
+        finally:
+            if not task.done.is_set():
+                self.cancel(task)
+                task.done.wait()
+
+    # the engine's thread
+
+    def _drive(self) -> None:
+        try:
+            self._drive_rounds()
+        except BaseException as exc:  # a bug here must not leave callers waiting forever
+            log.exception("the engine's thread failed")
+            with self._cond:
+                tasks = [*self._active, *self._line]
+                self._active.clear()
+                self._line.clear()
+                for slot in self.slots:
+                    slot.task = None
+                self._running = False
+                self._cond.notify_all()
+            for task in tasks:
+                task.out.put(_End(exc))
+                task.done.set()
+
+    def _drive_rounds(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    timeout = self._end_stalled()
+                    self._drop_cancelled()
+                    self._admit()
+                    others = any(not t.background for t in self._active)
+                    ready = [t for t in self._active
+                             if t.cancelled or (self._runnable(t) and not (
+                                 t.background and others))]
+                    if ready:
+                        break
+                    if not self._active and not self._line:
+                        self._running = False
+                        self._cond.notify_all()  # stop() waits for this
+                        return
+                    self._cond.wait(timeout)
+            for task in ready:
+                if task.cancelled:
+                    self._close(task)
+                else:
+                    self._step(task)
+
+    def _end_stalled(self) -> float | None:
+        """Cancel the tasks whose caller has asked for nothing for stall_s (the lock is held);
+        the seconds until the next one would be, None if none."""
+        now, bound, soonest = time.monotonic(), self.limits.stall_s, None
+        for task in (*self._active, *self._line):
+            if task.idle_since is None or task.cancelled:
+                continue
+            left = task.idle_since + bound - now
+            if left <= 0:
+                log.info("a caller asked for nothing for %.1f s: its turn (chat %s) is "
+                         "stopped", bound, task.chat_id or "-")
+                task.cancel()
+            elif soonest is None or left < soonest:
+                soonest = left
+        return soonest
+
+    @staticmethod
+    def _runnable(task: Task) -> bool:
+        """Whether task has a step to take now: its prelude (the caller need not ask), or
+        its work once the caller has asked for an item."""
+        if task.in_work:
+            return task.wants
+        if task.steps is not None or task.prelude is not None:
+            return True
+        return task.work is not None and task.wants
+
+    def _drop_cancelled(self) -> None:
+        for task in [t for t in self._line if t.cancelled]:
+            self._line.remove(task)
+            self._finish(task, self._stopped())  # nothing was done: a switch says so
+
+    def _admit(self) -> None:
+        """Give free slots to the tasks in line, first come first served; a background task
+        gives its slot (or its chat) up to a task in line. A user at their share of the slots
+        waits, and lets the others pass."""
+        share = self.limits.per_user(len(self.slots))[0]
+        for task in list(self._line):
+            same_chat = [t for t in self._active
+                         if task.chat_id is not None and t.chat_id == task.chat_id]
+            if same_chat:  # after the chat's task under way
+                if not task.background:
+                    self._stop_background(same_chat)
+                continue
+            if task.owner is not None and sum(
+                    t.owner == task.owner for t in self._active) >= share:
+                continue
+            slot = self._pick_slot(task)
+            if slot is None:
+                if not task.background:
+                    self._stop_background(self._active)
+                break
+            self._line.remove(task)
+            slot.task, task.slot = task, slot
+            self._active.append(task)
+            if task.work is None:  # reserved: its caller waits for this
+                task.given += 1
+                task.out.put(ADMITTED)
+        self._tell_positions()
+
+    def _pick_slot(self, task: Task) -> Slot | None:
+        """The free slot for task: the one holding its chat's KV (or, for a conversation
+        found by its tokens, most of its prompt), else the least recently used."""
+        free = [s for s in self.slots if s.task is None]
+        if not free:
+            return None
+        for slot in free:
+            live = self.cache.live_of(slot.seq)
+            if (task.chat_id is not None and live.chat == task.chat_id
+                    and live.scope == task.scope and slot.seq.tokens):
+                return slot
+        if task.prompt:
+            best, reach = None, 0
+            for slot in free:
+                if self.cache.live_of(slot.seq).scope != task.scope:
+                    continue
+                self.engine.use(slot.seq)
+                n = self.engine.resume_point(task.prompt)
+                if n > reach:
+                    best, reach = slot, n
+            if best is not None:
+                return best
+        return min(free, key=lambda s: s.used)
+
+    @staticmethod
+    def _stop_background(tasks: list[Task]) -> None:
+        for task in tasks:
+            if task.background:
+                task.cancel()
+
+    def _tell_positions(self) -> None:
+        """Tell the tasks waiting for a slot their place, when they ask for an item."""
+        chats = {t.chat_id for t in self._active if t.chat_id is not None}
+        position = 0
+        for task in self._line:
+            if task.background or task.chat_id in chats:
+                continue  # not waiting for a slot
+            position += 1
+            if task.position != position and task.wants:
+                task.position = position
+                self._give(task, Waiting(position))
+
+    def _give(self, task: Task, item: object) -> None:
+        """Put an item the caller asked for in its queue; from then its caller is idle until
+        it asks again."""
+        task.given += 1
+        if not task.wants:
+            task.idle_since = time.monotonic()
+        task.out.put(item)
+
+    def _step(self, task: Task) -> None:
+        self.engine.use(task.slot.seq)
+        try:
+            if task.steps is None:
+                if task.prelude is not None:
+                    task.steps, task.prelude = task.prelude(), None
+                else:
+                    task.steps, task.in_work = task.work(), True
+            item = next(task.steps)
+        except StopIteration:
+            if not task.in_work:
+                task.steps = None  # the prelude ended: the work comes next, on this slot
+                return
+            self._finish(task, None)
+        except BaseException as exc:
+            if not task.in_work:  # a failed prelude is work not done ahead, nothing more
+                log.exception("work ahead of a task failed")
+                task.steps = None
+                return
+            self._finish(task, exc)  # the caller gets it; the engine's thread goes on
+        else:
+            if item is not None and task.in_work:
+                with self._cond:
+                    self._give(task, item)
+
+    def _close(self, task: Task) -> None:
+        """Stop a cancelled task: its generator's finally blocks run here (a reply keeps what
+        it has)."""
+        error = None
+        if task.steps is not None:
+            self.engine.use(task.slot.seq)
+            try:
+                task.steps.close()
+            except BaseException as exc:
+                log.exception("a stopped task failed while winding down")
+                error = exc
+        elif task.work is None:  # reserved, its caller not back yet: it tells them
+            error = self._stopped()
+        self._finish(task, error)
+
+    def _finish(self, task: Task, error: BaseException | None) -> None:
+        with self._cond:
+            if task in self._active:
+                self._active.remove(task)
+            if task.slot is not None:
+                task.slot.task, task.slot.used = None, time.monotonic()
+            task.idle_since = None
+            self._cond.notify_all()
+        task.out.put(_End(error))
+        task.done.set()

@@ -1,0 +1,281 @@
+"""One turn of the model: restore -> evaluate the new tokens -> sample -> keep.
+
+Every path that runs the model goes through TurnRunner: a stored chat's message, regenerate and
+edit, a stateless /v1 request (all `run`), and type-ahead (`prefill` alone). They differ only in
+their Job (the prompt and how to sample it) and their Keeper (what is kept afterwards: a stored
+chat's message and KV file, or a stateless conversation's KV file and reply tokens). Each step
+happens once, here, and is timed once.
+
+`run` and `prefill_steps` are generators of steps (scheduler.py): they yield None between two
+decodes, so that other people's replies take their turns there, and run on the engine's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from reame.config.refusals import ChatNotFound
+from reame.inference.cache import Drop, KVCache, Restored
+from reame.inference.engine import Engine, Sampling
+from reame.inference.prompt import PromptBuilder, Turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TurnStats:
+    """What a turn did, in numbers (render.stats_text words them for people)."""
+
+    reused: int = 0  # history tokens whose KV was reused
+    source: str = "none"  # where they came from: live / disk / branch / prefix / none
+    restore_ms: float = 0.0  # reading and loading a KV file
+    prompt_tokens: int = 0
+    prefilled: int = 0  # tokens evaluated for the prompt
+    prefill_ms: float = 0.0
+    save_ms: float = 0.0  # copying the KV out for its file, after the reply
+    first_token_s: float = 0.0
+    generated: int = 0
+    tokens_per_s: float = 0.0
+    total_s: float = 0.0
+    ahead: int = 0  # tokens of the next prompt's fixed head, evaluated after the reply
+    first_logits: str = ""  # xxh3-64 of the logits the first token was sampled from
+    typed_ahead: int = 0  # tokens of this message evaluated while it was being typed
+    dropped_messages: int = 0  # oldest messages outside the model's window (context)
+    shifted: int = 0  # tokens this turn dropped from the KV by a context shift
+    window_recomputed: bool = False  # messages left the window and the KV could not follow
+    stopped: bool = False
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TurnStats":
+        """Stats as stored with a message (unknown keys, from older versions, ignored)."""
+        return cls(**{k: v for k, v in values.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class TurnUpdate:
+    """What a turn streams: the reply so far; the last update is done and carries the stats."""
+
+    text: str
+    done: bool = False
+    stats: TurnStats | None = None
+    message_id: int | None = None
+    user_message_id: int | None = None
+    finish_reason: str | None = None  # on the last update: "stop" or "length"
+    chat_id: int | None = None
+    queued: int = 0  # waiting for a free slot: its place in line (1: next), no text yet
+
+
+@dataclass
+class Job:
+    """What one turn evaluates and how it samples."""
+
+    prompt: list[int]
+    turns: list[Turn]  # the conversation the prompt holds (for the next turn's fixed head)
+    system_prompt: str
+    scope: str  # whose KV may be reused (cache.user_scope)
+    sampling: Sampling
+    max_tokens: int
+    stops: tuple[str, ...] = ()
+    chat_id: int | None = None  # a stored chat (its own KV file); None: found by its tokens
+    user_message_id: int | None = None  # the message this turn answers, when stored
+    drop: Drop | None = None  # messages that left the chat's window in this turn
+    outside: int = 0  # messages before the window
+    shared_opening: bool = False  # the system prompt is the server's default (cache.SHARED)
+    branched_from: int | None = None  # the chat this one was branched from (its KV file)
+
+
+class Keeper(Protocol):
+    """What a turn keeps once its reply ends, however it ends."""
+
+    def alive(self) -> bool:
+        """Whether there is still something to keep (a stored chat may have been deleted)."""
+
+    def keep(self, decoding: "Decoding", stats: TurnStats) -> int | None:
+        """Keep the reply; the stored message's id, if any."""
+
+
+class Decoding:
+    """One reply being sampled after the live tokens: its text so far, its exact tokens, and
+    its timings. Iterating yields the text so far; a stop string ends it (cut)."""
+
+    def __init__(self, engine: Engine, sampling: Sampling, max_tokens: int,
+                 stops: tuple[str, ...], started: float):
+        self.engine, self.sampling, self.max_tokens, self.stops = (
+            engine, sampling, max_tokens, stops)
+        self.started = started
+        self.first_at: float | None = None
+        self.token_times: list[float] = []  # when each token came (perf_counter)
+        self.generated: list[int] = []
+        self.text = ""
+        self.cut = False  # ended by a stop string: the tokens run past the text
+        self.first_logits = ""
+        self.finished = False  # ran to its end (not stopped by the caller)
+
+    def __iter__(self) -> Iterator[str]:
+        stream = self.engine.text_stream()
+        self.first_logits = self.engine.logits_digest()
+        for token in self.engine.generate(self.sampling, self.max_tokens):
+            now = time.perf_counter()
+            if self.first_at is None:
+                self.first_at = now
+            self.token_times.append(now)
+            self.generated.append(token)
+            self.text += stream.push(token)
+            stop_at = _find_stop(self.text, self.stops)
+            if stop_at is not None:
+                self.text, self.cut = self.text[:stop_at], True
+                break
+            yield self.text
+        else:
+            self.text += stream.flush()
+        self.finished = True
+
+    @property
+    def complete(self) -> bool:
+        """Ran to its end and its tokens are exactly its text (not cut at a stop string)."""
+        return self.finished and not self.cut
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if not self.cut and len(self.generated) >= self.max_tokens else "stop"
+
+    def record(self, stats: TurnStats) -> None:
+        """Fill the stats' reply part: tokens, first token, speed, stopped."""
+        now = time.perf_counter()
+        first = self.first_at or now
+        stats.generated = len(self.generated)
+        stats.first_logits = self.first_logits
+        stats.first_token_s = first - self.started
+        gen_time = now - first
+        stats.tokens_per_s = (len(self.generated) - 1) / gen_time if gen_time > 0 else 0.0
+        stats.stopped = not self.finished
+
+
+# Told of every turn once it ends, however it ends (metrics): its stats, its decoding (the
+# tokens' times; None if it was stopped before its reply began), and whether it was a stored
+# chat's.
+TurnObserver = Callable[["TurnStats", "Decoding | None", bool], None]
+
+
+class TurnRunner:
+    """Runs jobs on one engine, its KV cache and its prompt builder."""
+
+    def __init__(self, engine: Engine, cache: KVCache, prompts: PromptBuilder,
+                 observe: TurnObserver | None = None):
+        self.engine, self.cache, self.prompts = engine, cache, prompts
+        self.observe = observe
+
+    def run(self, job: Job, keeper: Keeper) -> Iterator[TurnUpdate]:
+        """Prefill, stream the reply, keep it. The reply is kept also when the caller stops
+        the stream (closing the generator)."""
+        started = time.perf_counter()
+        stats = TurnStats(prompt_tokens=len(job.prompt), dropped_messages=job.outside)
+        try:
+            yield from self.prefill_steps(job, stats)
+        except GeneratorExit:  # stopped mid-prompt: what was evaluated stays live, and counts
+            stats.stopped = True
+            stats.total_s = time.perf_counter() - started
+            log.info("chat %s: stopped mid-prompt, %s", job.chat_id or "-", _log_line(stats))
+            self._tell(stats, None, job.chat_id is not None)
+            raise
+        limit = min(job.max_tokens, self.engine.n_ctx - len(job.prompt))
+        decoding = Decoding(self.engine, job.sampling, limit, self.prompts.stops + job.stops,
+                            started)
+        kept, message_id = False, None
+        try:
+            for text in decoding:
+                yield TurnUpdate(text, user_message_id=job.user_message_id, chat_id=job.chat_id)
+        finally:
+            decoding.record(stats)
+            if keeper.alive():
+                if decoding.complete:
+                    stats.ahead = self._prefill_next_head(job, decoding.generated)
+                stats.total_s = time.perf_counter() - started
+                stats.save_ms = self.cache.save(job.chat_id)
+                message_id, kept = keeper.keep(decoding, stats), True
+                log.info("chat %s: %s", job.chat_id or "-", _log_line(stats))
+            self._tell(stats, decoding, job.chat_id is not None)
+        if not kept:  # the chat was deleted while it answered
+            raise ChatNotFound(job.chat_id)
+        yield TurnUpdate(decoding.text.strip(), done=True, stats=stats, message_id=message_id,
+                         user_message_id=job.user_message_id, chat_id=job.chat_id,
+                         finish_reason=decoding.finish_reason)
+
+    def _tell(self, stats: TurnStats, decoding: Decoding | None, stored: bool) -> None:
+        if self.observe is None:
+            return
+        try:
+            self.observe(stats, decoding, stored)
+        except Exception:  # counting must never break a turn
+            log.exception("the turn observer failed")
+
+    def prefill_steps(self, job: Job, stats: TurnStats) -> Generator[None, None, Restored]:
+        """Restore what the cache has for the prompt, snapshot its opening if that is new,
+        evaluate the rest; the restore as the cache reported it. A step after the restore and
+        between two decodes; none after the last decode (its logits are to be sampled)."""
+        engine, cache, prompt = self.engine, self.cache, job.prompt
+        restored = cache.prepare(job.chat_id, prompt, job.drop, scope=job.scope,
+                                 parent=job.branched_from)
+        stats.reused, stats.source, stats.restore_ms = (
+            restored.reused, restored.source, restored.restore_ms)
+        if job.drop is not None:
+            stats.shifted = restored.shifted
+            stats.window_recomputed = restored.recomputed
+        if not engine.ready_for(prompt):
+            yield  # the restore was this step (typed ahead: its logits are to be sampled)
+        seq = engine.seq
+        started, busy, before = time.perf_counter(), seq.decode_s, seq.evaluated
+        try:
+            yield from self._snapshot_opening(job, restored)
+            if (yield from engine.prefill_steps(prompt)) == len(prompt):  # typed ahead: live
+                stats.reused = len(prompt)
+            stats.typed_ahead = restored.typed_ahead(stats.reused)
+        finally:  # also when stopped mid-prompt: what it evaluated
+            stats.prefilled = seq.evaluated - before
+            stats.prefill_ms = (time.perf_counter() - started) * 1000  # others' steps too
+            cache.record_prefill(stats.prefilled, seq.decode_s - busy)  # its own decodes
+        return restored
+
+    def _snapshot_opening(self, job: Job, restored: Restored) -> Iterator[None]:
+        """Save the KV of the prompt's opening (its system prompt, whole chunks) as a prefix
+        snapshot, if it is not on disk yet: another conversation with the same opening starts
+        from it."""
+        if not self.cache.enabled:  # a snapshot only makes sense with files to keep it
+            return
+        opening = self.prompts.fixed_head(job.system_prompt, [], job.scope)
+        length = self.cache.prefix_length(opening, job.prompt)
+        if restored.reused < length and self.cache.wants_snapshot(
+                length, job.prompt, shared=job.shared_opening):
+            # Whole chunks: the plan is unchanged.
+            yield from self.engine.prefill_head_steps(job.prompt[:length])
+            self.cache.save_snapshot(job.prompt, length, shared=job.shared_opening)
+            yield
+
+    def _prefill_next_head(self, job: Job, generated: list[int]) -> int:
+        """Evaluate now what the next prompt will hold whatever the user writes (e.g.
+        "<|im_end|>\\n<|im_start|>user\\n"), so the next turn's first token waits only for the
+        message itself. The next turn checks these tokens like any others (common prefix)."""
+        engine = self.engine
+        done = job.turns + [Turn("assistant", "", tuple(generated))]
+        head = self.prompts.fixed_head(job.system_prompt, done, job.scope)
+        live = len(engine.tokens)
+        if not live < len(head) <= engine.n_ctx or engine.common_prefix(head) != live:
+            return 0
+        engine.extend(head[live:])
+        return len(head) - live
+
+
+def _log_line(stats: TurnStats) -> str:
+    return (f"{stats.reused} reused ({stats.source}, {stats.restore_ms:.0f} ms), "
+            f"{stats.prefilled} prefilled in {stats.prefill_ms:.0f} ms, first token "
+            f"{stats.first_token_s:.2f} s, {stats.generated} tokens"
+            + (", stopped" if stats.stopped else ""))
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    found = [text.find(s) for s in stops if s in text]
+    return min(found) if found else None

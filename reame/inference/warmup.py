@@ -1,0 +1,90 @@
+"""Warm-up at start: the first user's request should be as fast as the next.
+
+A fresh process pays once for what every later request finds ready. Measured (`python -m
+bench.warmup`): the first call of the named API (the page's way) took 0.8 s to its first
+token and the next 0.3 s, though the server's own first-token time was 0.17 s both times:
+Gradio wraps every API call in a switch of matplotlib's backend
+(gradio.utils.MatplotlibBackendMananger), which imports matplotlib and pyplot at the first
+call. warm_request_path() does that import here, and the objects of the start-up are then
+frozen out of the garbage collector's reach (gc.freeze), so that the first turn does not pay a
+full collection of them. warm_model() runs a short turn's steps on one
+slot (llama.cpp's first decode reads the model file's pages, which after a reboot are not in
+memory yet; its first sampling and its first copy of a KV state out and back in), with a scope
+of its own that nobody's turn can reuse; the slot is emptied afterwards. GET /health answers
+"warming_up" until both are done.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Iterator
+
+from reame.inference.engine import Sampling
+from reame.inference.prompt import Turn
+
+log = logging.getLogger(__name__)
+
+WARM_SCOPE = "warm-up"  # no user's scope: no turn ever reuses this KV
+WARM_MESSAGE = "Hello! Please say hello back."
+WARM_TOKENS = 4  # sampled per slot
+
+
+def warm_up(service) -> float:
+    """Both warm-ups, then the start-up's objects set aside from the garbage collector; the
+    seconds it took."""
+    started = time.perf_counter()
+    warm_request_path()
+    warm_model(service)
+    # Measured: without this, the first turn after the warm-up could pay a full collection of
+    # the millions of objects the imports made (0.5-0.9 s to its first token). They live as
+    # long as the process: frozen, later collections skip them.
+    gc.collect()
+    gc.freeze()
+    return time.perf_counter() - started
+
+
+def warm_request_path() -> None:
+    """Import what Gradio imports at its first API call (see the module's doc)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("agg")  # Gradio's own choice for a server: a switch to it is then free
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError:  # Gradio then skips it too
+        pass
+
+
+def warm_model(service) -> float:
+    """Run a short turn's steps on one slot of service's engine; the seconds it took (0
+    without a model)."""
+    if service.runtime is None:
+        return 0.0
+    started = time.perf_counter()
+    try:
+        with service.using_model() as runtime:
+            _warm(runtime, service.defaults.system_prompt)
+    except Exception as exc:  # a failed warm-up only costs speed
+        log.warning("the warm-up failed (the first request may be slower): %s", exc)
+    return time.perf_counter() - started
+
+
+def _warm(runtime, system_prompt: str) -> None:
+    engine = runtime.engine
+    prompt = runtime.prompts.tokens(system_prompt, [Turn("user", WARM_MESSAGE)], WARM_SCOPE)
+
+    def work() -> Iterator[None]:
+        runtime.cache.serve(WARM_SCOPE)  # the slot's KV is nobody's from here
+        engine.clear()
+        yield from engine.prefill_steps(prompt)
+        for _ in engine.generate(Sampling(temperature=0.0), WARM_TOKENS):
+            yield
+        # A state copied out and back in, as a save and a restore do.
+        tokens, batches = list(engine.tokens), list(engine.batches)
+        state = bytearray(engine.state())
+        engine.restore(tokens, memoryview(state), batches)
+        engine.clear()
+        yield
+
+    runtime.scheduler.run(work, scope=WARM_SCOPE)

@@ -1,0 +1,141 @@
+"""Chat messages -> what the page shows: markdown with HTML made inert, and the stats line."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from reame.chats.store import Message, Thread
+from reame.inference.cache import FROM_FILES
+from reame.inference.turn import TurnStats, TurnUpdate
+
+# Fenced code blocks and inline code spans: markdown shows their content literally already.
+_CODE = re.compile(r"(```.*?(?:```|\Z)|`[^`\n]+`)", re.DOTALL)
+
+
+def inert_html(text: str) -> str:
+    """Escape HTML outside code so that markdown renders but no tag ever reaches the page."""
+    parts = _CODE.split(text)
+    return "".join(
+        part if n % 2 else html.escape(part, quote=False).replace("&gt;", ">")
+        for n, part in enumerate(parts)
+    )
+
+
+def reply_markdown(text: str, stats: dict | TurnStats | None = None) -> str:
+    """A reply as shown: HTML made inert, then its stats line (if any).
+
+    A reply cut by max_tokens or by stop can end inside a code fence; close it first, or the
+    fence swallows the stats line, which then shows as raw HTML in a code block.
+    """
+    shown = inert_html(text)
+    unclosed = _CODE.findall(shown)
+    if unclosed and unclosed[-1].startswith("```") and (
+            len(unclosed[-1]) < 6 or not unclosed[-1].endswith("```")):
+        shown += "\n```"
+    return shown + stats_line(stats)
+
+
+def shown_reply(update: TurnUpdate) -> str:
+    """A streamed update as the page shows it: the reply so far (with its stats line once
+    done), or, while the turn waits for a free slot, its place in line."""
+    if update.queued:
+        return (f'<span class="reame-queued">Waiting for a free slot: '
+                f"{ordinal(update.queued)} in line…</span>")
+    return reply_markdown(update.text, update.stats if update.done else None)
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def stats_line(stats: dict | TurnStats | None) -> str:
+    """The stats line as the page shows it under a reply (stats as stored, or of a turn)."""
+    if not stats:
+        return ""
+    if isinstance(stats, dict):
+        stats = TurnStats.from_dict(stats)
+    return f'\n\n<div class="reame-stats">{html.escape(stats_text(stats))}</div>'
+
+
+def stats_text(stats: TurnStats) -> str:
+    """The small line shown under a reply: where its history came from, and how fast."""
+    history = stats.reused - stats.typed_ahead  # reused before the message was typed
+    if stats.source in FROM_FILES:
+        where = {"disk": "from disk", "branch": "from the chat it branched from"}.get(
+            stats.source, "from a shared prefix")
+        head = f"restored {history:,} tokens {where} in {stats.restore_ms:,.0f} ms"
+    elif history:
+        head = f"reused {history:,} tokens in memory"
+    else:
+        head = "no cached history"
+    parts = [head] + ([f"{stats.typed_ahead:,} evaluated while typing"]
+                      if stats.typed_ahead else []) + [
+             f"prefilled {stats.prefilled:,} in {stats.prefill_ms:,.0f} ms",
+             f"first token {stats.first_token_s:.2f} s",
+             f"{stats.generated} tokens at {stats.tokens_per_s:.1f} tok/s"]
+    if stats.shifted:
+        parts.append(f"context shifted: {stats.shifted:,} oldest tokens dropped, "
+                     "nothing recomputed")
+    elif stats.window_recomputed:
+        parts.append("context full: oldest messages dropped, kept window re-evaluated")
+    if stats.stopped:
+        parts.append("stopped")
+    return " · ".join(parts)
+
+
+WINDOW_MARKER = ('\n\n<div class="reame-window">⋯ earlier messages are outside the model\'s '
+                 'memory ⋯</div>')
+
+
+def to_chatbot(messages: list[Message], window_start: int = 0,
+               thread: Thread | None = None) -> list[dict]:
+    """Messages in the Chatbot's format; each reply carries its stats line, and the last reply
+    before the model's window (window_start, a message position) carries a quiet marker.
+    With the chat's thread, each message also carries its tools (message_tools)."""
+    last_outside = max((n for n, m in enumerate(messages) if m.position < window_start),
+                       default=None)
+    shown = []
+    for n, m in enumerate(messages):
+        if m.role == "assistant":
+            content = reply_markdown(m.content, m.stats_dict)
+            if n == last_outside:
+                content += WINDOW_MARKER
+        else:
+            content = inert_html(m.content)
+        if thread is not None:
+            content += message_tools(m, thread)
+        shown.append({"role": m.role, "content": content})
+    return shown
+
+
+def message_tools(message: Message, thread: Thread) -> str:
+    """The buttons under a message: ‹ 2/3 › between its versions (when it was edited or
+    retried), and "Branch from here" under a reply. The Chatbot's sanitizer keeps only
+    classes and titles, so a button's action is its class, reame-act-KIND-ID, which the
+    page's script sends (page.js); users' text never carries a class (inert_html)."""
+    version, versions = thread.version(message)
+    ids = thread.versions(message)
+    buttons = []
+    if versions > 1:
+        buttons += [
+            _tool("‹", "Previous version", f"show-{ids[version - 2]}" if version > 1 else None),
+            f'<span class="reame-version-of">{version}/{versions}</span>',
+            _tool("›", "Next version", f"show-{ids[version]}" if version < versions else None)]
+    if message.role == "assistant":
+        buttons.append(_tool("Branch from here", "Branch from here", f"branch-{message.id}"))
+    if not buttons:
+        return ""
+    return f'\n\n<div class="reame-tools">{"".join(buttons)}</div>'
+
+
+def _tool(label: str, name: str, action: str | None) -> str:
+    """A button of message_tools; a symbol's name is said to screen readers. No action: a
+    greyed symbol (the first or last version), not a button."""
+    spoken = f'<span class="reame-sr"> {name}</span>' if name != label else ""
+    if action is None:
+        return f'<span class="reame-tool reame-off" title="{name}">{label}{spoken}</span>'
+    return (f'<button class="reame-tool reame-act-{action}" title="{name}">'
+            f"{label}{spoken}</button>")
