@@ -29,9 +29,9 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     shutil.copytree(ROOT / "reame", tmp_path / "reame",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    store = tmp_path / "reame" / "chats" / "store.py"
+    store = tmp_path / "reame" / "chats" / "store" / "database.py"
     store.write_text(store.read_text() + "\nimport reame.web.page  # noqa: E402\n")
     done = lint(tmp_path)
     assert done.returncode != 0
     assert "reame.chats is not allowed to import reame.web" in done.stdout
-    assert "reame.chats.store -> reame.web.page" in done.stdout
+    assert "reame.chats.store.database -> reame.web.page" in done.stdout

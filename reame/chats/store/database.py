@@ -1,0 +1,366 @@
+"""Store: the chats of one database (an SQLite file, or a PostgreSQL server several nodes
+share), each method its own session; writes of this process taken in turn (_WriteGate)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+
+from sqlalchemy import event, insert
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session, create_engine, delete, func, select
+
+from reame.chats.store.migrations import enable_wal, is_postgres, migrate
+from reame.chats.store.search import Found, postgres_matches, search_terms, sqlite_matches
+from reame.chats.store.tables import (
+    ANY_OWNER,
+    IMPORT_BATCH,
+    Chat,
+    DatabaseUnavailable,
+    Message,
+    MessageNotFound,
+    owned_by,
+    storable_id,
+)
+from reame.chats.store.thread import Thread
+from reame.config.refusals import ChatNotFound
+
+
+def _server_url(url: str) -> URL:
+    """A database server's URL as the engine takes it: postgresql:// (and postgres://) use the
+    psycopg (3) driver, the one Reame installs."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+class _WriteGate:
+    """One write of this process at a time, taken in turn. SQLite writes one transaction at a
+    time and a writer that finds it busy polls, sleeping longer and longer: between the
+    batches of a long import it would rarely get in (another user's "New chat" waited
+    seconds). Writers queue here instead, and the import lets the waiting ones go first."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._waiting = 0
+        self._count = threading.Lock()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._count:
+            self._waiting += 1
+        self._lock.acquire()
+        with self._count:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def let_others_in(self, at_most_s: float = 1.0) -> None:
+        """Wait (holding nothing) until the writes waiting now have started."""
+        deadline = time.monotonic() + at_most_s
+        while self._waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+
+def _writes(method):
+    """A Store method that writes: through the store's write gate."""
+    @functools.wraps(method)
+    def gated(self, *args, **kwargs):
+        with self._gate.write():
+            return method(self, *args, **kwargs)
+    return gated
+
+
+class Store:
+    """The chats of one database; every method opens and closes its own session.
+
+    database: the SQLite file (a Path), or a database server's URL (a str: postgresql://...),
+    which several Reame processes may share."""
+
+    def __init__(self, database: Path | str):
+        self._gate = _WriteGate()
+        if isinstance(database, Path):
+            database.parent.mkdir(parents=True, exist_ok=True)
+            self.path: Path | None = database
+            self.engine = create_engine(
+                f"sqlite:///{database}", connect_args={"check_same_thread": False}
+            )
+            event.listen(self.engine, "connect", enable_wal)
+        else:
+            self.path = None
+            # pre_ping: a connection the server dropped (a restart, a failover) is replaced
+            # before use instead of failing a user's action.
+            self.engine = create_engine(_server_url(database), pool_pre_ping=True,
+                                        connect_args={"application_name": "reame",
+                                                      "connect_timeout": 10})
+            self._reach()
+        migrate(self.engine)
+
+    @property
+    def where(self) -> str:
+        """The database, for messages: its file, or its URL without the password."""
+        return str(self.path) if self.path else self.engine.url.render_as_string(
+            hide_password=True)
+
+    def _reach(self) -> None:
+        """Connect once; DatabaseUnavailable says why not (a server down, a wrong password)."""
+        try:
+            with self.engine.connect():
+                pass
+        except OperationalError as exc:
+            reason = str(exc.orig or exc).strip().splitlines()[0]
+            raise DatabaseUnavailable(f"cannot use the database {self.where}: {reason}") from None
+
+    def _session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    # chats
+
+    @_writes
+    def create_chat(self, *, title: str, system_prompt: str, temperature: float,
+                    top_p: float, max_tokens: int, owner: str | None = None,
+                    branched_from: int | None = None) -> Chat:
+        chat = Chat(title=title, system_prompt=system_prompt, temperature=temperature,
+                    top_p=top_p, max_tokens=max_tokens, owner=owner,
+                    branched_from=branched_from)
+        with self._session() as session:
+            session.add(chat)
+            session.commit()
+        return chat
+
+    def get_chat(self, chat_id: int) -> Chat:
+        if not storable_id(chat_id):
+            raise ChatNotFound(chat_id)
+        with self._session() as session:
+            chat = session.get(Chat, chat_id)
+        if chat is None:
+            raise ChatNotFound(chat_id)
+        return chat
+
+    def has_chat(self, chat_id: int, owner: object = ANY_OWNER) -> bool:
+        """Whether the chat exists (and belongs to owner, if one is given: None is the
+        owner of chats made without accounts)."""
+        if not storable_id(chat_id):
+            return False
+        with self._session() as session:
+            chat = session.get(Chat, chat_id)
+            return chat is not None and (owner is ANY_OWNER or chat.owner == owner)
+
+    def list_chats(self, owner: str | None = None, limit: int | None = None) -> list[Chat]:
+        """The owner's chats (None: the chats made without accounts): pinned ones first, then
+        the most recently active first; the first limit of them (None: all)."""
+        with self._session() as session:
+            query = select(Chat).where(owned_by(owner)).order_by(
+                Chat.pinned.desc(), Chat.updated_at.desc(), Chat.id.desc())
+            return list(session.exec(query.limit(limit) if limit is not None else query))
+
+    def search(self, owner: str | None, words: str, limit: int = 50) -> list[Found]:
+        """The owner's chats whose title or messages hold every word of `words` (the last one
+        may be the start of a word), each with a snippet of its newest matching message (its
+        matches between MARK and END_MARK; "" if only the title matched): those with the
+        newest matches, at most limit, pinned first, then the most recently active first.
+
+        The index is read newest match first and left as soon as limit chats are found, so
+        a word in every chat costs no more than a rare one."""
+        terms = search_terms(words)
+        if not terms:
+            return []
+        with self.engine.connect() as conn:
+            find = postgres_matches if is_postgres(conn) else sqlite_matches
+            found = find(conn, owner, terms, limit)
+        if not found:
+            return []
+        with self._session() as session:
+            chats = list(session.exec(select(Chat).where(Chat.id.in_(list(found)))))
+        chats.sort(key=lambda c: (not c.pinned, -c.updated_at, -c.id))
+        return [Found(chat, found[chat.id]) for chat in chats[:limit]]
+
+    def newest_chat(self, owner: str | None = None, *, active: bool = False) -> Chat | None:
+        """The owner's chat made last, or (active) the most recently active, pinned or not
+        (None if they have none)."""
+        order = (Chat.updated_at.desc(), Chat.id.desc()) if active else (Chat.id.desc(),)
+        with self._session() as session:
+            return session.exec(select(Chat).where(owned_by(owner))
+                                .order_by(*order).limit(1)).first()
+
+    def count_chats(self, owner: str | None = None) -> int:
+        """How many chats the owner has (None: chats made without accounts)."""
+        with self._session() as session:
+            return session.exec(select(func.count()).select_from(Chat)
+                                .where(owned_by(owner))).one()
+
+    @_writes
+    def give_chats(self, owner: str | None, to: str) -> int:
+        """Move every chat of owner (None: the chats made without accounts) to `to`; the
+        number moved."""
+        with self._session() as session:
+            chats = list(session.exec(select(Chat).where(owned_by(owner))))
+            for chat in chats:
+                chat.owner = to
+                session.add(chat)
+            session.commit()
+            return len(chats)
+
+    @_writes
+    def update_chat(self, chat_id: int, *, expect_owner: object = ANY_OWNER, **fields) -> Chat:
+        """expect_owner: the chat must (still) belong to them, checked in the write's
+        transaction (ChatNotFound otherwise)."""
+        with self._session() as session:
+            chat = _owned_chat(session, chat_id, expect_owner)
+            for name, value in fields.items():
+                if not hasattr(Chat, name) or name in ("id", "created_at"):
+                    raise AttributeError(f"Chat has no editable field {name!r}")
+                setattr(chat, name, value)
+            session.add(chat)
+            session.commit()
+        return chat
+
+    def touch(self, chat_id: int) -> None:
+        self.update_chat(chat_id, updated_at=time.time())
+
+    @_writes
+    def delete_chat(self, chat_id: int) -> None:
+        with self._session() as session:
+            chat = _locked_chat(session, chat_id)
+            if chat is None:
+                raise ChatNotFound(chat_id)
+            session.exec(delete(Message).where(Message.chat_id == chat_id))
+            session.delete(chat)
+            session.commit()
+
+    def chat_ids(self) -> set[int]:
+        with self._session() as session:
+            return set(session.exec(select(Chat.id)))
+
+    # messages
+
+    def thread(self, chat_id: int) -> Thread:
+        """The chat's messages, every version, and the branch shown."""
+        with self._session() as session:
+            chat = session.get(Chat, chat_id)
+            if chat is None:
+                raise ChatNotFound(chat_id)
+            query = select(Message).where(Message.chat_id == chat_id).order_by(Message.id)
+            return Thread(list(session.exec(query)), chat.leaf_id)
+
+    def messages(self, chat_id: int) -> list[Message]:
+        """The branch shown, first message first ([] for an unknown chat)."""
+        try:
+            return self.thread(chat_id).branch
+        except ChatNotFound:
+            return []
+
+    @_writes
+    def add_message(self, chat_id: int, role: str, content: str, *,
+                    tokens: Iterable[int] | None = None, tokens_model: str | None = None,
+                    stats: dict | None = None, stopped: bool = False,
+                    created_at: float | None = None, after: int | None = None,
+                    expect_owner: object = ANY_OWNER) -> Message:
+        """A message after `after` (a message id; None: the last of the branch shown); it
+        becomes the last of the branch shown. expect_owner: as update_chat."""
+        with self._session() as session:
+            chat = _owned_chat(session, chat_id, expect_owner)
+            parent_id = after if after is not None else chat.leaf_id
+            parent = session.get(Message, parent_id) if parent_id is not None else None
+            if parent is not None and parent.chat_id != chat_id:
+                raise MessageNotFound(parent_id)
+            message = Message(
+                chat_id=chat_id, parent_id=parent.id if parent else None,
+                position=parent.position + 1 if parent else 0, role=role,
+                content=content, tokens=json.dumps(list(tokens)) if tokens is not None else None,
+                tokens_model=tokens_model, stats=json.dumps(stats) if stats else None,
+                stopped=stopped,
+            )
+            if created_at is not None:
+                message.created_at = created_at
+            session.add(message)
+            session.flush()
+            chat.leaf_id = message.id
+            chat.updated_at = time.time()
+            session.add(chat)
+            session.commit()
+        return message
+
+    def copy_messages(self, chat_id: int, messages: list[Message]) -> None:
+        """Copies of messages (a branch of another chat), as the branch of chat_id."""
+        for m in messages:
+            self.add_message(chat_id, m.role, m.content, tokens=m.token_list,
+                             tokens_model=m.tokens_model, stats=m.stats_dict,
+                             stopped=m.stopped, created_at=m.created_at)
+
+    def add_tree(self, chat_id: int, messages: Iterable, current: object | None) -> None:
+        """Messages of an imported tree: each has key, parent (a key before it, or None),
+        role, content, created_at (or None), stopped and stats (dict or None). The branch
+        shown ends at the message keyed current (None: the last). Written IMPORT_BATCH
+        messages per transaction, so that other writers (other users' turns) get in between
+        instead of waiting (or failing: "database is locked"); the chat shows its messages
+        (leaf_id) at the end. The caller deletes the chat if this fails part way."""
+        table = Message.__table__
+        stored: dict[object, tuple[int, int]] = {}  # key -> (id, position)
+        last = None
+        pending = iter(messages)
+        while True:
+            batch = list(islice(pending, IMPORT_BATCH))
+            if not batch:
+                break
+            if stored:
+                self._gate.let_others_in()
+            with self._gate.write(), self.engine.begin() as conn:
+                if conn.execute(select(Chat.id).where(Chat.id == chat_id)).first() is None:
+                    raise ChatNotFound(chat_id)
+                for m in batch:
+                    parent = stored.get(m.parent) if m.parent is not None else None
+                    row = {"chat_id": chat_id, "parent_id": parent[0] if parent else None,
+                           "position": parent[1] + 1 if parent else 0, "role": m.role,
+                           "content": m.content, "tokens": None, "tokens_model": None,
+                           "stats": json.dumps(m.stats) if m.stats else None,
+                           "stopped": m.stopped,
+                           "created_at": m.created_at if m.created_at is not None
+                           else time.time()}
+                    message_id = conn.execute(insert(table).values(row)).inserted_primary_key[0]
+                    stored[m.key] = last = (message_id, row["position"])
+        leaf = stored.get(current) if current is not None else None
+        leaf = leaf or last
+        self.update_chat(chat_id, leaf_id=leaf[0] if leaf is not None else None)
+
+    def rewind(self, chat_id: int, position: int, *, expect_owner: object = ANY_OWNER) -> None:
+        """Show the branch only up to the message before position: the next message added
+        becomes a new version of the one at position (which stays, as do those after it)."""
+        branch = self.messages(chat_id)
+        self.update_chat(chat_id, leaf_id=branch[position - 1].id if position > 0 else None,
+                         expect_owner=expect_owner)
+
+    def show_version(self, chat_id: int, message_id: int) -> list[Message]:
+        """Show the branch through message_id (one of the chat's messages): down to the
+        newest message after it. The branch shown."""
+        thread = self.thread(chat_id)
+        if message_id not in thread.by_id:
+            raise MessageNotFound(message_id)
+        self.update_chat(chat_id, leaf_id=thread.newest_under(message_id))
+        return self.thread(chat_id).branch
+
+
+def _owned_chat(session: Session, chat_id: int, owner: object) -> Chat:
+    """The chat, locked (_locked_chat), if it belongs to owner (ANY_OWNER: anyone's)."""
+    chat = _locked_chat(session, chat_id)
+    if chat is None or (owner is not ANY_OWNER and chat.owner != owner):
+        raise ChatNotFound(chat_id)
+    return chat
+
+
+def _locked_chat(session: Session, chat_id: int) -> Chat | None:
+    """The chat, its row locked until the session ends, on a database several processes write
+    (PostgreSQL: SELECT ... FOR UPDATE; SQLite has one writer at a time anyway and ignores
+    it). Two nodes adding to one chat then take turns: each new message sees the other's as
+    the chat's last (no lost leaf_id), and a delete never meets a message added meanwhile."""
+    return session.get(Chat, chat_id, with_for_update=True)
