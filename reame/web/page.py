@@ -14,15 +14,10 @@ import anyio.to_thread
 import gradio as gr
 
 from reame.admin.live_settings import Settings
-from reame.chats.service import (
-    ChatError,
-    ChatNotFound,
-    ChatService,
-    EmptyMessage,
-    NoModel,
-    kept_on_regenerate,
-)
+from reame.chats.service import ChatService
+from reame.chats.turns import kept_on_regenerate
 from reame.config.chat_settings import FIELD, ChatSettings
+from reame.config.refusals import ChatError, ChatNotFound, EmptyMessage, NoModel
 from reame.web.chat_list import SHOWN, chat_list_html, search_results_html
 from reame.web.live_replies import LiveReplies, LiveReply
 from reame.web.page_parts import (

@@ -1,0 +1,173 @@
+"""The service's current model: the ModelRuntime a turn takes once, a switch to another
+model (turns wait for it), the shared default prompt, and stopping turns."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from reame.config.chat_settings import ChatSettings
+from reame.config.refusals import (
+    ChatNotFound,
+    NoModel,
+)
+from reame.inference.cache import SHARED, KVCache
+from reame.inference.engine import Engine
+from reame.inference.model_runtime import ModelRuntime
+from reame.inference.prompt import PromptBuilder
+from reame.inference.scheduler import Replaced, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class ModelHolder:
+    """ChatService's model (a mixin: the state is ChatService.__init__'s)."""
+
+    # The current runtime's parts (None without a model). A turn takes the runtime once and
+    # uses it throughout; these are for reading (metrics, the page, tests).
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.runtime.engine if self.runtime else None
+
+    @property
+    def cache(self) -> KVCache | None:
+        return self.runtime.cache if self.runtime else None
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self.runtime.prompts if self.runtime else None
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        return self.runtime.scheduler if self.runtime else None
+
+    @property
+    def max_waiting(self) -> int:
+        return self.limits.max_waiting
+
+    @contextmanager
+    def using_model(self) -> Iterator[ModelRuntime]:
+        """The current runtime, leased for the block (its engine stays open): once a model
+        switch under way is done; NoModel without one. For straight-line work only."""
+        while True:
+            runtime = self._current()
+            try:
+                with runtime.lease():
+                    yield runtime
+                return
+            except Replaced:
+                if runtime.retired and self.runtime is not runtime:
+                    continue  # switched meanwhile: the new one
+                raise
+
+    def _current(self) -> ModelRuntime:
+        """The runtime turns go to, once a model switch under way is done (NoModel: none)."""
+        with self._switch:
+            # Also while a new model is only checked: the page already says it loads, and a
+            # turn begun on the old model now would be stopped by the switch a moment later.
+            while self._loading or self.loading_model is not None:
+                self._switch.wait()
+            runtime = self.runtime
+        if runtime is None:
+            raise NoModel(self.load_error or "no model is loaded")
+        return runtime
+
+    @property
+    def loading(self) -> bool:
+        """A model is being checked or loaded (a settings change), or the engine replaced."""
+        return self._loading or self.loading_model is not None
+
+    @contextmanager
+    def loading_from(self, path: Path) -> Iterator[None]:
+        """Say, while the block runs, that the model at path is being checked and loaded."""
+        with self._switch:
+            self.loading_model = path
+        try:
+            yield
+        finally:
+            with self._switch:
+                self.loading_model = None
+                self._switch.notify_all()  # turns that waited: on whichever model serves
+
+    def replace_engine(self, load: Callable[[], tuple[Engine, KVCache]]) -> None:
+        """Switch to the engine load() builds, as one step: the turns under way are stopped
+        (each keeps what it wrote), new turns and those waiting for a slot wait for the new
+        model. If it fails to load, the current one serves on and the error propagates."""
+        with self._switch:
+            while self._loading:  # one switch at a time
+                self._switch.wait()
+            self._loading = True
+        old = self.runtime
+        try:
+            if old is not None:
+                old.retire()  # its files complete before a new store reads them
+            try:
+                engine, cache = load()
+            except BaseException:
+                if old is not None:
+                    self.runtime = old.reopened()
+                raise
+            self.runtime = ModelRuntime(engine, cache, self.limits)
+            self.load_error = None
+        finally:
+            with self._switch:
+                self._loading = False
+                self._switch.notify_all()
+        if old is not None:
+            old.close()
+        log.info("now serving %s", engine.name)
+        self.share_default_prompt(self.runtime)  # not using_model: its switch is not over
+
+    def set_defaults(self, defaults: ChatSettings) -> None:
+        """New chats' settings from now on (a settings change)."""
+        self.defaults = defaults
+        self.share_default_prompt()
+
+    def share_default_prompt(self, runtime: ModelRuntime | None = None) -> None:
+        """Put the default system prompt's opening on disk for every user (KVCache.share),
+        with runtime (the current one by default)."""
+        runtime = runtime or self.runtime
+        if runtime is None or not runtime.cache.enabled:
+            return
+        try:
+            with runtime.lease():
+                opening = runtime.prompts.fixed_head(self.defaults.system_prompt, [], SHARED)
+
+                def share() -> Iterator[None]:
+                    runtime.cache.share(opening)
+                    yield
+
+                runtime.scheduler.run(share, scope=SHARED)
+        except Replaced:  # switched meanwhile: the next switch shares it for its model
+            return
+
+    def close(self) -> None:
+        """Stop the turns under way (each keeps what it wrote) and the engine's thread, and
+        write the KV files; the engine stays open."""
+        if self.runtime is not None:
+            self.runtime.scheduler.stop(cancel=True)
+            self.runtime.cache.flush()
+
+    def stop_turn(self, chat_id: int, user: str | None = None) -> bool:
+        """Stop the chat's reply being written or waiting (the page's Stop), from any thread:
+        it keeps what it wrote, and its slot is free within one decode. False if none."""
+        self.get_chat(chat_id, user)
+        runtime = self.runtime
+        return runtime is not None and runtime.scheduler.cancel_chat(chat_id) > 0
+
+    def writing(self, user: str | None = None) -> set[int]:
+        """The user's chats with a reply being written or waiting for a slot."""
+        runtime = self.runtime
+        if runtime is None:
+            return set()
+        mine = set()
+        for chat_id in runtime.scheduler.writing():
+            try:
+                self.get_chat(chat_id, user)
+            except ChatNotFound:
+                continue
+            mine.add(chat_id)
+        return mine

@@ -1,0 +1,337 @@
+"""Turns: a stored chat's message, regenerate and edit, and a stateless conversation (the
+OpenAI route); restoring a chat's KV ahead of its turn (warm) and while its message is typed
+(type_ahead). Each is a Job for the TurnRunner, run on the engine's thread (scheduler.py),
+the reply kept by its Keeper."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+
+from reame.chats.conversation import ConversationKeeper
+from reame.chats.store import Chat, Message, Store
+from reame.chats.titles import DEFAULT_TITLE, title_from
+from reame.chats.window import Window, fit
+from reame.config.refusals import (
+    ChatError,
+    MessageTooLong,
+    NoModel,
+    check_seed,
+    check_text,
+)
+from reame.inference.cache import user_scope
+from reame.inference.engine import Sampling
+from reame.inference.model_runtime import ModelRuntime
+from reame.inference.prompt import Turn
+from reame.inference.scheduler import Replaced, Stopped, Waiting
+from reame.inference.turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
+from reame.inference.turn_stream import TurnStream
+
+log = logging.getLogger(__name__)
+
+
+class ChatKeeper:
+    """A stored chat's Keeper (turn.py): the reply becomes the chat's next message, with its
+    exact tokens and stats; nothing is kept if the chat was deleted while it answered."""
+
+    def __init__(self, store: Store, chat_id: int, owner: str | None, model: str,
+                 after: int | None):
+        self.store, self.chat_id, self.owner, self.model = store, chat_id, owner, model
+        self.after = after  # the message the reply follows (the user may show another meanwhile)
+
+    def alive(self) -> bool:
+        return self.store.has_chat(self.chat_id, self.owner)
+
+    def keep(self, decoding: Decoding, stats: TurnStats) -> int:
+        reply = decoding.text
+        return self.store.add_message(
+            self.chat_id, "assistant", reply.strip() if decoding.finished else reply,
+            # A reply cut at a stop string holds tokens past its text: re-tokenize it.
+            tokens=None if decoding.cut else decoding.generated,
+            tokens_model=self.model, stats=asdict(stats), stopped=stats.stopped,
+            after=self.after, expect_owner=self.owner).id
+
+
+class Turns:
+    """ChatService's turns (a mixin: the state is ChatService.__init__'s)."""
+
+    def warm(self, chat_id: int, user: str | None = None) -> bool:
+        """Restore the chat's KV from disk ahead of its next turn (called when a chat is
+        opened), unless the engine stays busy. True if something was restored."""
+        runtime = self.runtime
+        if runtime is None or self.loading or not runtime.cache.enabled:
+            return False
+        chat = self.get_chat(chat_id, user)
+        scope = chat_scope(chat)
+        if not runtime.cache.has_file(chat_id):
+            return False  # nothing to restore: no slot given up for it
+        started, restored = runtime.scheduler.try_run(
+            lambda: self._warm_steps(runtime, chat_id, scope), chat_id=chat_id, scope=scope)
+        return bool(started and restored)
+
+    def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
+        """Evaluate the prompt a send of the message being typed would make, by the very
+        decodes the send makes: sent as it stands, its reply starts from these logits; typed
+        on, only its last chunk and what follows are evaluated again. Never waits: when a turn
+        (or another draft) holds the model, nothing is done. The tokens evaluated."""
+        runtime = self.runtime
+        if runtime is None or self.loading or not draft.strip():
+            return 0
+        chat = self.get_chat(chat_id, user)
+        try:
+            with runtime.lease():
+                if runtime.scheduler.busy:
+                    return 0
+                try:
+                    window = fit(runtime.prompts, chat, chat_scope(chat),
+                                 self.store.messages(chat.id), Turn("user", draft), None)
+                except MessageTooLong:
+                    return 0
+        except Replaced:
+            return 0
+        if window.dropped_now:
+            return 0  # the turn will move the window: leave it to the turn
+        job, runner = self._job(chat, window, None), self._runner(runtime)
+
+        def type_ahead() -> Iterator[int | None]:
+            if runtime.engine.ready_for(job.prompt):
+                return  # done already
+            stats = TurnStats()
+            restored = yield from runner.prefill_steps(job, stats)
+            runtime.cache.typed(chat.id, restored, len(job.prompt))
+            yield stats.prefilled
+
+        _, prefilled = runtime.scheduler.try_run(type_ahead, chat_id=chat.id,
+                                                 scope=job.scope, background=True)
+        return prefilled or 0
+
+    # turns
+
+    def send(self, chat_id: int, text: str, *, seed: int | None = None,
+             user: str | None = None, max_tokens: int | None = None,
+             stop: tuple[str, ...] = ()) -> TurnStream:
+        """Add the user's message and stream the reply. The reply is saved even when stopped.
+        max_tokens and stop, when given, apply to this reply only (the OpenAI route)."""
+        check_text(text)
+        check_seed(seed)
+        chat = self._chat_for_turn(chat_id, user)
+        self._check_length(text)
+        return TurnStream(lambda stream: self._turn(
+            stream, chat, text, seed=seed, max_tokens=max_tokens, stop=stop))
+
+    def regenerate(self, chat_id: int, *, seed: int | None = None,
+                   user: str | None = None) -> TurnStream:
+        """Replace the last reply with a new one; the history's KV is reused up to it."""
+        check_seed(seed)
+        chat = self._chat_for_turn(chat_id, user)
+        messages = self.store.messages(chat_id)
+        if not messages:
+            raise ChatError("there is no reply to regenerate: the chat is empty")
+        kept = kept_on_regenerate(messages)
+        cut_at = messages[len(kept)].position if len(kept) < len(messages) else None
+        return TurnStream(lambda stream: self._turn(stream, chat, None, seed=seed,
+                                                    cut_at=cut_at))
+
+    def edit_message(self, chat_id: int, message_id: int, text: str, *,
+                     seed: int | None = None, user: str | None = None) -> TurnStream:
+        """Replace one of the user's messages (and drop what followed it), then answer it."""
+        check_text(text)
+        check_seed(seed)
+        chat = self._chat_for_turn(chat_id, user)
+        self._check_length(text)
+        target = next((m for m in self.store.messages(chat_id) if m.id == message_id), None)
+        if target is None:
+            raise ChatError(f"message {message_id} is not in chat {chat_id}")
+        if target.role != "user":
+            raise ChatError("only the user's messages can be edited")
+        return TurnStream(lambda stream: self._turn(stream, chat, text, cut_at=target.position,
+                                                    seed=seed))
+
+    def check_message(self, text: str) -> None:
+        """Refuse what send() would refuse before anything changes: an empty message, or no
+        model (unless one is loading: the turn waits for it)."""
+        check_text(text)
+        if self.engine is None and not self.loading:
+            raise NoModel(self.load_error or "no model is loaded")
+
+    def _check_length(self, *texts: str) -> None:
+        """Refuse, before tokenizing them, texts too long for the context whatever their
+        tokens: no token is longer than the model's longest (bytes)."""
+        size = sum(len(t.encode("utf-8", errors="replace")) for t in texts)
+        n_ctx = self.engine.n_ctx
+        if size > n_ctx * self.engine.max_token_bytes:
+            raise MessageTooLong(
+                f"This text is {size:,} bytes: more than the model's context of {n_ctx:,} "
+                f"tokens can hold. Shorten it and send again.")
+
+    def _chat_for_turn(self, chat_id: int, user: str | None) -> Chat:
+        chat = self.get_chat(chat_id, user)
+        if self.engine is None:
+            raise NoModel(self.load_error or "no model is loaded")
+        return chat
+
+    def _turn(self, stream: TurnStream, chat: Chat, text: str | None, *,
+              cut_at: int | None = None, seed: int | None, max_tokens: int | None = None,
+              stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
+        scope = chat_scope(chat)
+        while True:  # until a slot of the current model's (a switch sends turns on)
+            runtime = self._current()
+            try:
+                place = runtime.scheduler.reserve(  # or ServerBusy, before anything changes
+                    chat_id=chat.id, scope=scope, owner=chat.owner,
+                    prelude=self._restore_ahead(runtime, chat.id, scope))
+            except Replaced:
+                continue
+            stream.bind(runtime.scheduler, place)
+            try:
+                # The chat's turn before this one has kept its reply once this one has a
+                # slot: the history is read after that.
+                for waiting in runtime.scheduler.wait_for_slot(place):
+                    yield TurnUpdate("", queued=waiting.position, chat_id=chat.id)
+                with runtime.lease():
+                    job, keeper = self._prepare_turn(runtime, chat.id, chat.owner, text,
+                                                     cut_at, seed, max_tokens, stop)
+            except Replaced:
+                continue
+            except Stopped:  # before its slot: nothing was stored
+                return
+            except BaseException:
+                runtime.scheduler.cancel(place)
+                raise
+            break
+        runner = self._runner(runtime)
+        yield from self._updates(runtime.scheduler.results(place, lambda: runner.run(
+            job, keeper)), job)
+
+    def _prepare_turn(self, runtime: ModelRuntime, chat_id: int, owner: str | None,
+                      text: str | None, cut_at: int | None, seed: int | None,
+                      max_tokens: int | None, stop: tuple[str, ...]) -> tuple[Job, ChatKeeper]:
+        """Store the user's message and make the turn's job (its slot is held meanwhile)."""
+        chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
+        history = self.store.messages(chat.id)
+        kept = [m for m in history if cut_at is None or m.position < cut_at]
+        window = fit(runtime.prompts, chat, chat_scope(chat), kept,
+                     Turn("user", text) if text is not None else None, cut_at)
+        # Each write checks, in its own transaction, that the chat is still the owner's.
+        if cut_at is not None:  # a new version: the old one stays (versions)
+            self.store.rewind(chat.id, cut_at, expect_owner=owner)
+        if window.start != chat.window_start:
+            chat = self.store.update_chat(chat.id, window_start=window.start,
+                                          expect_owner=owner)
+        user_message_id = None
+        if text is not None:
+            user_message_id = self.store.add_message(chat.id, "user", text,
+                                                     expect_owner=owner).id
+            if chat.title == DEFAULT_TITLE and not kept:
+                self.store.update_chat(chat.id, title=title_from(text), expect_owner=owner)
+        after = user_message_id if text is not None else (kept[-1].id if kept else None)
+        job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
+                        user_message_id=user_message_id)
+        return job, ChatKeeper(self.store, chat.id, chat.owner, runtime.engine.fingerprint,
+                               after)
+
+    def _restore_ahead(self, runtime: ModelRuntime, chat_id: int,
+                       scope: str) -> Callable[[], Iterator[bool]] | None:
+        """What the turn's slot does while this thread reads the database and tokenizes the
+        prompt: restore the chat's KV file (as when a chat is opened), if it has one."""
+        if not runtime.cache.has_file(chat_id):
+            return None
+        return lambda: self._warm_steps(runtime, chat_id, scope)
+
+    @staticmethod
+    def _warm_steps(runtime: ModelRuntime, chat_id: int, scope: str) -> Iterator[bool]:
+        try:
+            yield runtime.cache.warm(chat_id, scope) is not None
+        except Exception:  # a failed restore is a miss: the turn looks up again
+            log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
+            yield False
+
+    @staticmethod
+    def _updates(results: Iterator[object], job: Job) -> Iterator[TurnUpdate]:
+        """A turn's updates; while it waits for a slot, its place in line."""
+        for item in results:
+            if isinstance(item, Waiting):
+                yield TurnUpdate("", queued=item.position, chat_id=job.chat_id,
+                                 user_message_id=job.user_message_id)
+            else:
+                yield item
+
+    def _job(self, chat: Chat, window: Window, seed: int | None, *,
+             max_tokens: int | None = None, stop: tuple[str, ...] = (),
+             user_message_id: int | None = None) -> Job:
+        return Job(window.prompt, window.turns, chat.system_prompt, chat_scope(chat),
+                   Sampling(temperature=chat.temperature, top_p=chat.top_p, seed=seed),
+                   max_tokens or chat.max_tokens, stop, chat_id=chat.id,
+                   user_message_id=user_message_id, drop=window.drop, outside=window.outside,
+                   # The default system prompt's opening is the administrator's: every user's.
+                   shared_opening=chat.system_prompt == self.defaults.system_prompt,
+                   branched_from=chat.branched_from)
+
+    def _runner(self, runtime: ModelRuntime) -> TurnRunner:
+        return TurnRunner(runtime.engine, runtime.cache, runtime.prompts, self.observe_turn)
+
+    # stateless completions (the OpenAI route): nothing stored, the KV cache still used
+
+    def complete(self, system_prompt: str, turns: list[Turn], *, max_tokens: int | None = None,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+                 stop: tuple[str, ...] = (), logit_bias: tuple[tuple[int, float], ...] = (),
+                 user: str | None = None) -> TurnStream:
+        """Answer a whole conversation sent at once. Its KV is found by its tokens (the
+        cache's block-hash index, within user's scope), so a conversation resent with one
+        more message evaluates only that message. Refusals (no model, too long) raise before
+        the first update."""
+        if self.runtime is None:
+            raise NoModel(self.load_error or "no model is loaded")
+        check_seed(seed)
+        self._check_length(system_prompt, *(t.content for t in turns))
+        with self.using_model() as runtime:
+            n_vocab = runtime.engine.n_vocab
+        for token, _ in logit_bias:
+            if not 0 <= token < n_vocab:
+                raise ChatError(f"logit_bias: token {token} is not in the model's vocabulary "
+                                f"(0 to {n_vocab - 1})")
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed,
+                            logit_bias=logit_bias)
+        return TurnStream(lambda stream: self._complete(
+            stream, system_prompt, turns, sampling, max_tokens, stop, user))
+
+    def _complete(self, stream: TurnStream, system_prompt: str, sent: list[Turn],
+                  sampling: Sampling, max_tokens: int | None, stop: tuple[str, ...],
+                  user: str | None) -> Iterator[TurnUpdate]:
+        scope = user_scope(user)
+        while True:  # until a slot of the current model's (a switch sends requests on)
+            with self.using_model() as runtime:  # tokenized with the model that answers
+                turns, prompt = self.replies.tokenize(runtime.prompts, system_prompt, sent,
+                                                      scope)
+            job = Job(prompt, turns, system_prompt, scope, sampling,
+                      max_tokens or self.defaults.max_tokens, stop,
+                      shared_opening=system_prompt == self.defaults.system_prompt)
+            keeper = ConversationKeeper(self.replies, runtime.engine.fingerprint, scope)
+            runner = self._runner(runtime)
+            try:
+                place = runtime.scheduler.reserve(scope=scope, prompt=prompt, owner=user)
+            except Replaced:
+                continue
+            stream.bind(runtime.scheduler, place)
+            started = False  # past its place in line
+            try:
+                for update in self._updates(runtime.scheduler.results(
+                        place, lambda: runner.run(job, keeper)), job):
+                    started = started or not update.queued
+                    yield update
+            except Replaced:  # the switch came before its slot: nothing was done
+                continue
+            if not started and runtime.retired and not stream.cancelled:
+                continue  # stopped by a switch before its first token: the new model answers
+            return
+
+
+def kept_on_regenerate(messages: list[Message]) -> list[Message]:
+    """The messages a regenerate keeps: all but the last reply, which it replaces."""
+    return messages[:-1] if messages and messages[-1].role == "assistant" else messages
+
+
+def chat_scope(chat: Chat) -> str:
+    """The cache scope of a chat's turns: its owner's."""
+    return user_scope(chat.owner)
