@@ -25,10 +25,11 @@ import json
 import os
 import re
 import secrets
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from reame.config.files import write_atomically
 
 KEY_PREFIX = "rk-"
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
@@ -255,28 +256,10 @@ class Accounts:
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"users": self._users}, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-            _sync_folder(self.path.parent)  # the rename itself survives a power cut
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(self.path, json.dumps({"users": self._users}, indent=1,
+                                               sort_keys=True), mode=0o600)
         self._mtime = self.path.stat().st_mtime
         self._version += 1
-
-
-def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_password(password: str) -> None:

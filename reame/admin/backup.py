@@ -27,10 +27,10 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -40,6 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import reame.inference.kv.kvfile as kvfile
 from reame import __version__
+from reame.config.files import CHUNK, atomic_file, sha256_of, sync, write_atomically
 from reame.config.reame_conf import SETTINGS, Config, ConfigError, load_config
 from reame.inference.kv.kvfile import TMP_PREFIX
 from reame.inference.kv.kvstore import TOTALS_NAME, is_own_name
@@ -52,7 +53,6 @@ ACCOUNTS_NAME = "users.json"
 CONFIG_NAME = "reame.conf"
 ASIDE = "before-restore"  # what restore moves aside is named <name>.before-restore-<time>
 SQLITE, POSTGRESQL = "sqlite", "postgresql"  # where a backup's chats are (Manifest.database)
-_CHUNK = 1 << 20
 
 
 class BackupError(Exception):
@@ -182,7 +182,7 @@ def _copy_database(source: Path, folder: Path, *, pages: int,
     if check != "ok":
         raise BackupError(f"the copy of {source} fails SQLite's quick_check ({check}): "
                           f"the database itself may be damaged")
-    _fsync(target)
+    sync(target)
     return _entry(target, DB_NAME, "database")
 
 
@@ -223,7 +223,7 @@ def _copy_file(source: Path, folder: Path, name: str, part: str, *, prefix: str 
         # The source's own mode (KV files are 0600), unless told.
         os.fchmod(dst.fileno(), mode if mode is not None else stat.S_IMODE(os.fstat(
             src.fileno()).st_mode))
-        while chunk := src.read(_CHUNK):
+        while chunk := src.read(CHUNK):
             digest.update(chunk)
             dst.write(chunk)
             size += len(chunk)
@@ -238,10 +238,8 @@ def _write_manifest(dest: Path, manifest: Manifest) -> None:
     """The manifest, last and atomically, after every file and folder is on disk."""
     for folder in {dest, dest / KV_DIR}:
         if folder.is_dir():
-            _fsync(folder)
-    _write_atomically(dest / MANIFEST_NAME,
-                      (json.dumps(manifest.to_json(), indent=1) + "\n").encode())
-    _fsync(dest)
+            sync(folder)
+    write_atomically(dest / MANIFEST_NAME, json.dumps(manifest.to_json(), indent=1) + "\n")
 
 
 # restore
@@ -264,7 +262,7 @@ def check_backup(src: Path) -> Manifest:
                               f"holds files only; nothing restored")
         if not path.is_file():
             raise BackupError(f"{entry.path} is missing from the backup {src}: nothing restored")
-        if path.stat().st_size != entry.size or _sha256(path) != entry.sha256:
+        if path.stat().st_size != entry.size or sha256_of(path) != entry.sha256:
             raise BackupError(f"{entry.path} in the backup {src} is damaged (its SHA-256 "
                               f"differs from the manifest's): nothing restored")
     expected_databases = 1 if manifest.database == SQLITE else 0
@@ -468,52 +466,16 @@ def _install(source: Path, target: Path, part: str) -> None:
     times = source.stat()
     mode = 0o600 if part in ("database", "accounts") else stat.S_IMODE(times.st_mode)
     prefix = TMP_PREFIX if part == "kv" else f".{target.name}."
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as dst, source.open("rb") as src:
-            os.fchmod(dst.fileno(), mode)
-            while chunk := src.read(_CHUNK):
-                dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.utime(tmp, ns=(times.st_atime_ns, times.st_mtime_ns))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync(target.parent)
+    with atomic_file(target, prefix=prefix, mode=mode) as dst, source.open("rb") as src:
+        shutil.copyfileobj(src, dst, CHUNK)
+    os.utime(target, ns=(times.st_atime_ns, times.st_mtime_ns))
 
 
 # files
 
 
 def _entry(path: Path, name: str, part: str) -> FileEntry:
-    return FileEntry(name, part, path.stat().st_size, _sha256(path))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return FileEntry(name, part, path.stat().st_size, sha256_of(path))
 
 
 # command line

@@ -9,11 +9,13 @@ from __future__ import annotations
 import ast
 import configparser
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reame.config.chat_settings import FIELDS, ChatSettings
+from reame.config.files import write_atomically
 from reame.config.setting import Setting
 
 
@@ -329,15 +331,6 @@ def update_config(path: Path, changes: dict[tuple[str, str], Any]) -> Config:
         else:
             updater[section].set(key, raw)
     text = str(updater)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    folder = os.open(path.parent, os.O_RDONLY)  # the rename itself survives a power cut
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    write_atomically(path, text, mode=stat.S_IMODE(path.stat().st_mode) if path.exists()
+                     else 0o644)
     return load_config(path)

@@ -24,7 +24,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 import threading
 from array import array
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from typing import NamedTuple
 import xxhash
 
 import reame.inference.batches as batch_plan
+from reame.config.files import atomic_file
 from reame.inference.batches import Batch
 
 MAGIC = b"REAMEKV\0"
@@ -230,21 +230,9 @@ def write(path: Path, fingerprint: str, tokens: Sequence[int], state: bytes | me
     digest = xxhash.xxh3_64()
     for part in (preamble, header, token_bytes, state):
         digest.update(part)
-    tmp = None
-    try:
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=TMP_PREFIX, suffix=".tmp",
-                                         delete=False) as f:
-            tmp = Path(f.name)
-            f.write(preamble)
-            f.write(header)
-            f.write(token_bytes)
-            f.write(state)
-            f.write(_SUM.pack(digest.intdigest()))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-        raise
+    # Made again if lost: the folder is not synced (a turn would wait for it).
+    with atomic_file(path, prefix=TMP_PREFIX, mode=0o600, sync_folder=False) as f:
+        for part in (preamble, header, token_bytes, state):
+            f.write(part)
+        f.write(_SUM.pack(digest.intdigest()))
     return len(header) + len(token_bytes) + len(state)
