@@ -1,4 +1,4 @@
-"""Export and import of chats (reame/chats/transfer.py): Reame's own documents round trip, ChatGPT's
+"""Export and import of chats (reame/chats/transfer/): Reame's own documents round trip, ChatGPT's
 export, the Markdown of a chat, and files that are not what they claim to be. No model here:
 chats are built in a real SQLite store in a temp dir."""
 
@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reame.chats import transfer
 from reame.chats.store import Store, Thread
 from reame.chats.titles import DEFAULT_TITLE, MAX_TITLE
 from reame.chats.transfer import (
@@ -24,6 +23,7 @@ from reame.chats.transfer import (
     parse_import,
     to_markdown,
 )
+from reame.chats.transfer import checks as transfer  # its limits and ChatGPT's flag
 from reame.config.chat_settings import ChatSettings
 from reame.config.refusals import ChatError
 
