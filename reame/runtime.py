@@ -16,7 +16,7 @@ from reame.config.reame_conf import Config
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
 from reame.inference.kv.kvstore import KVStore
-from reame.inference.scheduler import Limits
+from reame.inference.tasks import Limits
 from reame.models.model_file import ModelLoadError
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import pytest
 
 from reame.chats.service import ServerBusy
 from reame.inference.engine import Engine
-from reame.inference.scheduler import Limits
+from reame.inference.tasks import Limits
 from reame.runtime import service_over
 
 from .conftest import GREEDY

@@ -17,7 +17,8 @@ from reame.inference.cache import SHARED, KVCache
 from reame.inference.engine import Engine
 from reame.inference.model_runtime import ModelRuntime
 from reame.inference.prompt import PromptBuilder
-from reame.inference.scheduler import Replaced, Scheduler
+from reame.inference.scheduler import Scheduler
+from reame.inference.tasks import Replaced
 
 log = logging.getLogger(__name__)
 

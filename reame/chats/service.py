@@ -35,7 +35,7 @@ from reame.config.refusals import (
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
 from reame.inference.model_runtime import ModelRuntime
-from reame.inference.scheduler import Limits
+from reame.inference.tasks import Limits
 from reame.inference.turn import TurnObserver, TurnStats, TurnUpdate
 
 log = logging.getLogger(__name__)

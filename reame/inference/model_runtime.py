@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder
-from reame.inference.scheduler import Limits, Replaced, Scheduler
+from reame.inference.scheduler import Scheduler
+from reame.inference.tasks import Limits, Replaced
 
 
 class ModelRuntime:

@@ -30,102 +30,30 @@ another), so an idle scheduler holds no thread.
 from __future__ import annotations
 
 import logging
-import math
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 from reame.config.refusals import ServerBusy
 from reame.inference.cache import KVCache
-from reame.inference.engine import Engine, Sequence
+from reame.inference.engine import Engine
+from reame.inference.tasks import (
+    ADMITTED,
+    RETRY_AFTER_S,
+    End,
+    Limits,
+    Slot,
+    Stopped,
+    Task,
+    Waiting,
+    Work,
+    end_stalled,
+    pick_slot,
+    stop_background,
+)
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_S = 5  # what a refused client is told to wait
-
-Work = Callable[[], Iterator[object]]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """How much the scheduler lets wait, and for how long a caller may stop asking."""
-
-    max_waiting: int = 16  # tasks waiting for a slot, beyond the free slots
-    stall_s: float = 10.0  # a caller that asks for nothing this long is gone: its task ends
-    share: float = 0.5  # of the slots, and of the line, one user may hold (with accounts)
-
-    def per_user(self, slots: int) -> tuple[int, int]:
-        """The slots and the places in line one user may hold."""
-        return (max(1, math.floor(slots * self.share)),
-                max(1, math.floor(self.max_waiting * self.share)))
-
-
-class Replaced(ServerBusy):
-    """The model was replaced before the task got a slot: nothing was done, send again."""
-
-    def __init__(self):
-        super().__init__("the model was replaced: send again", 1)
-
-
-class Stopped(Exception):
-    """The reserved task was stopped (cancelled, or a shutdown) before it got its slot."""
-
-
-ADMITTED = object()  # put in a reserved task's queue when it gets its slot
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """Streamed to a task's caller while it waits for a slot: its place in line (1: next)."""
-
-    position: int
-
-
-@dataclass(eq=False)
-class Slot:
-    seq: Sequence
-    task: "Task | None" = None
-    used: float = 0.0  # when its last task ended (least recently used first out)
-
-
-@dataclass(eq=False)
-class Task:
-    """One piece of work for the engine and the queue its caller reads."""
-
-    work: Work | None  # None: reserved, its caller not ready yet
-    chat_id: int | None
-    scope: str
-    prompt: list[int] | None
-    background: bool
-    owner: str | None = None  # the user it is for (fair shares); None: no accounts
-    prelude: Work | None = None  # run on the task's slot while its caller gets ready
-    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    done: threading.Event = field(default_factory=threading.Event)
-    cancelled: bool = False
-    slot: Slot | None = None
-    steps: Iterator[object] | None = None  # the prelude's or the work's, under way
-    in_work: bool = False  # steps are the work's (not the prelude's)
-    position: int = 0
-    asked: int = 0  # items its caller has asked for
-    given: int = 0  # items put in its queue
-    idle_since: float | None = None  # its caller holds every item given, and asks for none
-
-    @property
-    def wants(self) -> bool:
-        return self.given < self.asked
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class _End:
-    """The last item of a task's queue; error: what the work raised, if anything."""
-
-    def __init__(self, error: BaseException | None = None):
-        self.error = error
 
 
 class Scheduler:
@@ -231,7 +159,7 @@ class Scheduler:
             item = task.out.get()
             if item is ADMITTED:
                 return
-            if isinstance(item, _End):
+            if isinstance(item, End):
                 raise item.error or Stopped()
             yield item
 
@@ -306,7 +234,7 @@ class Scheduler:
                 item = task.out.get()
                 if item is ADMITTED:  # reserved and given its work before that
                     continue
-                if isinstance(item, _End):
+                if isinstance(item, End):
                     if item.error is not None:
                         raise item.error
                     return
@@ -332,19 +260,19 @@ class Scheduler:
                 self._running = False
                 self._cond.notify_all()
             for task in tasks:
-                task.out.put(_End(exc))
+                task.out.put(End(exc))
                 task.done.set()
 
     def _drive_rounds(self) -> None:
         while True:
             with self._cond:
                 while True:
-                    timeout = self._end_stalled()
+                    timeout = end_stalled((*self._active, *self._line), self.limits.stall_s)
                     self._drop_cancelled()
                     self._admit()
                     others = any(not t.background for t in self._active)
                     ready = [t for t in self._active
-                             if t.cancelled or (self._runnable(t) and not (
+                             if t.cancelled or (t.runnable and not (
                                  t.background and others))]
                     if ready:
                         break
@@ -358,32 +286,6 @@ class Scheduler:
                     self._close(task)
                 else:
                     self._step(task)
-
-    def _end_stalled(self) -> float | None:
-        """Cancel the tasks whose caller has asked for nothing for stall_s (the lock is held);
-        the seconds until the next one would be, None if none."""
-        now, bound, soonest = time.monotonic(), self.limits.stall_s, None
-        for task in (*self._active, *self._line):
-            if task.idle_since is None or task.cancelled:
-                continue
-            left = task.idle_since + bound - now
-            if left <= 0:
-                log.info("a caller asked for nothing for %.1f s: its turn (chat %s) is "
-                         "stopped", bound, task.chat_id or "-")
-                task.cancel()
-            elif soonest is None or left < soonest:
-                soonest = left
-        return soonest
-
-    @staticmethod
-    def _runnable(task: Task) -> bool:
-        """Whether task has a step to take now: its prelude (the caller need not ask), or
-        its work once the caller has asked for an item."""
-        if task.in_work:
-            return task.wants
-        if task.steps is not None or task.prelude is not None:
-            return True
-        return task.work is not None and task.wants
 
     def _drop_cancelled(self) -> None:
         for task in [t for t in self._line if t.cancelled]:
@@ -400,15 +302,15 @@ class Scheduler:
                          if task.chat_id is not None and t.chat_id == task.chat_id]
             if same_chat:  # after the chat's task under way
                 if not task.background:
-                    self._stop_background(same_chat)
+                    stop_background(same_chat)
                 continue
             if task.owner is not None and sum(
                     t.owner == task.owner for t in self._active) >= share:
                 continue
-            slot = self._pick_slot(task)
+            slot = pick_slot(self.slots, task, self.cache, self.engine)
             if slot is None:
                 if not task.background:
-                    self._stop_background(self._active)
+                    stop_background(self._active)
                 break
             self._line.remove(task)
             slot.task, task.slot = task, slot
@@ -417,36 +319,6 @@ class Scheduler:
                 task.given += 1
                 task.out.put(ADMITTED)
         self._tell_positions()
-
-    def _pick_slot(self, task: Task) -> Slot | None:
-        """The free slot for task: the one holding its chat's KV (or, for a conversation
-        found by its tokens, most of its prompt), else the least recently used."""
-        free = [s for s in self.slots if s.task is None]
-        if not free:
-            return None
-        for slot in free:
-            live = self.cache.live_of(slot.seq)
-            if (task.chat_id is not None and live.chat == task.chat_id
-                    and live.scope == task.scope and slot.seq.tokens):
-                return slot
-        if task.prompt:
-            best, reach = None, 0
-            for slot in free:
-                if self.cache.live_of(slot.seq).scope != task.scope:
-                    continue
-                self.engine.use(slot.seq)
-                n = self.engine.resume_point(task.prompt)
-                if n > reach:
-                    best, reach = slot, n
-            if best is not None:
-                return best
-        return min(free, key=lambda s: s.used)
-
-    @staticmethod
-    def _stop_background(tasks: list[Task]) -> None:
-        for task in tasks:
-            if task.background:
-                task.cancel()
 
     def _tell_positions(self) -> None:
         """Tell the tasks waiting for a slot their place, when they ask for an item."""
@@ -516,5 +388,5 @@ class Scheduler:
                 task.slot.task, task.slot.used = None, time.monotonic()
             task.idle_since = None
             self._cond.notify_all()
-        task.out.put(_End(error))
+        task.out.put(End(error))
         task.done.set()

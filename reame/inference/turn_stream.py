@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from reame.inference.scheduler import Scheduler, Task
+    from reame.inference.scheduler import Scheduler
+    from reame.inference.tasks import Task
     from reame.inference.turn import TurnUpdate
 
 

@@ -1,0 +1,162 @@
+"""What the scheduler (scheduler.py) works with: a Task (one piece of work for the engine and
+the queue its caller reads), a Slot (one of the engine's sequences), the Limits of the line,
+what a caller is told (Waiting, End) or refused with (Replaced, Stopped), and which free
+slot a task takes (pick_slot)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from reame.config.refusals import ServerBusy
+from reame.inference.cache import KVCache
+from reame.inference.engine import Engine, Sequence
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5  # what a refused client is told to wait
+
+Work = Callable[[], Iterator[object]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much the scheduler lets wait, and for how long a caller may stop asking."""
+
+    max_waiting: int = 16  # tasks waiting for a slot, beyond the free slots
+    stall_s: float = 10.0  # a caller that asks for nothing this long is gone: its task ends
+    share: float = 0.5  # of the slots, and of the line, one user may hold (with accounts)
+
+    def per_user(self, slots: int) -> tuple[int, int]:
+        """The slots and the places in line one user may hold."""
+        return (max(1, math.floor(slots * self.share)),
+                max(1, math.floor(self.max_waiting * self.share)))
+
+
+class Replaced(ServerBusy):
+    """The model was replaced before the task got a slot: nothing was done, send again."""
+
+    def __init__(self):
+        super().__init__("the model was replaced: send again", 1)
+
+
+class Stopped(Exception):
+    """The reserved task was stopped (cancelled, or a shutdown) before it got its slot."""
+
+
+ADMITTED = object()  # put in a reserved task's queue when it gets its slot
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Streamed to a task's caller while it waits for a slot: its place in line (1: next)."""
+
+    position: int
+
+
+@dataclass(eq=False)
+class Slot:
+    seq: Sequence
+    task: "Task | None" = None
+    used: float = 0.0  # when its last task ended (least recently used first out)
+
+
+@dataclass(eq=False)
+class Task:
+    """One piece of work for the engine and the queue its caller reads."""
+
+    work: Work | None  # None: reserved, its caller not ready yet
+    chat_id: int | None
+    scope: str
+    prompt: list[int] | None
+    background: bool
+    owner: str | None = None  # the user it is for (fair shares); None: no accounts
+    prelude: Work | None = None  # run on the task's slot while its caller gets ready
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+    slot: Slot | None = None
+    steps: Iterator[object] | None = None  # the prelude's or the work's, under way
+    in_work: bool = False  # steps are the work's (not the prelude's)
+    position: int = 0
+    asked: int = 0  # items its caller has asked for
+    given: int = 0  # items put in its queue
+    idle_since: float | None = None  # its caller holds every item given, and asks for none
+
+    @property
+    def wants(self) -> bool:
+        return self.given < self.asked
+
+    @property
+    def runnable(self) -> bool:
+        """Whether it has a step to take now: its prelude (the caller need not ask), or its
+        work once the caller has asked for an item."""
+        if self.in_work:
+            return self.wants
+        if self.steps is not None or self.prelude is not None:
+            return True
+        return self.work is not None and self.wants
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class End:
+    """The last item of a task's queue; error: what the work raised, if anything."""
+
+    def __init__(self, error: BaseException | None = None):
+        self.error = error
+
+
+def pick_slot(slots: list[Slot], task: Task, cache: KVCache, engine: Engine) -> Slot | None:
+    """The free slot for task: the one holding its chat's KV (or, for a conversation
+    found by its tokens, most of its prompt), else the least recently used."""
+    free = [s for s in slots if s.task is None]
+    if not free:
+        return None
+    for slot in free:
+        live = cache.live_of(slot.seq)
+        if (task.chat_id is not None and live.chat == task.chat_id
+                and live.scope == task.scope and slot.seq.tokens):
+            return slot
+    if task.prompt:
+        best, reach = None, 0
+        for slot in free:
+            if cache.live_of(slot.seq).scope != task.scope:
+                continue
+            engine.use(slot.seq)
+            n = engine.resume_point(task.prompt)
+            if n > reach:
+                best, reach = slot, n
+        if best is not None:
+            return best
+    return min(free, key=lambda s: s.used)
+
+
+def end_stalled(tasks: Iterable[Task], bound: float) -> float | None:
+    """Cancel the tasks whose caller has asked for nothing for bound seconds (Limits.stall_s);
+    the seconds until the next one would be, None if none."""
+    now, soonest = time.monotonic(), None
+    for task in tasks:
+        if task.idle_since is None or task.cancelled:
+            continue
+        left = task.idle_since + bound - now
+        if left <= 0:
+            log.info("a caller asked for nothing for %.1f s: its turn (chat %s) is "
+                     "stopped", bound, task.chat_id or "-")
+            task.cancel()
+        elif soonest is None or left < soonest:
+            soonest = left
+    return soonest
+
+
+def stop_background(tasks: Iterable[Task]) -> None:
+    """Cancel the background tasks (type-ahead) among tasks: a turn needs their slot."""
+    for task in tasks:
+        if task.background:
+            task.cancel()
