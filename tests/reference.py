@@ -19,8 +19,9 @@ import re
 import threading
 from pathlib import Path
 
-from reame.inference.engine import Engine, Sampling
+from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder, Turn
+from reame.inference.sampling import Sampling
 
 from .conftest import GREEDY, MODEL
 

@@ -1,7 +1,8 @@
 import pytest
 
 from reame.inference.batches import CHUNK, plan
-from reame.inference.engine import Engine, Sampling
+from reame.inference.engine import Engine
+from reame.inference.sampling import Sampling
 from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
 from reame.web.render import inert_html
 

@@ -21,9 +21,9 @@ from reame.config.refusals import (
     check_text,
 )
 from reame.inference.cache import user_scope
-from reame.inference.engine import Sampling
 from reame.inference.model_runtime import ModelRuntime
 from reame.inference.prompt import Turn
+from reame.inference.sampling import Sampling
 from reame.inference.tasks import Replaced, Stopped, Waiting
 from reame.inference.turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
 from reame.inference.turn_stream import TurnStream

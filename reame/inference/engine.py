@@ -1,4 +1,5 @@
-"""The llama.cpp model and context: load, tokenize, evaluate, sample; one sequence per slot.
+"""The llama.cpp model and context: load, evaluate, save and restore KV; one sequence per slot.
+Tokens and text are vocab.py's (Vocabulary), sampling is sampling.py's (Sampler).
 
 The engine tracks `tokens`, the exact token list whose KV is live in the context, and
 `evaluated`, a counter of every token it has decoded: the cache's whole point is to keep that
@@ -7,7 +8,6 @@ counter low, and the tests read it.
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import logging
 import os
@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp
-import xxhash
-from llama_cpp._internals import LlamaContext, LlamaModel, LlamaSampler
+from llama_cpp._internals import LlamaContext, LlamaModel
 from llama_cpp._logger import set_verbose
 
 from reame.inference.batches import (
@@ -31,6 +30,8 @@ from reame.inference.batches import (
     truncated,
     valid,
 )
+from reame.inference.sampling import Sampler
+from reame.inference.vocab import Vocabulary
 from reame.models.gguf_info import read_gguf_info
 from reame.models.kv_budget import slots_that_fit
 from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
@@ -42,32 +43,6 @@ KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 
 class ContextOverflow(ValueError):
     """The tokens to evaluate do not fit in the context window."""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    seed: int | None = None
-    # (token, bias) added to the token's logit before sampling; -100 or less bans it (as
-    # OpenAI's logit_bias does).
-    logit_bias: tuple[tuple[int, float], ...] = ()
-
-
-class TextStream:
-    """Turns tokens into text as they arrive, holding back incomplete UTF-8 sequences."""
-
-    def __init__(self, engine: "Engine"):
-        self._engine = engine
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token: int) -> str:
-        return self._decoder.decode(self._engine.token_piece(token))
-
-    def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
 
 
 @dataclass(eq=False)
@@ -92,13 +67,13 @@ def drain(steps: Iterator[object]) -> object:
             return done.value
 
 
-class Engine:
+class Engine(Vocabulary, Sampler):
     """One loaded model and its context of `slots` sequences. Not thread-safe: one thread
     drives it (scheduler.py), or a caller holds a lock.
 
     Every KV method works on the current sequence (`use`). Each sequence has its own cells
     (llama.cpp's kv_unified off): a sequence's decodes see exactly what they would see alone,
-    so a reply does not depend on who else is talking (see DESIGN.md)."""
+    so a reply does not depend on who else is talking (README, "Same request, same reply")."""
 
     def __init__(self, model_path: Path, *, n_ctx: int, n_threads: int = 0,
                  kv_type: str = "f16", models_dir: Path | None = None, n_batch: int = 512,
@@ -197,54 +172,6 @@ class Engine:
     @property
     def batches(self) -> list[Batch]:
         return self.seq.batches
-
-    # tokens
-
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
-        """Tokenize; special: control tokens written as text ("<|im_end|>") are parsed (a
-        chat template's text), else they stay characters (what people write)."""
-        if not text:
-            return [self.bos_token] if add_bos and self.bos_token >= 0 else []
-        return self._model.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
-
-    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
-        return self._model.detokenize(tokens, special=special).decode("utf-8", errors="replace")
-
-    @property
-    def bos_token(self) -> int:
-        return self._model.token_bos()
-
-    @property
-    def eos_token(self) -> int:
-        return self._model.token_eos()
-
-    @property
-    def adds_bos(self) -> bool:
-        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
-
-    def _longest_token(self) -> int:
-        """An upper bound of a token's length in bytes, from the vocabulary's texts (they
-        spell a byte in one to six bytes: "Ġ", "<0x0A>"), so that n bytes of text are surely
-        more than n / this many tokens. About 50 ms for 49k tokens, paid when the model loads."""
-        return max(len(llama_cpp.llama_vocab_get_text(self._vocab, t) or b"")
-                   for t in range(self.n_vocab))
-
-    def token_text(self, token: int, *, special: bool = True) -> str:
-        return self.token_piece(token, special=special).decode("utf-8", errors="replace")
-
-    def token_piece(self, token: int, *, special: bool = False) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        return ctypes.string_at(buf, n)
-
-    def is_end(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-
-    def text_stream(self) -> TextStream:
-        return TextStream(self)
 
     # the KV of the current sequence
 
@@ -384,49 +311,8 @@ class Engine:
     def prefill_head(self, head: list[int]) -> None:
         drain(self.prefill_head_steps(head))
 
-    def sampler(self, sampling: Sampling) -> LlamaSampler:
-        sampler = LlamaSampler()
-        if sampling.logit_bias:
-            sampler.add_logit_bias(self.n_vocab, {
-                token: -float("inf") if bias <= -100 else bias
-                for token, bias in sampling.logit_bias})
-        if sampling.temperature <= 0:
-            sampler.add_greedy()
-            return sampler
-        seed = sampling.seed if sampling.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED
-        sampler.add_top_k(sampling.top_k)
-        sampler.add_top_p(sampling.top_p, 1)
-        sampler.add_min_p(sampling.min_p, 1)
-        sampler.add_temp(sampling.temperature)
-        sampler.add_dist(seed)
-        return sampler
-
-    def generate(self, sampling: Sampling, max_tokens: int) -> Iterator[int]:
-        """Sample after the live tokens; yield each new token (its KV is live once the next is
-        asked for). Each step (decode the last token, sample the next) is done at once, so
-        another sequence may run between two: the sequence and its logits are the ones this
-        generator started with.
-
-        Stops at an end-of-generation token (not yielded), after max_tokens, or when the context
-        is full.
-        """
-        sampler, seq = self.sampler(sampling), self.seq
-        token = None
-        for _ in range(max_tokens):
-            if self.seq is not seq:
-                raise RuntimeError("generate() resumed on another sequence")
-            if token is not None:
-                if len(seq.tokens) >= self.n_ctx:
-                    return
-                self._decode([token], kept=True)  # only when another token is wanted after it
-            if self._last is not seq:
-                raise RuntimeError("generate() found another sequence's logits")
-            token = sampler.sample(self._ctx, -1)
-            if self.is_end(token):
-                return
-            yield token
-
-    # saving and restoring the KV of the current sequence (no logits: see DESIGN.md)
+    # saving and restoring the KV of the current sequence (no logits: a restored sequence
+    # evaluates its last prompt token again, cache.py)
 
     def state(self) -> memoryview:
         """The KV of the live tokens, as llama_state_seq_get_data gives it."""
@@ -451,22 +337,6 @@ class Engine:
             return False
         self.seq.tokens, self.seq.batches = list(tokens), list(batches)
         return True
-
-    def _logits_ptr(self):
-        if self._last is not self.seq:
-            raise RuntimeError("the live logits are another sequence's")
-        return llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
-
-    def logits_digest(self) -> str:
-        """xxh3-64 of the logits after the last evaluated token: the same digest means the
-        same distribution to sample from, bit for bit."""
-        return xxhash.xxh3_64_hexdigest(ctypes.string_at(self._logits_ptr(), 4 * self.n_vocab))
-
-    def logits(self) -> "numpy.ndarray":
-        """A copy of the logits after the last evaluated token."""
-        import numpy
-
-        return numpy.ctypeslib.as_array(self._logits_ptr(), shape=(self.n_vocab,)).copy()
 
 
 def _kv_bytes_per_token(path: Path, kv_type: str) -> int | None:

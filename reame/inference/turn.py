@@ -20,8 +20,9 @@ from typing import Protocol
 
 from reame.config.refusals import ChatNotFound
 from reame.inference.cache import Drop, KVCache, Restored
-from reame.inference.engine import Engine, Sampling
+from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder, Turn
+from reame.inference.sampling import Sampling
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import logging
 import time
 from collections.abc import Iterator
 
-from reame.inference.engine import Sampling
 from reame.inference.prompt import Turn
+from reame.inference.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
