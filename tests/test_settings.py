@@ -6,7 +6,7 @@ import pytest
 
 from reame.admin.live_settings import Settings, SettingsError
 from reame.config.reame_conf import load_config
-from reame.inference.cache import user_scope
+from reame.inference.cache_state import user_scope
 from reame.inference.prompt import Turn
 from reame.runtime import build_service
 

@@ -20,7 +20,7 @@ from reame.config.refusals import (
     ChatNotFound,
     TooManyChats,
 )
-from reame.inference.cache import user_scope
+from reame.inference.cache_state import user_scope
 
 log = logging.getLogger(__name__)
 

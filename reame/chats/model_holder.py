@@ -13,8 +13,9 @@ from reame.config.refusals import (
     ChatNotFound,
     NoModel,
 )
-from reame.inference.cache import SHARED, KVCache
+from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
+from reame.inference.kv.kvindex import SHARED
 from reame.inference.model_runtime import ModelRuntime
 from reame.inference.prompt import PromptBuilder
 from reame.inference.scheduler import Scheduler

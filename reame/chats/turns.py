@@ -20,7 +20,7 @@ from reame.config.refusals import (
     check_seed,
     check_text,
 )
-from reame.inference.cache import user_scope
+from reame.inference.cache_state import user_scope
 from reame.inference.model_runtime import ModelRuntime
 from reame.inference.prompt import Turn
 from reame.inference.sampling import Sampling

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from reame.chats.store import Chat, Message
 from reame.config.refusals import MessageTooLong
-from reame.inference.cache import Drop
+from reame.inference.cache_state import Drop
 from reame.inference.engine import common_prefix
 from reame.inference.prompt import PromptBuilder, Turn
 

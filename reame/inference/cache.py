@@ -19,89 +19,20 @@ whatever users do: made when the model loads, and pinned against eviction).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from reame.inference.batches import CHUNK, cold_prefix, resume_point
+from reame.inference.cache_figures import CacheFigures
+from reame.inference.cache_state import FROM_FILES, Ahead, Counts, Drop, Live, Restored
 from reame.inference.engine import Engine, Sequence, common_prefix
-from reame.inference.kv.kvfile import TMP_PREFIX
 from reame.inference.kv.kvindex import SHARED, FileIndex, prompt_key
-from reame.inference.kv.kvstore import BLOCK, TOTALS_NAME, KVStore, block_hashes
+from reame.inference.kv.kvstore import BLOCK, KVStore, block_hashes
 
 log = logging.getLogger(__name__)
 
-# Where restored history comes from when it is read from a file: the chat's own, the chat it
-# was branched from, a prefix shared with other chats.
-FROM_FILES = ("disk", "branch", "prefix")
-MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
-
-
-def user_scope(user: str | None) -> str:
-    """The cache scope of a user's chats and requests ("": a server without accounts)."""
-    return "" if user is None else f"user:{user}"
-
-
-@dataclass
-class Counts:
-    lookups: int = 0
-    hits: int = 0
-    tokens_saved: int = 0  # history tokens not recomputed thanks to disk or prefix
-
-
-@dataclass
-class Restored:
-    reused: int  # prompt tokens whose KV is live after prepare()
-    source: str  # live / disk / branch / prefix / none
-    restore_ms: float = 0.0
-    shifted: int = 0  # tokens dropped from the KV by a context shift (nothing recomputed)
-    recomputed: bool = False  # a drop the KV could not follow: the kept window is re-evaluated
-    typed: tuple[int, int] | None = None  # prompt tokens [start, end) evaluated while typed
-
-    def typed_ahead(self, reused: int) -> int:
-        """How many of the reused tokens were evaluated while the message was typed."""
-        return max(0, min(reused, self.typed[1]) - self.typed[0]) if self.typed else 0
-
-
-@dataclass(frozen=True)
-class Ahead:
-    """Work done for a chat before its turn, which the turn reports as its own: its KV file
-    restored when the chat was opened (warm), its next message evaluated while typed."""
-
-    chat_id: int
-    source: str  # where the history came from: disk / prefix, else live
-    restore_ms: float
-    counted: bool  # its restore is in the lookup counts already (done by a prepare)
-    typed: tuple[int, int] | None = None  # Restored.typed
-
-
-@dataclass
-class Live:
-    """What the cache knows of one engine sequence's live KV, beyond its tokens: whose it is,
-    the chat it was last made for, what was done ahead of that chat's next turn, and a chat
-    whose own file warm() found unusable."""
-
-    scope: str | None = None  # None: nobody's yet
-    chat: int | None = None
-    ahead: Ahead | None = None
-    missed: int | None = None
-
-
-@dataclass(frozen=True)
-class Drop:
-    """Messages just dropped from the front of a chat's window: the prompt they would have
-    made (old_prompt) loses old_prompt[at:at + n], and the rest is the new prompt."""
-
-    old_prompt: list[int]
-    at: int
-    n: int
-
-
-class KVCache:
+class KVCache(CacheFigures):
     """Puts the right KV into the engine before a turn, and saves it after."""
 
     def __init__(self, engine: Engine, files: KVStore | None):
@@ -294,12 +225,6 @@ class KVCache:
         """Whether a file of scope may serve the live scope: its own, or SHARED (a prefix)."""
         return scope == self.scope or (scope == SHARED and source == "prefix")
 
-    def record_prefill(self, tokens: int, seconds: float) -> None:
-        if tokens >= MIN_RATE_SAMPLE and seconds > 0:
-            rate = tokens / seconds
-            self.prefill_rate = (rate if not self.prefill_rate
-                                 else 0.8 * self.prefill_rate + 0.2 * rate)
-
     def prefix_length(self, prefix: list[int], prompt: list[int]) -> int:
         """Where a shared-prefix snapshot of prompt ends: the whole chunks of prefix that
         prompt shares (a chunk boundary is a batch boundary of every prompt's plan)."""
@@ -393,57 +318,6 @@ class KVCache:
         self.index.add(path, tokens, batches, self.scope)
         return (time.perf_counter() - started) * 1000
 
-    # The figures of the Cache panel outlive a restart: kept beside the files, the prefill
-    # rate per model (it turns tokens restored into time saved).
-
-    @property
-    def _totals_path(self) -> Path | None:
-        return self.files.folder / TOTALS_NAME if self.files is not None else None
-
-    def _load_totals(self) -> None:
-        path = self._totals_path
-        try:
-            data = json.loads(path.read_text(encoding="utf-8")) if path else {}
-            rates = dict(data.get("prefill_rates", {}))
-            rate = rates.get(self.engine.fingerprint, 0.0)
-            counts = {str(scope): Counts(*(int(n) for n in numbers))
-                      for scope, numbers in data.get("counts", {}).items()}
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("the cache's totals in %s are unreadable (%s): starting from zero",
-                        path, exc)
-            return
-        self._rates = rates
-        if isinstance(rate, (int, float)) and rate > 0:
-            self.prefill_rate = float(rate)
-        self.counts.update(counts)
-
-    def _save_totals(self) -> None:
-        """Write the totals (at each save: one small file, the other models' rates as read
-        at start-up, not read again)."""
-        path = self._totals_path
-        if path is None:
-            return
-        if self.prefill_rate:
-            self._rates[self.engine.fingerprint] = round(self.prefill_rate, 2)
-        data = {"prefill_rates": self._rates, "counts": {
-            scope: [c.lookups, c.hits, c.tokens_saved] for scope, c in self.counts.items()}}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # A name of this process's own: nodes sharing the folder may write it at once.
-            partial = path.with_name(f"{TMP_PREFIX}totals-{os.getpid()}.tmp")
-            partial.write_text(json.dumps(data), encoding="utf-8")
-            os.replace(partial, path)
-        except OSError as exc:
-            log.warning("could not keep the cache's totals in %s: %s", path, exc)
-
-    def chats_ready(self, chat_ids: Iterable[int]) -> int:
-        """How many of these chats have a KV file of this model to continue from."""
-        if self.files is None:
-            return 0
-        return sum(self.files.chat_path(chat_id).exists() for chat_id in chat_ids)
-
     def set_disk_budget(self, max_bytes: int) -> None:
         """Keep the KV files within max_bytes from now on (the oldest go first, at once)."""
         if self.files is not None:
@@ -458,30 +332,3 @@ class KVCache:
     def forget(self, chat_id: int) -> None:
         if self.files is not None:
             self.files.delete_chat(chat_id)
-
-    def stats(self, scope: str | None = None) -> dict:
-        """Lookups, hits and tokens restored: of one scope, or (None) of the whole server with
-        its files (for an administrator)."""
-        counts = ([self.counts.get(scope, Counts())] if scope is not None
-                  else list(self.counts.values()))
-        lookups = sum(c.lookups for c in counts)
-        hits = sum(c.hits for c in counts)
-        saved = sum(c.tokens_saved for c in counts)
-        out = {"enabled": self.enabled, "prefill_tokens_per_s": round(self.prefill_rate, 1),
-               "lookups": lookups, "hits": hits,
-               "hit_rate": round(hits / lookups, 3) if lookups else None,
-               "tokens_restored": saved,
-               "time_saved_s": round(saved / self.prefill_rate, 2) if self.prefill_rate else 0.0}
-        if self.files is not None and scope is None:
-            files = self.files.files()
-            out.update(files=len(files), disk_bytes=sum(_size(p) for p in files),
-                       max_disk_bytes=self.files.max_bytes, dir=str(self.files.folder),
-                       counters=self.files.counters.as_dict())
-        return out
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from reame.config.refusals import ChatNotFound
-from reame.inference.cache import Drop, KVCache, Restored
+from reame.inference.cache import KVCache
+from reame.inference.cache_state import Drop, Restored
 from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder, Turn
 from reame.inference.sampling import Sampling
@@ -77,7 +78,7 @@ class Job:
     prompt: list[int]
     turns: list[Turn]  # the conversation the prompt holds (for the next turn's fixed head)
     system_prompt: str
-    scope: str  # whose KV may be reused (cache.user_scope)
+    scope: str  # whose KV may be reused (cache_state.user_scope)
     sampling: Sampling
     max_tokens: int
     stops: tuple[str, ...] = ()
@@ -85,7 +86,7 @@ class Job:
     user_message_id: int | None = None  # the message this turn answers, when stored
     drop: Drop | None = None  # messages that left the chat's window in this turn
     outside: int = 0  # messages before the window
-    shared_opening: bool = False  # the system prompt is the server's default (cache.SHARED)
+    shared_opening: bool = False  # the system prompt is the server's default (kvindex.SHARED)
     branched_from: int | None = None  # the chat this one was branched from (its KV file)
 
 

@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from reame.accounts.users import Accounts
 from reame.chats.service import ChatService
-from reame.inference.cache import FROM_FILES
+from reame.inference.cache_state import FROM_FILES
 from reame.inference.turn import Decoding, TurnStats
 
 log = logging.getLogger(__name__)

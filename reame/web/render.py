@@ -6,7 +6,7 @@ import html
 import re
 
 from reame.chats.store import Message, Thread
-from reame.inference.cache import FROM_FILES
+from reame.inference.cache_state import FROM_FILES
 from reame.inference.turn import TurnStats, TurnUpdate
 
 # Fenced code blocks and inline code spans: markdown shows their content literally already.

@@ -1,0 +1,108 @@
+"""The figures of the KV cache (the Cache panel, /cache_stats, /metrics): lookups, hits and
+tokens restored per scope, the prefill rate that turns tokens restored into time saved, and
+their totals, kept beside the KV files so that they outlive a restart."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from reame.config.files import write_atomically
+from reame.inference.cache_state import Counts
+from reame.inference.kv.kvfile import TMP_PREFIX
+from reame.inference.kv.kvstore import TOTALS_NAME
+
+log = logging.getLogger(__name__)
+
+MIN_RATE_SAMPLE = 32  # prefills shorter than this say little about the prefill rate
+
+
+class CacheFigures:
+    """KVCache's figures (a mixin: KVCache.__init__ sets engine, files, prefill_rate, counts
+    and _rates, then calls _load_totals)."""
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens >= MIN_RATE_SAMPLE and seconds > 0:
+            rate = tokens / seconds
+            self.prefill_rate = (rate if not self.prefill_rate
+                                 else 0.8 * self.prefill_rate + 0.2 * rate)
+
+    # The figures of the Cache panel outlive a restart: kept beside the files, the prefill
+    # rate per model (it turns tokens restored into time saved).
+
+    @property
+    def _totals_path(self) -> Path | None:
+        return self.files.folder / TOTALS_NAME if self.files is not None else None
+
+    def _load_totals(self) -> None:
+        path = self._totals_path
+        try:
+            data = json.loads(path.read_text(encoding="utf-8")) if path else {}
+            rates = dict(data.get("prefill_rates", {}))
+            rate = rates.get(self.engine.fingerprint, 0.0)
+            counts = {str(scope): Counts(*(int(n) for n in numbers))
+                      for scope, numbers in data.get("counts", {}).items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("the cache's totals in %s are unreadable (%s): starting from zero",
+                        path, exc)
+            return
+        self._rates = rates
+        if isinstance(rate, (int, float)) and rate > 0:
+            self.prefill_rate = float(rate)
+        self.counts.update(counts)
+
+    def _save_totals(self) -> None:
+        """Write the totals (at each save: one small file, the other models' rates as read
+        at start-up, not read again)."""
+        path = self._totals_path
+        if path is None:
+            return
+        if self.prefill_rate:
+            self._rates[self.engine.fingerprint] = round(self.prefill_rate, 2)
+        data = {"prefill_rates": self._rates, "counts": {
+            scope: [c.lookups, c.hits, c.tokens_saved] for scope, c in self.counts.items()}}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # A temp name of this process's own (nodes sharing the folder may write it at
+            # once), which the KV sweep knows; per-user counts: not readable by others.
+            write_atomically(path, json.dumps(data), prefix=f"{TMP_PREFIX}totals-",
+                             mode=0o600, sync_folder=False)
+        except OSError as exc:
+            log.warning("could not keep the cache's totals in %s: %s", path, exc)
+
+    def chats_ready(self, chat_ids: Iterable[int]) -> int:
+        """How many of these chats have a KV file of this model to continue from."""
+        if self.files is None:
+            return 0
+        return sum(self.files.chat_path(chat_id).exists() for chat_id in chat_ids)
+
+    def stats(self, scope: str | None = None) -> dict:
+        """Lookups, hits and tokens restored: of one scope, or (None) of the whole server with
+        its files (for an administrator)."""
+        counts = ([self.counts.get(scope, Counts())] if scope is not None
+                  else list(self.counts.values()))
+        lookups = sum(c.lookups for c in counts)
+        hits = sum(c.hits for c in counts)
+        saved = sum(c.tokens_saved for c in counts)
+        out = {"enabled": self.enabled, "prefill_tokens_per_s": round(self.prefill_rate, 1),
+               "lookups": lookups, "hits": hits,
+               "hit_rate": round(hits / lookups, 3) if lookups else None,
+               "tokens_restored": saved,
+               "time_saved_s": round(saved / self.prefill_rate, 2) if self.prefill_rate else 0.0}
+        if self.files is not None and scope is None:
+            files = self.files.files()
+            out.update(files=len(files), disk_bytes=sum(_size(p) for p in files),
+                       max_disk_bytes=self.files.max_bytes, dir=str(self.files.folder),
+                       counters=self.files.counters.as_dict())
+        return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
