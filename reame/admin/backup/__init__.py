@@ -31,7 +31,7 @@ from reame.admin.backup.manifest import (
     BackupError,
     FileEntry,
     Manifest,
-    Restored,
+    RestoreReport,
     check_backup,
     read_manifest,
 )
@@ -39,5 +39,5 @@ from reame.admin.backup.restore import restore
 from reame.admin.backup.take import backup
 
 __all__ = ["MANIFEST_NAME", "POSTGRESQL", "SQLITE", "BackupError", "FileEntry", "Manifest",
-           "Restored", "backup", "check_backup", "read_manifest", "restore", "run_backup",
+           "RestoreReport", "backup", "check_backup", "read_manifest", "restore", "run_backup",
            "run_restore"]

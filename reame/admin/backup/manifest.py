@@ -71,7 +71,7 @@ class Manifest:
 
 
 @dataclass
-class Restored:
+class RestoreReport:
     """What a restore wrote (each file, and where) and what it moved aside (old -> new)."""
 
     manifest: Manifest

@@ -19,7 +19,7 @@ from reame.admin.backup.manifest import (
     BackupError,
     FileEntry,
     Manifest,
-    Restored,
+    RestoreReport,
     check_backup,
 )
 from reame.chats.store.sqlite_file import in_use
@@ -30,7 +30,7 @@ from reame.inference.kv.kvfile import TMP_PREFIX
 
 def restore(src: Path, config: Config, *, force: bool = False, with_config: bool = False,
             on_plan: Callable[[list[tuple[FileEntry, Path]]], object] | None = None
-            ) -> Restored:
+            ) -> RestoreReport:
     """Put the backup in src back where config says (with_config: where the backup's own
     config says, read as if it were at config.path, which it replaces).
 
@@ -62,7 +62,7 @@ def restore(src: Path, config: Config, *, force: bool = False, with_config: bool
     written = sorted(places, key=lambda pair: pair[0].part == "database")  # the database last
     for entry, path in written:
         _install(src / entry.path, path, entry.part)
-    return Restored(manifest, written, moved)
+    return RestoreReport(manifest, written, moved)
 
 
 def _check_inside(places: list[tuple[FileEntry, Path]], folder: Path) -> None:
