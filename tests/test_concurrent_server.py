@@ -33,6 +33,7 @@ from .test_openai import model_id, sdk
 WORDS = ["PELICAN", "TORNADO", "MARMALADE", "VIOLIN", "GLACIER", "PUMPKIN", "SAXOPHONE",
          "CACTUS"]
 LONG = "Write a long story about a dragon who learns to sing."
+COUNT_TO_500 = "Write the numbers from 1 to 500, separated by commas."
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,10 @@ def test_beyond_the_line_v1_answers_429_and_the_api_says_full(tmp_path, model_pa
 
 
 def test_the_page_shows_a_turn_its_place_in_line(browser, tmp_path, model_path):
-    server = start_server(tmp_path, model_path=model_path, max_tokens=300, slots=1)
+    # The first reply must outlast the second page's opening however busy the machine: a
+    # story can end in 300 tokens (it did, beside another test worker), a count to 500 runs
+    # on until the Stop below.
+    server = start_server(tmp_path, model_path=model_path, max_tokens=1500, slots=1)
     contexts = [browser.new_context(viewport={"width": 1280, "height": 900}) for _ in range(2)]
     try:
         first, second = (c.new_page() for c in contexts)
@@ -117,7 +121,7 @@ def test_the_page_shows_a_turn_its_place_in_line(browser, tmp_path, model_path):
             page.set_default_timeout(REPLY_TIMEOUT)
         open_app(first, server)
         new_chat(first)
-        first.locator(BOX).fill(LONG)
+        first.locator(BOX).fill(COUNT_TO_500)
         first.locator(BOX).press("Enter")
         expect(first.locator(STOP)).to_be_visible()
         expect(first.locator(BOT).last).not_to_be_empty()  # its reply is being written

@@ -72,16 +72,21 @@ def test_a_reply_no_tab_watches_is_stopped_after_the_bound_unless_followed_again
     live = LiveReplies(unwatched_s=0.5)
 
     async def scenario():
+        # One slot: the first reply is written, the second waits in line for it (started
+        # together, either could have got the slot, and a reply stopped while it waits
+        # stores nothing).
         left = live.start(None, first, "closed tab", [], lambda: service.send(first, LONG))
+        await until(lambda: left.latest is not None and left.latest.text)
         kept = live.start(None, second, "reloaded tab", [],
                           lambda: service.send(second, LONG))
-        await until(lambda: left.latest is not None and kept.latest is not None)
+        await until(lambda: kept.latest is not None)
         live.leave("closed tab")
         live.leave("reloaded tab")
         # The reloaded tab (a new session) follows its reply again within the bound.
         follower = aiter(live.follow(None, second, "the new tab"))
         await anext(follower)
         await until(left.ended.is_set, seconds=30)
+        await until(lambda: kept.latest.text)  # its turn now: the slot is free
         await asyncio.sleep(1.0)  # past the bound for the second one too
         assert not kept.ended.is_set(), "a followed reply was stopped"
         assert await stop(live, None, second) is True

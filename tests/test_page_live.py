@@ -1,7 +1,7 @@
 """Replies that go on while the page shows something else, in a real browser: switching chats,
 making a new one or reloading never stops a reply; the list marks the chat being written;
 coming back shows the reply so far and goes on streaming; Stop stays the way to stop it; a
-closed tab stops it after the stall bound (the page server's [server] stalled_reply_s, 6 s).
+closed tab stops it after the stall bound (the page server's [server] stalled_reply_s, 15 s).
 
 Each test counts how turns ended through /metrics (`reame_turns_total{kind="chat"}`), so a
 reply stopped behind the page's back shows even when the text looks whole.
@@ -160,7 +160,7 @@ def test_a_reload_follows_the_reply_and_a_closed_tab_stops_it_after_the_bound(br
                    "the reply goes on streaming after the reload")
         assert outcomes(server) == before, "the reload stopped the reply"
 
-        # The tab closes: nobody watches the reply; it is stopped after the bound (6 s here),
+        # The tab closes: nobody watches the reply; it is stopped after the bound (15 s here),
         # long before its 1,000 tokens.
         page.close()
         closed = time.monotonic()

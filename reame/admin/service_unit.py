@@ -20,7 +20,7 @@ from reame.config.connection_limits import OPEN_FILES, TOTAL
 from reame.config.reame_conf import Config, ConfigError, ServerConfig, load_config
 
 UNIT_PATH = Path("/etc/systemd/system/reame.service")
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+PROJECT_DIR = Path(__file__).resolve().parents[2]  # reame/admin/service_unit.py
 DEFAULT_USER = "reame"
 DEFAULT_DESCRIPTION = "Reame chat server"
 STOP_TIMEOUT_S = 60  # SIGTERM waits for the KV files being written; then systemd kills

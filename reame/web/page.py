@@ -326,16 +326,18 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         if chat_id in now:  # a new reply began meanwhile: its own following shows it
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), now, timer
             return
-        # The chat as kept, and Send back: also when nothing was followed, for the last chunks
-        # of the chat left, which can arrive after it was left (as end_send does).
+        # Send back. The chat itself only after a following: show() drew it as kept just
+        # before, and drawing it again here, late on a busy machine, undid what the user did
+        # meanwhile (a version chosen with ‹). No chunk of the chat left comes after show():
+        # its following ends once the tab shows another chat (LiveReplies.showing).
         ready = gr.Textbox(submit_btn=True, stop_btn=False)
+        if not followed:
+            yield gr.skip(), ready, gr.skip(), gr.skip(), now, timer
+            return
         try:
             messages = await in_thread(shown, chat_id, user) if chat_id is not None else []
         except ChatNotFound:
             messages = gr.skip()
-        if not followed:
-            yield messages, ready, gr.skip(), gr.skip(), now, timer
-            return
         yield (messages, ready, await in_thread(listing, user, chat_id, words),
                await in_thread(lambda: cache_markdown(
                    service, user, whole_server=can_configure(user))), now, timer)
