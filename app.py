@@ -24,11 +24,6 @@ from reame.chats.service import ChatService
 from reame.chats.store import DatabaseUnavailable
 from reame.config.reame_conf import Config, ConfigError, load_config
 from reame.runtime import build_service
-from reame.web.guard import Guard
-from reame.web.login import WebLogins
-from reame.web.named_api import register_api
-from reame.web.page import build_page
-from reame.web.page_parts import CSS, PAGE_JS
 
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
@@ -40,12 +35,19 @@ SETTINGS = "settings"  # one settings change at a time (turns: the scheduler bou
 def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     """One ASGI app: /v1 (OpenAI-compatible) and the Gradio page and API at /, behind the
     Guard (host names, origins, body sizes, cookies: reame/web/guard.py)."""
+    # The web layer is imported here, when a server is built: Gradio alone takes 4-5 s to
+    # import, which `adduser`, `pull`, `backup` and the other commands need not pay.
     import gradio as gr
     from fastapi import FastAPI
 
+    from reame.web.guard import Guard
     from reame.web.health import build_health_router
+    from reame.web.login import WebLogins
     from reame.web.metrics import CountRequests, Metrics, build_metrics_router
+    from reame.web.named_api import register_api
     from reame.web.openai_api import build_router, internal_error
+    from reame.web.page import build_page
+    from reame.web.page_parts import CSS, PAGE_JS
     from reame.web.uploads import Uploads
 
     settings = Settings(config, service)
