@@ -6,7 +6,7 @@ import html
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gradio as gr
@@ -235,24 +235,12 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
             yield show(request)
             return
         # The update runs in a thread so that each of its steps reaches the page as it starts:
-        # the status and the Chat tab say "Loading model", the bar counts the steps.
-        steps: queue.SimpleQueue = queue.SimpleQueue()
-
-        def run():
-            try:
-                settings.update(changes, on_step=lambda step, p: steps.put((step, p)))
-                steps.put(("done", None))
-            except SettingsError as exc:
-                steps.put(("error", str(exc)))
-            except Exception as exc:  # noqa: BLE001 - shown to the user, logged in full
-                log.exception("applying settings failed")
-                steps.put(("error", f"unexpected error: {exc}"))
-
-        threading.Thread(target=run, name="apply-settings", daemon=True).start()
+        # the status and the Chat tab say "Loading model", the bar counts the steps. (So does
+        # a download's progress, below.)
         progress(0, desc="Checking the values…")
         skip = [gr.skip()] * len(fields)
-        while True:
-            step, value = steps.get()
+        for step, value in in_thread(lambda put: settings.update(changes, on_step=put),
+                                     SettingsError, "applying settings", "apply-settings"):
             if step in STEPS:
                 n, verb = STEPS[step]
                 progress((n, len(STEPS)), desc=f"{verb} {value.name}…", unit="steps")
@@ -276,24 +264,12 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
             gr.Warning("Only an admin can download models.")
             yield "**Not downloaded:** only an admin can download models.", gr.skip()
             return
-        # The download runs in a thread so that its progress reaches the page as it goes.
-        events: queue.SimpleQueue = queue.SimpleQueue()
-
-        def run():
-            try:
-                events.put(("done", settings.pull(
-                    repo or "", filename or "",
-                    on_progress=lambda done, total: events.put(("bytes", (done, total))))))
-            except PullError as exc:
-                events.put(("error", str(exc)))
-            except Exception as exc:  # noqa: BLE001 - shown to the user, logged in full
-                log.exception("downloading a model failed")
-                events.put(("error", f"unexpected error: {exc}"))
-
-        threading.Thread(target=run, name="pull-model", daemon=True).start()
         progress(0, desc="Asking the Hub…")
-        while True:
-            kind, value = events.get()
+        for kind, value in in_thread(
+                lambda put: settings.pull(repo or "", filename or "",
+                                          on_progress=lambda done, total: put("bytes",
+                                                                               (done, total))),
+                PullError, "downloading a model", "pull-model"):
             if kind == "bytes":
                 done, total = value
                 progress((done // 2**20, max(total // 2**20, 1)), unit="MB",
@@ -317,3 +293,27 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
                concurrency_id="pull-model", concurrency_limit=1, api_visibility="private",
                show_progress_on=[pull_status])
     return show, outputs
+
+
+def in_thread(work: Callable[[Callable[[str, object], None]], object], refusal: type[Exception],
+              doing: str, name: str) -> Iterator[tuple[str, object]]:
+    """Run work(put) in a thread of its own and yield, as they come, the (kind, value) it
+    puts, then ("done", what it returned) or ("error", the message to show): a refusal's own
+    words, anything else as an unexpected error (logged in full)."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run():
+        try:
+            events.put(("done", work(lambda kind, value: events.put((kind, value)))))
+        except refusal as exc:
+            events.put(("error", str(exc)))
+        except Exception as exc:  # noqa: BLE001 - shown to the user, logged in full
+            log.exception("%s failed", doing)
+            events.put(("error", f"unexpected error: {exc}"))
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    while True:
+        kind, value = events.get()
+        yield kind, value
+        if kind in ("done", "error"):
+            return
