@@ -63,7 +63,7 @@ SETTINGS: tuple[Setting, ...] = (
             "largest file the page takes (an import of chats) in MB; other kinds are refused",
             1, 4096),
     Setting("server", "warm_up", bool, True,
-            "run the model once on every slot at start, before /health says ok"),
+            "run the model once (one slot) at start, before /health says ok"),
     Setting("server", "root_path", str, "",
             "the path a reverse proxy serves Reame under (e.g. /reame); empty = the root"),
     Setting("storage", "sessions_dir", Path, "sessions",
