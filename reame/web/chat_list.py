@@ -10,8 +10,12 @@ Titles and snippets are users' text: escaped here, never markup.
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
 from reame.chats.store import END_MARK, MARK, Chat, Found
+
+if TYPE_CHECKING:
+    from reame.chats.service import ChatService
 
 SHOWN = 200  # rows at most; older chats are found by searching
 
@@ -79,3 +83,19 @@ def _snippet_html(snippet: str) -> str:
     """A search snippet with its matches marked (store.MARK ... END_MARK), escaped."""
     escaped = html.escape(snippet).replace(MARK, "<mark>").replace(END_MARK, "</mark>")
     return f'<span class="reame-snippet">{escaped}</span>'
+
+
+def listing_html(service: ChatService, user: str | None, chat_id: int | None,
+                 words: str = "", writing: frozenset[int] = frozenset()) -> str:
+    """The chat list's HTML: the user's chats, or those a search for words found; writing:
+    the chats whose reply is being written."""
+    if words.strip():
+        return search_results_html(service.search(words, user), chat_id, words,
+                                   writing=writing)
+    return chat_list_html(service.list_chats(user, limit=SHOWN), chat_id,
+                          total=service.count_chats(user), writing=writing)
+
+
+def latest_chat_id(service: ChatService, user: str | None) -> int | None:
+    chat = service.latest_chat(user)
+    return chat.id if chat is not None else None

@@ -1,0 +1,396 @@
+"""The page's handlers: what each event of the page does, over ChatService (page.py lays the
+page out and wires its events to these). Every handler that touches a chat passes on the
+logged-in user (gr.Request): the service answers for another user's chat as if it did not
+exist."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+
+import anyio.to_thread
+import gradio as gr
+
+from reame.admin.live_settings import Settings
+from reame.chats.service import ChatService
+from reame.chats.turns import kept_on_regenerate
+from reame.config.chat_settings import FIELD, ChatSettings
+from reame.config.refusals import ChatError, ChatNotFound, EmptyMessage, NoModel
+from reame.web.chat_list import latest_chat_id, listing_html
+from reame.web.live_replies import LiveReplies, LiveReply
+from reame.web.page_parts import (
+    flatten,
+)
+from reame.web.render import inert_html, shown_reply, to_chatbot
+from reame.web.settings_tab import cache_markdown, loading_text
+from reame.web.uploads import UploadRefused, Uploads, session_key
+from reame.web.user import user_of
+
+log = logging.getLogger(__name__)
+
+# What show() gives the page: the chat id, the list, the Chatbot, the chat settings, the search.
+VIEW = 4 + len(FIELD)
+
+
+async def in_thread(fn, *args):
+    """fn(*args) in a worker thread: an async handler's database reads leave the event loop
+    free."""
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+def _download(file: dict) -> str:
+    """A file for DOWNLOAD_JS to save: the same export twice is still a change (its time)."""
+    return json.dumps({**file, "at": time.time()})
+
+
+def _settings_values(service: ChatService, chat_id: int | None, user: str | None) -> tuple:
+    """The chat settings panel's values: the chat's, or the defaults of a new one."""
+    settings = (service.defaults if chat_id is None
+                else ChatSettings.of(service.get_chat(chat_id, user)))
+    return tuple(settings.as_dict().values())
+
+
+class PageHandlers:
+    """The handlers of one page (page.py wires them). live: the replies being written, which
+    go on whatever the page shows."""
+
+    def __init__(self, service: ChatService, live: LiveReplies, *,
+                 settings: Settings | None, can_configure: Callable[[str | None], bool],
+                 uploads: Uploads | None):
+        self.service, self.live, self.settings = service, live, settings
+        self.can_configure, self.uploads = can_configure, uploads
+
+    # Every handler that touches a chat passes on the logged-in user (gr.Request): the
+    # service answers for another user's chat as if it did not exist.
+
+    def shown(self, chat_id, user, messages=None):
+        """The chat as the Chatbot shows it, marked where the model's window starts; the
+        whole branch shown with its tools (versions, branch), or only messages, without."""
+        if messages is None:
+            chat, thread = self.service.thread(chat_id, user)
+            return to_chatbot(thread.branch, chat.window_start, thread)
+        return to_chatbot(messages, self.service.get_chat(chat_id, user).window_start)
+
+    def writing(self, user):
+        return frozenset(self.live.chats_of(user))
+
+    def listing(self, user, chat_id, words=""):
+        return listing_html(self.service, user, chat_id, words, self.writing(user))
+
+    def show(self, chat_id, request: gr.Request):
+        """Everything that depends on which chat is shown; a reply being written in it is
+        shown as far as it got (FOLLOW_JS then follows it)."""
+        user = user_of(request)
+        reply = self.live.get(user, chat_id)
+        if reply is not None:
+            messages = self.live_view(reply)
+        elif chat_id is not None:
+            try:
+                messages = self.shown(chat_id, user)
+            except ChatNotFound:
+                chat_id, messages = None, []
+            else:  # restore its KV while the user reads and types
+                threading.Thread(target=self.service.warm, args=(chat_id, user),
+                                 daemon=True).start()
+        else:
+            messages = []
+        self.live.showing(request.session_hash, chat_id)  # a following of another chat ends
+        return (chat_id, self.listing(user, chat_id), messages,
+                *_settings_values(self.service, chat_id, user), "")
+
+    def on_load(self, request: gr.Request):
+        return self.show(latest_chat_id(self.service, user_of(request)), request)
+
+    def on_new_chat(self, request: gr.Request):
+        try:
+            chat = self.service.empty_chat(user=user_of(request))
+        except ChatError as exc:  # e.g. TooManyChats: the chat shown stays
+            gr.Warning(str(exc))
+            return tuple(gr.skip() for _ in range(VIEW))
+        return self.show(chat.id, request)
+
+    def loading_model(self):
+        """The model being loaded (from the Settings tab or the API), if any."""
+        return self.settings.loading_model if self.settings is not None else None
+
+    def check_send(self, text, _chat_id, _in_progress, _words, _prompt, _temp, _top, _max_tok):
+        """Runs before begin_send; a refusal shows on the textbox and changes nothing else."""
+        try:
+            self.service.check_message(text or "")
+            problem = ""
+        except EmptyMessage:
+            problem = "Type a message first."
+        except NoModel as exc:
+            problem = f"The model could not be loaded. {exc}"
+        return (gr.validate(not problem, problem),
+                *(gr.validate(True, "") for _ in range(3 + len(FIELD))))
+
+    def begin_send(self, text, chat_id, in_progress, words, prompt, temp, top, max_tok,
+                   request: gr.Request):
+        user = user_of(request)
+        if in_progress or self.live.get(user, chat_id) is not None:
+            # A toast: the streaming reply's updates would wipe a validation message.
+            raise gr.Error("A reply is still being written: wait for it, or press stop.",
+                           print_exception=False)
+        if chat_id is None:
+            try:
+                chat_id = self.service.new_chat(user=user).id
+            except ChatError as exc:  # the text stays in the box
+                raise gr.Error(str(exc), print_exception=False) from None
+        # The chat's settings as the panel shows them: a value typed just before sending
+        # counts even if its own save (on blur) has not arrived yet.
+        values = (prompt, temp, top, max_tok)
+        if values != tuple(_settings_values(self.service, chat_id, user)):
+            self.save_settings(chat_id, *values, request)
+        self.live.showing(request.session_hash, chat_id)
+        history = self.shown(chat_id, user)
+        history.append({"role": "user", "content": inert_html(text)})
+        loading = self.loading_model()
+        if loading is not None:
+            # The reply waits for the model: say so where the reply will be.
+            history.append({"role": "assistant", "content": loading_text(loading)})
+        return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
+                self.listing(user, chat_id, words))
+
+    def live_view(self, reply: LiveReply) -> list[dict]:
+        """A reply being written as the Chatbot shows it: under the chat as it was when it
+        started, the reply so far (or its place in line)."""
+        if reply.latest is None:
+            return reply.base
+        return reply.base + [{"role": "assistant", "content": shown_reply(reply.latest)}]
+
+    async def follow_reply(self, user, chat_id, tab):
+        """The Chatbot (and, once, the message box with its Stop) while the chat's reply is
+        written; nothing if none is. Cancelling this (another chat chosen, the tab closed)
+        stops the following, not the reply."""
+        first = True
+        async with aclosing(self.live.follow(user, chat_id, tab)) as updates:
+            async for reply in updates:
+                # Before its first update the page shows the reply's chat already (begin_send,
+                # with a model load's notice; or show()). Leave the textbox's text alone: the
+                # user may be typing the next message.
+                view = self.live_view(reply) if reply.latest is not None else gr.skip()
+                yield view, (gr.Textbox(submit_btn=False, stop_btn=True) if first
+                             else gr.skip())
+                first = False
+
+    async def write_reply(self, user, chat_id, request, base, begin, text=None):
+        """Start a reply in the background and follow it. A refusal (e.g. MessageTooLong:
+        nothing was stored) is a toast rather than gr.Error — on an error the Chatbot keeps an
+        "Error" badge over the conversation — and a sent text goes back to the box, so that
+        the user loses nothing; so does a Stop that came before the reply started."""
+        try:
+            started = self.live.start(user, chat_id, request.session_hash, base, begin)
+            if started is None:
+                yield await in_thread(self.shown, chat_id, user), text if text else gr.skip()
+                return
+            async with aclosing(self.follow_reply(user, chat_id, request.session_hash)) as updates:
+                async for update in updates:
+                    yield update
+        except (ChatError, ChatNotFound) as exc:
+            gr.Warning(str(exc))
+            yield await in_thread(self.shown, chat_id, user), text if text else gr.skip()
+
+    async def stream_reply(self, text, chat_id, request: gr.Request):
+        if not text:
+            return
+        user = user_of(request)
+        base = await in_thread(self.shown, chat_id, user)
+        base.append({"role": "user", "content": inert_html(text)})
+        send = lambda: self.service.send(chat_id, text, user=user)  # noqa: E731
+        async with aclosing(self.write_reply(user, chat_id, request, base, send,
+                                             text)) as updates:
+            async for update in updates:
+                yield update
+
+    async def follow(self, chat_id, words, request: gr.Request):
+        """Once a chat is shown: follow the reply being written in it, if any, then show the
+        chat as kept (as end_send does for the tab that sent it, but without end_send's reset
+        of the message being sent: run late, after nothing to follow, it would lose a message
+        sent meanwhile). And the list's timer on while replies are written in other chats."""
+        user = user_of(request)
+        extra = (gr.skip(),) * 4
+        followed = False
+        async with aclosing(self.follow_reply(user, chat_id, request.session_hash)) as updates:
+            async for update in updates:
+                followed = True
+                yield *update, *extra
+        now = self.writing(user)
+        timer = gr.Timer(active=bool(now - {chat_id}))
+        if chat_id in now:  # a new reply began meanwhile: its own following shows it
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), now, timer
+            return
+        # Send back. The chat itself only after a following: show() drew it as kept just
+        # before, and drawing it again here, late on a busy machine, undid what the user did
+        # meanwhile (a version chosen with ‹). No chunk of the chat left comes after show():
+        # its following ends once the tab shows another chat (LiveReplies.showing).
+        ready = gr.Textbox(submit_btn=True, stop_btn=False)
+        if not followed:
+            yield gr.skip(), ready, gr.skip(), gr.skip(), now, timer
+            return
+        try:
+            messages = await in_thread(self.shown, chat_id, user) if chat_id is not None else []
+        except ChatNotFound:
+            messages = gr.skip()
+        yield (messages, ready, await in_thread(self.listing, user, chat_id, words),
+               await in_thread(lambda: cache_markdown(
+                   self.service, user, whole_server=self.can_configure(user))), now, timer)
+
+    def stop_reply(self, chat_id, in_progress, request: gr.Request):
+        """Stop: the reply of the chat shown ends at its next step and is kept."""
+        self.live.stop(user_of(request), chat_id, starting=bool(in_progress))
+
+    async def tab_closed(self, request: gr.Request):
+        self.live.leave(request.session_hash)
+
+    def check_list(self, chat_id, words, shown_writing, request: gr.Request):
+        """While replies are written in other chats: the list again once one has ended
+        (its "writing" mark gone), and the timer off once none is left."""
+        user = user_of(request)
+        now = self.writing(user)
+        listed = self.listing(user, chat_id, words) if now != shown_writing else gr.skip()
+        return listed, now, gr.Timer(active=bool(now - {chat_id}))
+
+    def type_ahead(self, text, chat_id, request: gr.Request):
+        if chat_id is not None and text:
+            try:
+                self.service.type_ahead(chat_id, text, user_of(request))
+            except (ChatError, ChatNotFound):  # deleted meanwhile: nothing to prepare
+                pass
+
+    def end_send(self, chat_id, words, request: gr.Request):
+        """After following a reply, however it ended: done, failed, stopped, or another chat
+        chosen (the reply goes on). Shows the chat as stored — the stream's last chunks, which
+        can arrive after another chat was chosen, are replaced by that chat — unless a reply
+        is being written in the chat shown: its own following shows it. While replies are
+        written in other chats, the list's timer watches for their end."""
+        user = user_of(request)
+        now = self.writing(user)
+        timer = gr.Timer(active=bool(now - {chat_id}))
+        cache = cache_markdown(self.service, user, whole_server=self.can_configure(user))
+        if chat_id in now:
+            return (gr.skip(), gr.skip(), self.listing(user, chat_id, words), gr.skip(), cache,
+                    now, timer)
+        try:
+            messages = self.shown(chat_id, user) if chat_id is not None else []
+        except ChatNotFound:
+            messages = []
+        return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
+                self.listing(user, chat_id, words), "", cache, now, timer)
+
+    async def regenerate(self, chat_id, request: gr.Request):
+        if chat_id is None:
+            return
+        user = user_of(request)
+
+        def prepare():
+            kept = kept_on_regenerate(self.service.messages(chat_id, user))
+            return self.shown(chat_id, user, kept)
+
+        async with aclosing(self.write_reply(
+                user, chat_id, request, await in_thread(prepare),
+                lambda: self.service.regenerate(chat_id, user=user))) as ups:
+            async for update in ups:
+                yield update
+
+    async def edit(self, chat_id, data: gr.EditData, request: gr.Request):
+        if chat_id is None:
+            return
+        user = user_of(request)
+        index = data.index if isinstance(data.index, int) else data.index[0]
+        text = flatten(data.value)
+
+        def prepare():
+            """The messages kept before the edited one; the turn, refused (not the user's
+            message, empty, ...) before anything changes."""
+            messages = self.service.messages(chat_id, user)
+            if not 0 <= index < len(messages):
+                raise ChatError("This message is no longer in the chat.")
+            updates = self.service.edit_message(chat_id, messages[index].id, text, user=user)
+            return self.shown(chat_id, user, messages[:index]), updates
+
+        try:
+            kept, updates = await in_thread(prepare)
+        except ChatError as exc:
+            gr.Warning(str(exc))
+            yield await in_thread(self.shown, chat_id, user), gr.skip()
+            return
+        base = kept + [{"role": "user", "content": inert_html(text)}]
+        async with aclosing(self.write_reply(user, chat_id, request, base,
+                                        lambda: updates)) as stream:
+            async for update in stream:
+                yield update
+
+    def act(self, action, chat_id, request: gr.Request):
+        """A button of the chat list or inside a message (chat_list.py, render.message_tools):
+        "KIND:ID[:TEXT]". open, pin, rename, delete, export and markdown name a chat; show
+        (a version) and branch (from here) a message of the chat shown. The view, and an
+        export's file for the browser to save ("" for none), and the Cache panel."""
+        kind, _, rest = (action or "").partition(":")
+        target, _, text = rest.partition(":")
+        skip = tuple(gr.skip() for _ in range(VIEW)) + ("", gr.skip())
+        if not target.isdigit():
+            return skip
+        target, user = int(target), user_of(request)
+        try:
+            if kind == "open":
+                chat_id = target
+            elif kind == "pin":
+                self.service.toggle_pin(target, user)
+            elif kind == "rename":
+                self.service.rename_chat(target, text, user)
+            elif kind == "delete":
+                self.live.stop(user, target)  # its reply first: nothing is written into it after
+                self.service.delete_chat(target, user)
+                if target == chat_id:
+                    chat_id = latest_chat_id(self.service, user)
+            elif kind in ("export", "markdown"):
+                return skip[:-2] + (_download(self.service.export_file(
+                    target, user, markdown=kind == "markdown")), gr.skip())
+            elif kind == "show" and chat_id is not None:
+                self.service.show_version(chat_id, target, user)
+            elif kind == "branch" and chat_id is not None:
+                chat_id = self.service.branch(chat_id, target, user).id
+            else:
+                return skip
+        except (ChatError, ChatNotFound) as exc:
+            gr.Warning(str(exc))
+            return skip
+        return (*self.show(chat_id, request), "",
+                cache_markdown(self.service, user, whole_server=self.can_configure(user)))
+
+    def find(self, words, chat_id, request: gr.Request):
+        """The chat list as the search box asks: the chats found, or all of them."""
+        user = user_of(request)
+        return self.listing(user, chat_id, words)
+
+    def export_all(self, request: gr.Request):
+        return _download(self.service.export_file(None, user_of(request)))
+
+    def import_chats(self, upload, chat_id, request: gr.Request):
+        """Chats from a file: Reame's export or ChatGPT's conversations.json."""
+        user = user_of(request)
+        if self.uploads is None:
+            raise gr.Error("Nothing was imported: this server takes no uploads",
+                           print_exception=False)
+        try:
+            data = self.uploads.take(upload, session_key(request.headers.get("cookie", "")))
+            made = self.service.import_chats(data, user)
+        except (ChatError, UploadRefused) as exc:
+            raise gr.Error(f"Nothing was imported: {exc}", print_exception=False) from None
+        gr.Info(f"Imported {len(made):,} chat{'s' if len(made) != 1 else ''}.")
+        return self.show(made[0].id if made else chat_id, request)
+
+    def save_settings(self, chat_id, prompt, temp, top, max_tok, request: gr.Request):
+        if chat_id is None:
+            return
+        try:
+            self.service.update_settings(chat_id, system_prompt=prompt, temperature=temp,
+                                    top_p=top, max_tokens=int(max_tok) if max_tok else None,
+                                    user=user_of(request))
+        except ChatError as exc:
+            raise gr.Error(str(exc)) from None
