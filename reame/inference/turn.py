@@ -1,10 +1,13 @@
 """One turn of the model: restore -> evaluate the new tokens -> sample -> keep.
 
-Every path that runs the model goes through TurnRunner: a stored chat's message, regenerate and
-edit, a stateless /v1 request (all `run`), and type-ahead (`prefill` alone). They differ only in
-their Job (the prompt and how to sample it) and their Keeper (what is kept afterwards: a stored
-chat's message and KV file, or a stateless conversation's KV file and reply tokens). Each step
-happens once, here, and is timed once.
+Every turn goes through TurnRunner: a stored chat's message, regenerate and edit, a stateless
+/v1 request (all `run`), and type-ahead (`prefill` alone). They differ only in their Job (the
+prompt and how to sample it) and their Keeper (what is kept afterwards: a stored chat's message
+and KV file, or a stateless conversation's KV file and reply tokens). Each step happens once,
+here, and is timed once. Maintenance work runs the engine on the scheduler's thread without
+it, answering nobody: the warm-up at start (warmup.py), the shared default prompt's snapshot
+(ChatService.share_default_prompt) and a chat's KV restored when it is opened
+(ChatService.warm).
 
 `run` and `prefill_steps` are generators of steps (scheduler.py): they yield None between two
 decodes, so that other people's replies take their turns there, and run on the engine's thread.
