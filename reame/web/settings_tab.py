@@ -239,8 +239,9 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
         # a download's progress, below.)
         progress(0, desc="Checking the values…")
         skip = [gr.skip()] * len(fields)
-        for step, value in in_thread(lambda put: settings.update(changes, on_step=put),
-                                     SettingsError, "applying settings", "apply-settings"):
+        for step, value in steps_from_thread(
+                lambda put: settings.update(changes, on_step=put),
+                SettingsError, "applying settings", "apply-settings"):
             if step in STEPS:
                 n, verb = STEPS[step]
                 progress((n, len(STEPS)), desc=f"{verb} {value.name}…", unit="steps")
@@ -265,7 +266,7 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
             yield "**Not downloaded:** only an admin can download models.", gr.skip()
             return
         progress(0, desc="Asking the Hub…")
-        for kind, value in in_thread(
+        for kind, value in steps_from_thread(
                 lambda put: settings.pull(repo or "", filename or "",
                                           on_progress=lambda done, total: put("bytes",
                                                                                (done, total))),
@@ -295,8 +296,9 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
     return show, outputs
 
 
-def in_thread(work: Callable[[Callable[[str, object], None]], object], refusal: type[Exception],
-              doing: str, name: str) -> Iterator[tuple[str, object]]:
+def steps_from_thread(work: Callable[[Callable[[str, object], None]], object],
+                      refusal: type[Exception], doing: str,
+                      name: str) -> Iterator[tuple[str, object]]:
     """Run work(put) in a thread of its own and yield, as they come, the (kind, value) it
     puts, then ("done", what it returned) or ("error", the message to show): a refusal's own
     words, anything else as an unexpected error (logged in full)."""
