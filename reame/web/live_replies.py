@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from reame.chats.service import ChatError, ChatNotFound
+from reame.config.refusals import ChatError, ChatNotFound
 from reame.inference.turn import TurnUpdate
 from reame.inference.turn_stream import TurnStream
 from reame.web.turn_updates import turn_updates
@@ -136,9 +136,7 @@ class LiveReplies:
         news, until it ends; nothing if none is being written. The tab watches it from now on.
         Raises the reply's refusal or failure at its end."""
         reply = self.get(user, chat_id)
-        if reply is None:
-            return
-        if not self.shows(tab, chat_id):
+        if reply is None or not self.shows(tab, chat_id):
             return
         self.watch(reply, tab)
         yield reply
