@@ -23,7 +23,7 @@ from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder, Turn
 from reame.inference.sampling import Sampling
 
-from .conftest import GREEDY, MODEL
+from .conftest import GREEDY, MODEL, THREADS
 
 _engines: dict[Path, tuple[Engine, PromptBuilder]] = {}
 _lock = threading.Lock()
@@ -36,7 +36,7 @@ def model_answer(*messages: str, system_prompt: str = GREEDY.system_prompt,
              for i, text in enumerate(messages)]
     with _lock:
         if model_path not in _engines:
-            engine = Engine(model_path, n_ctx=2048)
+            engine = Engine(model_path, n_ctx=2048, n_threads=THREADS)
             _engines[model_path] = engine, PromptBuilder(engine)
         engine, prompts = _engines[model_path]
         engine.clear()

@@ -18,7 +18,7 @@ from reame.inference.prompt import Turn
 from reame.runtime import service_over
 from reame.web.render import stats_text
 
-from .conftest import GREEDY
+from .conftest import GREEDY, THREADS
 from .reference import assert_answers, model_answer
 
 LONG_SYSTEM = ("You are a meticulous assistant for a public library. " * 30).strip()
@@ -32,7 +32,7 @@ class Node:
 
     def __init__(self, folder, model_path, *, enabled=True, kv_type="f16", max_mb=4096,
                  n_ctx=2048):
-        self.engine = Engine(model_path, n_ctx=n_ctx, kv_type=kv_type)
+        self.engine = Engine(model_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=THREADS)
         self.service = service_over(folder, self.engine, GREEDY, cache=enabled,
                                     max_disk_bytes=max_mb * 1024 * 1024)
         self.store, self.kv = self.service.store, self.service.cache.files
@@ -86,7 +86,7 @@ def close_to_cold(node, chat_id, text, model_path):
     restored = service.cache.prepare(chat_id, prompt)
     node.engine.prefill(prompt)
     warm = node.engine.logits()
-    cold = Engine(model_path, n_ctx=2048)
+    cold = Engine(model_path, n_ctx=2048, n_threads=THREADS)
     cold.prefill(prompt)
     reference = cold.logits()
     assert warm.argmax() == reference.argmax()
@@ -549,7 +549,7 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     assert typed >= CHUNK, "most of the message was evaluated while it was typed"
     assert service.type_ahead(chat.id, message) == 0, "nothing new: nothing evaluated"
     # The KV typed ahead is the KV of its tokens (to a batched evaluation's rounding).
-    cold = Engine(model_path, n_ctx=2048)
+    cold = Engine(model_path, n_ctx=2048, n_threads=THREADS)
     cold.prefill(list(later.engine.tokens))
     typed_logits, reference = later.engine.logits(), cold.logits()
     assert typed_logits.argmax() == reference.argmax()

@@ -6,7 +6,7 @@ from reame.chats.service import ChatService, EmptyMessage, MessageTooLong, NoMod
 from reame.chats.window import turns_of
 from reame.config.refusals import ChatNotFound
 
-from .conftest import GREEDY
+from .conftest import GREEDY, THREADS
 from .reference import assert_answers, model_answer
 
 
@@ -103,7 +103,7 @@ def test_a_stopped_reply_keeps_its_partial_text(service):
 
 def test_oldest_messages_are_left_out_when_the_history_outgrows_the_context(store, model_path):
     from reame.inference.engine import Engine
-    small = Engine(model_path, n_ctx=256)
+    small = Engine(model_path, n_ctx=256, n_threads=THREADS)
     service = ChatService(store, small, GREEDY)
     chat = service.new_chat()
     service.update_settings(chat.id, max_tokens=40)

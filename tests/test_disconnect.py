@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reame.inference.engine import Engine
 from reame.runtime import service_over
 
-from .conftest import GREEDY, Server, start_server
+from .conftest import GREEDY, THREADS, Server, start_server
 
 LONG = "Write a very long story about a dragon who learns to sing, with many chapters."
 # About 1,500 tokens of prompt: 6-10 s to evaluate on 2 cores, in about a hundred decodes.
@@ -58,7 +58,7 @@ def v1_body(text: str, *, stream: bool, max_tokens: int = 400,
 def no_end(model_path) -> dict[str, float]:
     """A logit_bias that bans the model's end tokens: a reply that goes on to max_tokens
     whatever the CPU makes of it."""
-    engine = Engine(model_path, n_ctx=256)
+    engine = Engine(model_path, n_ctx=256, n_threads=THREADS)
     try:
         return {str(t): -100 for t in range(engine.n_vocab) if engine.is_end(t)}
     finally:
@@ -204,12 +204,29 @@ def test_a_cancelled_gradio_client_job_frees_the_slot(server):
                                                      for m in kept)
 
 
+def test_a_stop_does_not_wait_for_open_pages_or_streamed_replies(server, no_end):
+    """An open page or API client always holds a stream (Gradio's heartbeat), and a reply
+    may be streaming: SIGTERM ends them as hang-ups and the server stops at once, not after
+    uvicorn's graceful timeout (5 s, logged as exceeded). The module's last use of `server`."""
+    client = Client(server.url, verbose=False)
+    client.predict(api_name="/new_chat")  # its heartbeat stream is open
+    sock = open_v1(server, LONG, logit_bias=no_end)
+    read_until(sock, b"data: ")  # the reply is streaming
+    started = time.monotonic()
+    server.process.terminate()
+    server.process.wait(timeout=60)
+    took = time.monotonic() - started
+    sock.close()
+    assert "graceful shutdown exceeded" not in server.log_path.read_text()
+    assert took < 5, f"the stop took {took:.1f} s"
+
+
 # In-process: the scheduler's bound on a caller that stops asking.
 
 
 @pytest.fixture(scope="module")
 def engine1(model_path) -> Engine:
-    engine = Engine(model_path, n_ctx=2048, slots=1)
+    engine = Engine(model_path, n_ctx=2048, slots=1, n_threads=THREADS)
     yield engine
     engine.close()
 

@@ -13,14 +13,14 @@ from reame.inference.engine import Engine
 from reame.inference.tasks import Limits
 from reame.runtime import service_over
 
-from .conftest import GREEDY
+from .conftest import GREEDY, THREADS
 
 LONG = "Write a long story about a dragon who learns to sing."
 
 
 @pytest.fixture(scope="module")
 def engine4(model_path) -> Engine:
-    engine = Engine(model_path, n_ctx=1024, slots=4)
+    engine = Engine(model_path, n_ctx=1024, slots=4, n_threads=THREADS)
     yield engine
     engine.close()
 

@@ -15,6 +15,8 @@ from reame.runtime import service_over
 from reame.web.named_api import message_dict
 from reame.web.render import stats_text, to_chatbot
 
+from .conftest import THREADS
+
 N_CTX = 1024
 SETTINGS = GenerationConfig(system_prompt="You are a helpful assistant.", temperature=0.0,
                             top_p=1.0, max_tokens=32)
@@ -32,7 +34,7 @@ class Node:
     """One 'process' over a folder: engine, database, KV files, service."""
 
     def __init__(self, folder, model_path):
-        self.engine = Engine(model_path, n_ctx=N_CTX)
+        self.engine = Engine(model_path, n_ctx=N_CTX, n_threads=THREADS)
         self.service = service_over(folder, self.engine, SETTINGS)
         self.store, self.kv = self.service.store, self.service.cache.files
 

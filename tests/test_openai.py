@@ -17,7 +17,7 @@ from openai import APIError, APIStatusError, OpenAI
 
 from reame.inference.engine import Engine
 
-from .conftest import Server, start_server
+from .conftest import THREADS, Server, start_server
 from .reference import assert_answers, model_answer
 
 CAPITAL = "What is the capital city of France? Answer in one word."
@@ -175,7 +175,7 @@ def test_max_tokens_stop_and_seed_are_honoured(server):
 
 
 def test_logit_bias_favours_and_bans_tokens(server, model_path):
-    engine = Engine(model_path, n_ctx=256)  # the model's token ids, as a client has them
+    engine = Engine(model_path, n_ctx=256, n_threads=THREADS)  # the model's token ids, as a client has them
     try:
         favoured = engine.tokenize(" zebra")[0]
         piece = engine.token_text(favoured)

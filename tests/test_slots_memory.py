@@ -13,7 +13,7 @@ from reame.models.gguf_info import read_gguf_info
 from reame.models.kv_budget import slots_that_fit
 from reame.models.model_file import ModelLoadError
 
-from .conftest import ROOT
+from .conftest import ROOT, THREADS
 
 N_CTX = 4096
 MB = 2**20
@@ -23,10 +23,10 @@ import json, sys, psutil
 from reame.inference.engine import Engine
 before = psutil.Process().memory_info().rss
 engine = Engine(sys.argv[1], n_ctx=int(sys.argv[2]), slots=int(sys.argv[3]),
-                kv_budget_bytes=int(sys.argv[4]) or None)
-for seq in engine.sequences:  # every slot holds a long history
+                kv_budget_bytes=int(sys.argv[4]) or None, n_threads=int(sys.argv[5]))
+for seq in engine.sequences:  # every slot holds a history (its KV buffer is all resident)
     engine.use(seq)
-    engine.extend(engine.tokenize("The sea is wide and deep. " * 120))
+    engine.extend(engine.tokenize("The sea is wide and deep. " * 20))
 print(json.dumps({"slots": len(engine.sequences),
                   "grown": psutil.Process().memory_info().rss - before}))
 """
@@ -35,7 +35,7 @@ print(json.dumps({"slots": len(engine.sequences),
 def grown(model_path, slots: int, budget: int = 0) -> dict:
     """A fresh process's growth in resident memory from loading the model with slots."""
     out = subprocess.run([sys.executable, "-c", MEASURE, str(model_path), str(N_CTX),
-                          str(slots), str(budget)], cwd=ROOT, capture_output=True, text=True,
+                          str(slots), str(budget), str(THREADS)], cwd=ROOT, capture_output=True, text=True,
                          check=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

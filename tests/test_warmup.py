@@ -16,7 +16,7 @@ from reame.inference.engine import Engine
 from reame.inference.warmup import warm_up
 from reame.runtime import service_over
 
-from .conftest import GREEDY, ROOT, free_port, write_config
+from .conftest import GREEDY, ROOT, THREADS, free_port, write_config
 
 QUESTION = "Name three colours of the rainbow."
 
@@ -28,7 +28,7 @@ def reply_of(service) -> tuple[str, str]:
 
 
 def test_the_warm_up_runs_the_model_and_leaves_nothing_behind(tmp_path, model_path):
-    engine = Engine(model_path, n_ctx=1024, slots=2)
+    engine = Engine(model_path, n_ctx=1024, slots=2, n_threads=THREADS)
     try:
         cold = service_over(tmp_path / "cold", engine, GREEDY)
         expected = reply_of(cold)

@@ -11,6 +11,12 @@ open files (systemd's default limit is 1,024) and everyone else times out. Here:
   per address: all their clients share their address (the proxy limits them: nginx's
   limit_conn);
 - the service unit raises LimitNOFILE above TOTAL, with room for the database and KV files.
+
+And a stop that does not wait for streams with no end of their own: at a shutdown (SIGTERM,
+Ctrl-C) uvicorn waits for every open response, and an open page or API client always holds
+one (Gradio's heartbeat). A response already streaming is ended as if its client had hung
+up: the server stops in a fraction of a second instead of after its graceful timeout, and a
+reply being streamed stops as when its client hangs up (its slot freed, its words kept).
 """
 
 from __future__ import annotations
@@ -62,6 +68,13 @@ def limited_protocol(*, exempt: frozenset[str] = frozenset(), per_address: int =
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._wait_for_headers()  # the next request of a kept-alive connection
+
+        def shutdown(self) -> None:
+            cycle = self.cycle
+            if cycle is not None and cycle.response_started and not cycle.response_complete:
+                self.transport.close()  # as if the client hung up: its app hears it gone
+            else:
+                super().shutdown()
 
         def _wait_for_headers(self) -> None:
             self._stop_waiting()
