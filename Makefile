@@ -12,11 +12,11 @@ TEST_WORKERS ?= auto
 SUDO        := $(shell [ $$(id -u) = 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv model browser tools run test screenshots bench clean
+.PHONY: help venv model browser tools run test test-full screenshots bench clean
 
 help: ## List the targets
 	@echo "Reame make targets:"
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "Pass extra pytest options with: make test PYTEST_ARGS='-k name -x'"
 
 venv: $(STAMP) ## Create .venv and install requirements.txt (no-op when up to date)
@@ -59,7 +59,10 @@ run: venv model ## Start the chat server (app.py)
 	$(VENV_PY) app.py
 
 test: venv model browser tools ## Run the test suite
-	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS)
+
+test-full: venv model browser tools ## The suite with more samples (prompts, fuzz examples, chaos)
+	REAME_TEST_FULL=1 $(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 screenshots: venv model browser ## Retake README's screenshots into docs/screenshots/ (page tests)
 	REAME_SCREENSHOTS=1 $(VENV_PY) -m pytest -q tests/test_page_send.py tests/test_page_chats.py \

@@ -35,6 +35,10 @@ SYSTEM_PROMPT = os.environ.get("REAME_TEST_SYSTEM_PROMPT", "You are a helpful as
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = int(os.environ.get("REAME_TEST_THREADS",
                              max(1, (os.cpu_count() or 1) // WORKERS) if WORKERS > 1 else 0))
+# `make test-full` (REAME_TEST_FULL=1): the sampled tests try more of what they sample (prompts
+# in tests/test_reproducible.py, examples in tests/test_fuzz.py, the chaos test's length);
+# `make test` tries enough to catch a regression and stays within 12 minutes on 2 cores.
+FULL = os.environ.get("REAME_TEST_FULL") == "1"
 GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.0,
                           max_tokens=24)
 

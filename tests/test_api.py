@@ -5,19 +5,25 @@ from gradio_client import Client
 
 from reame.inference.batches import CHUNK
 
+from .conftest import start_server
 from .reference import assert_answers, model_answer
 
 
-@pytest.fixture
-def server(server_factory):
-    return server_factory()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_path):
+    """One server for the tests whose chats never meet (each makes and reads its own); a test
+    that lists every chat or restarts the server has a server of its own."""
+    server = start_server(tmp_path_factory.mktemp("api"), model_path=model_path)
+    yield server
+    server.stop()
 
 
 def client_for(server) -> Client:
     return Client(server.url, verbose=False)
 
 
-def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server):
+def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server_factory):
+    server = server_factory()
     client = client_for(server)
     chat_id = client.predict("Geography", "You are a terse assistant.", api_name="/new_chat")
     assert isinstance(chat_id, int)
@@ -156,17 +162,18 @@ def test_a_malformed_config_stops_the_start_naming_the_line(tmp_path):
     assert "line 3: n_threads 4" in result.stderr
 
 
-def two_turns(client, title: str) -> tuple[int, list[dict]]:
+def two_turns(client, title: str, first: str = "Say hello.") -> tuple[int, list[dict]]:
     """A new chat with two turns; its id and messages."""
     chat_id = client.predict(title, None, api_name="/new_chat")
-    client.predict(chat_id, "Say hello.", api_name="/send")
+    client.predict(chat_id, first, api_name="/send")
     client.predict(chat_id, "Which planet do we live on?", api_name="/send")
     return chat_id, client.predict(chat_id, api_name="/get_chat")["messages"]
 
 
 def test_versions_and_branches_through_the_api(server):
     client = client_for(server)
-    chat_id, before = two_turns(client, "")
+    # Another opening than the other tests' chats: the branch's KV can come only from its own.
+    chat_id, before = two_turns(client, "", first="Say hi to me.")
     assert [m["version"] for m in before] == [1, 1, 1, 1]
     edited = client.predict(chat_id, before[2]["id"], "Say goodbye.", api_name="/edit_message")
     shown = client.predict(chat_id, api_name="/get_chat")["messages"]

@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from reame.web.named_api import INTERNAL_ERROR as API_INTERNAL_ERROR
 from reame.web.openai_api import INTERNAL_ERROR as V1_INTERNAL_ERROR
 
-from .conftest import Server, start_server
+from .conftest import FULL, Server, start_server
 
-FUZZ = settings(max_examples=80, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=200 if FULL else 40, deadline=None, derandomize=True,
+                database=None,
                 suppress_health_check=[HealthCheck.too_slow,
                                        HealthCheck.function_scoped_fixture])
 TIMEOUT = 120  # s, one request on a busy machine
