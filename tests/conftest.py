@@ -20,6 +20,8 @@ from reame.chats.store import Store
 from reame.config.reame_conf import GenerationConfig
 from reame.inference.engine import Engine
 
+from . import server_process
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The default system prompt of the tests' services and servers. REAME_TEST_SYSTEM_PROMPT changes
@@ -125,7 +127,8 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
 
 
 class Server:
-    """`python app.py --config PATH` as a real process on a free port."""
+    """`python app.py --config PATH` as a real process on a free port (forked from a
+    preloaded interpreter: tests/server_process.py)."""
 
     def __init__(self, config: Path, log_path: Path):
         self.config = config
@@ -135,15 +138,11 @@ class Server:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90) -> "Server":
-        log = self.log_path.open("ab")
         # Each server keeps its uploads in a folder of its own (tests look at what is left).
         env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
                "GRADIO_TEMP_DIR": str(self.config.parent / "gradio")}
-        self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "app.py"), "--config", str(self.config),
-             "--port", str(self.port)],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-        )
+        self.process = server_process.start(
+            ["--config", str(self.config), "--port", str(self.port)], env, self.log_path, ROOT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
