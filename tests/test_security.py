@@ -772,16 +772,16 @@ def chain_export(chats: int, messages: int, words: str = "the weather and what t
                        "chats": [chat(n) for n in range(chats)]})
 
 
-def test_a_ten_thousand_message_chat_costs_a_keystroke_little(bank):
+def test_a_chat_of_thousands_of_messages_costs_a_keystroke_little(bank):
     """Type-ahead on an imported chain of N messages took 1.8 s at N = 1,000 and 30.9 s at
     4,000 (the window dropped one turn at a time and rendered the rest again): quadratic. Now
     the window is found by doubling and bisection; the server's CPU for three keystrokes and a
-    send on 10,000 messages stays within seconds (it was hours)."""
+    send on 6,000 messages stays within seconds (it was over a minute; at 10,000, hours)."""
     import psutil
 
     server, _ = bank
     alice = login(server, "alice")
-    [chat] = alice.predict(chain_export(1, 10_000), api_name="/import_chats")
+    [chat] = alice.predict(chain_export(1, 6_000), api_name="/import_chats")
     process = psutil.Process(server.process.pid)
     before = sum(process.cpu_times()[:2])
     for draft in ("Wha", "What should", "What should I wear"):
@@ -791,7 +791,7 @@ def test_a_ten_thousand_message_chat_costs_a_keystroke_little(bank):
     reply = alice.predict(chat, "What should I wear?", api_name="/send")
     assert reply.strip()
     shown = alice.predict(chat, api_name="/get_chat")
-    assert len(shown["messages"]) == 10_002 and shown["messages"][-2]["content"] == (
+    assert len(shown["messages"]) == 6_002 and shown["messages"][-2]["content"] == (
         "What should I wear?")
 
 
