@@ -44,6 +44,8 @@ class ChatKeeper:
         return self.store.has_chat(self.chat_id, self.owner)
 
     def keep(self, decoding: Decoding, stats: TurnStats) -> int:
+        """The turn's write at its end, one transaction (Turns._prepare_turn says why there is
+        one before): the reply with its stats, as the chat's leaf, its updated time."""
         reply = decoding.text
         return self.store.add_message(
             self.chat_id, "assistant", reply.strip() if decoding.finished else reply,
@@ -207,24 +209,33 @@ class Turns:
     def _prepare_turn(self, runtime: ModelRuntime, chat_id: int, owner: str | None,
                       text: str | None, cut_at: int | None, seed: int | None,
                       max_tokens: int | None, stop: tuple[str, ...]) -> tuple[Job, ChatKeeper]:
-        """Store the user's message and make the turn's job (its slot is held meanwhile)."""
+        """Store the user's message and make the turn's job (its slot is held meanwhile).
+
+        A turn writes twice, each time one transaction: here, before its reply (the user's
+        message, the rewind of an edit or a regenerate, the window moved, the title of a first
+        message), and when its reply ends (ChatKeeper.keep: the reply, its stats, the chat's
+        leaf and updated time). The first write is not kept for the end: a reload while the
+        reply is written shows the message, and a reply stopped, or failed, keeps it."""
         chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
         history = self.store.messages(chat.id)
         kept = [m for m in history if cut_at is None or m.position < cut_at]
         window = fit(runtime.prompts, chat, chat_scope(chat), kept,
                      Turn("user", text) if text is not None else None, cut_at)
-        # Each write checks, in its own transaction, that the chat is still the owner's.
+        changes: dict = {}
         if cut_at is not None:  # a new version: the old one stays (versions)
-            self.store.rewind(chat.id, cut_at, expect_owner=owner)
+            changes["leaf_id"] = kept[-1].id if kept else None
         if window.start != chat.window_start:
-            chat = self.store.update_chat(chat.id, window_start=window.start,
-                                          expect_owner=owner)
+            changes["window_start"] = window.start
+        if text is not None and chat.title == DEFAULT_TITLE and not kept:
+            changes["title"] = title_from(text)
+        message = dict(role="user", content=text) if text is not None else None
         user_message_id = None
-        if text is not None:
-            user_message_id = self.store.add_message(chat.id, "user", text,
-                                                     expect_owner=owner).id
-            if chat.title == DEFAULT_TITLE and not kept:
-                self.store.update_chat(chat.id, title=title_from(text), expect_owner=owner)
+        if changes or message is not None:
+            # The write checks, in its transaction, that the chat is still the owner's.
+            written, added = self.store.write_turn(chat.id, expect_owner=owner,
+                                                   message=message, **changes)
+            chat = written if "window_start" in changes else chat
+            user_message_id = added.id if added is not None else None
         after = user_message_id if text is not None else (kept[-1].id if kept else None)
         job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
                         user_message_id=user_message_id)
