@@ -176,7 +176,7 @@ class KVStore:
         return self.folder / f"prefix-{block_hash}-{self.tag}.kv"
 
     def _chat_of(self, path: Path) -> int | None:
-        """The chat whose file of this store's model path is (None: not one)."""
+        """The chat whose file path is, if it is a chat's file of this store's model."""
         kind, _, rest = path.name.partition("-")
         number, _, end = rest.partition("-")
         if kind != "chat" or not number.isdigit() or end != f"{self.tag}.kv":
@@ -309,14 +309,14 @@ class KVStore:
         return removed
 
     def _delete(self, path: Path) -> bool:
-        """_delete, and the chat it was the file of no longer has one."""
-        if not _delete(path):
-            return False
+        """Delete a KV file (the module's _delete); a chat whose file is gone (deleted here,
+        or found gone) is no longer ready to continue."""
+        deleted = _delete(path)
         chat_id = self._chat_of(path)
-        if chat_id is not None:
+        if chat_id is not None and (deleted or not path.exists()):
             with self._ready_lock:
                 self._ready.discard(chat_id)
-        return True
+        return deleted
 
 
 def check_folder(folder: Path) -> None:
