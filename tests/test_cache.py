@@ -599,3 +599,65 @@ def test_the_cache_s_totals_and_prefill_speed_outlive_a_restart(folder, model_pa
     # An unreadable file of totals is a fresh start, not a crash.
     (folder / "kv" / TOTALS_NAME).write_text("{not json")
     assert Node(folder, model_path).service.cache_stats()["tokens_restored"] == 0
+
+
+def test_the_chats_ready_are_counted_as_files_come_and_go(folder):
+    """KVStore.ready_chats: the chats with a file of the store's model, kept as files are
+    written, evicted, deleted and swept, and found at start: always what looking for each
+    chat's file says (the old way of counting them), without looking."""
+    kv_dir = folder / "kv"
+    kv = KVStore(kv_dir, fingerprint="test", max_bytes=1 << 30)
+    chats = set(range(1, 9))
+
+    def check(store):
+        looked = {chat for chat in chats if store.chat_path(chat).exists()}
+        assert store.ready_chats() & chats == looked
+        return len(looked)
+
+    assert check(kv) == 0
+    for chat in range(1, 7):
+        kv.write(kv.chat_path(chat), list(range(chat)), bytes(1000))
+    kv.write(kv.prefix_path("ab" * 12), list(range(64)), bytes(1000))  # not a chat's
+    other = KVStore(kv_dir, fingerprint="another model", max_bytes=1 << 30)
+    other.write(other.chat_path(7), [1, 2], bytes(1000))  # another model's: not ready
+    assert check(kv) == 6 and check(other) == 1
+    kv.write_later(kv.chat_path(8), [1, 2, 3], bytes(1000))
+    kv.flush()
+    assert check(kv) == 7
+    for n, chat in enumerate([3, 1, 2, 4, 5, 6, 8]):  # oldest first, for the eviction
+        os.utime(kv.chat_path(chat), (1000 + n, 1000 + n))
+    kv.max_bytes = 3 * kv.chat_path(8).stat().st_size
+    assert kv.evict() > 0
+    assert check(kv) == len([p for p in kv.files() if p.name.startswith("chat-")
+                             and p.name.endswith(f"-{kv.tag}.kv")]) < 7
+    kv.max_bytes = 1 << 30
+    kv.delete_chat(8)
+    assert check(kv) == check(KVStore(kv_dir, fingerprint="test", max_bytes=1 << 30))
+    kv.write(kv.chat_path(1), [1], bytes(1000))
+    restarted = KVStore(kv_dir, fingerprint="test", max_bytes=1 << 30)  # found at start
+    assert restarted.ready_chats() == kv.ready_chats() and check(restarted) >= 1
+    assert restarted.sweep(set()) > 0
+    assert check(restarted) == 0
+
+
+def test_counting_the_chats_ready_after_a_reply_looks_for_no_chat_s_file(folder, model_path,
+                                                                         monkeypatch):
+    """The Cache panel after each reply (an administrator's: every chat of every user) counts
+    the chats ready to continue from the running count: no file is looked for per chat."""
+    import pathlib
+
+    node = Node(folder, model_path)
+    chats = [node.service.new_chat() for _ in range(30)]
+    node.say(chats[0].id, "Say hello.")
+    node.kv.flush()
+    on_disk = {p.name for p in (folder / "kv").iterdir()}
+    looked = []
+    stat = pathlib.Path.stat
+    monkeypatch.setattr(pathlib.Path, "stat",
+                        lambda self, **kw: looked.append(self.name) or stat(self, **kw))
+    stats = node.service.cache_stats()
+    monkeypatch.undo()
+    assert stats["chats_ready"] == 1
+    assert set(looked) - {"kv"} <= on_disk, "only the folder and its files are looked at"
+    node.service.delete_chat(chats[0].id)
+    assert node.service.cache_stats()["chats_ready"] == 0

@@ -153,3 +153,38 @@ def test_each_earlier_message_is_tokenized_once_and_the_prompt_is_unchanged(serv
             "What is the capital of Italy?"} <= set(calls), "each message's text on its own"
     calls.clear()
     assert fresh.tokens(chat.system_prompt, turns) == first and calls == []
+
+
+def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service):
+    """A turn's writes of one moment are one transaction: before its reply (the user's
+    message, the title of a first message, the rewind of an edit), and when it ends (the
+    reply, its stats, the chat's leaf and time). The first is not put off to the end: a reload
+    while the reply is written shows the message (checked here mid-reply)."""
+    from contextlib import closing
+
+    from sqlalchemy import event
+
+    commits = []
+    event.listen(service.store.engine, "commit", lambda conn: commits.append(1))
+    chat = service.new_chat()
+    commits.clear()
+    stream = service.send(chat.id, "Name a colour.")
+    with closing(stream):  # a failed check mid-reply must not leave the turn running
+        next(stream)
+        assert len(commits) == 1, "the user's message, and the title, in one transaction"
+        assert [m.role for m in service.messages(chat.id)] == ["user"]
+        assert service.get_chat(chat.id).title == "Name a colour."
+        assert list(stream)[-1].done
+    assert len(commits) == 2, "the reply, its stats and the chat's leaf in one transaction"
+
+    first = service.messages(chat.id)[0]
+    commits.clear()
+    assert list(service.edit_message(chat.id, first.id, "Name a fruit."))[-1].done
+    assert len(commits) == 2, "an edit: the rewind and the new version, then the reply"
+    commits.clear()
+    assert list(service.regenerate(chat.id))[-1].done
+    assert len(commits) == 2
+    thread = service.store.thread(chat.id)
+    assert [m.content for m in thread.branch][0] == "Name a fruit."
+    assert thread.version(thread.branch[0]) == (2, 2)
+    assert thread.version(thread.branch[1]) == (2, 2)

@@ -175,3 +175,46 @@ def test_a_tab_that_shows_another_chat_gets_nothing_more_of_the_one_it_left(serv
 
     run(scenario())
     assert service.messages(left)[-1].stopped
+
+
+def test_the_page_reads_a_chat_s_messages_once_per_message_sent(service):
+    """A message sent from the page: begin_send reads the chat's messages and draws them;
+    stream_reply starts the reply from that drawing, and end_send shows the messages as the
+    turn kept them, without reading them again. The turn reads them once itself (after its
+    slot: the history as the chat's previous turn left it). So does a regenerate."""
+    from types import SimpleNamespace
+
+    from reame.config.chat_settings import ChatSettings
+    from reame.web.page_handlers import PageHandlers
+
+    handlers = PageHandlers(service, LiveReplies(unwatched_s=60), settings=None,
+                            can_configure=lambda user: True, uploads=None)
+    request = SimpleNamespace(username=None, session_hash="tab", headers={})
+    chat = service.new_chat().id
+    panel = tuple(ChatSettings.of(service.get_chat(chat)).as_dict().values())
+    reads = []
+    read = service.store.thread
+    service.store.thread = lambda chat_id: reads.append(chat_id) or read(chat_id)
+
+    async def send(text):
+        chat_id, pending, *_ = handlers.begin_send(text, chat, False, "", *panel, request)
+        async for _ in handlers.stream_reply(pending, chat_id, request):
+            pass
+        return handlers.end_send(chat_id, "", request)[0]
+
+    async def regenerate():
+        async for _ in handlers.regenerate(chat, request):
+            pass
+        return handlers.end_send(chat, "", request)[0]
+
+    for text in ("Name a colour.", "Name another one."):
+        reads.clear()
+        shown = run(send(text))
+        assert reads == [chat, chat], "the page's read and the turn's"
+        assert shown == handlers.shown(chat, None), "the chat as stored"
+        assert [m["role"] for m in shown][-2:] == ["user", "assistant"]
+    reads.clear()
+    shown = run(regenerate())
+    assert reads == [chat, chat, chat], "the page's, regenerate's check and the turn's"
+    assert shown == handlers.shown(chat, None)
+    assert "2/2" in shown[-1]["content"], "the new version, with its tools"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
 from reame.chats.conversation import ConversationKeeper
-from reame.chats.store import Chat, Message, Store
+from reame.chats.store import Chat, Message, Store, Thread
 from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
 from reame.config.refusals import (
@@ -33,24 +33,33 @@ log = logging.getLogger(__name__)
 
 class ChatKeeper:
     """A stored chat's Keeper (turn.py): the reply becomes the chat's next message, with its
-    exact tokens and stats; nothing is kept if the chat was deleted while it answered."""
+    exact tokens and stats; nothing is kept if the chat was deleted while it answered. kept:
+    the chat's Thread once the reply is kept: the one read before the turn, with what the
+    turn added (nothing else in this process adds to a chat during its turn; another node
+    sharing the database may)."""
 
-    def __init__(self, store: Store, chat_id: int, owner: str | None, model: str,
+    def __init__(self, store: Store, chat: Chat, messages: list[Message], model: str,
                  after: int | None):
-        self.store, self.chat_id, self.owner, self.model = store, chat_id, owner, model
+        self.store, self.chat, self.model = store, chat, model
+        self.messages = messages  # the chat's, every version, the user's message included
         self.after = after  # the message the reply follows (the user may show another meanwhile)
+        self.kept: Thread | None = None
 
     def alive(self) -> bool:
-        return self.store.has_chat(self.chat_id, self.owner)
+        return self.store.has_chat(self.chat.id, self.chat.owner)
 
     def keep(self, decoding: Decoding, stats: TurnStats) -> int:
+        """The turn's write at its end, one transaction (Turns._prepare_turn says why there is
+        one before): the reply with its stats, as the chat's leaf, its updated time."""
         reply = decoding.text
-        return self.store.add_message(
-            self.chat_id, "assistant", reply.strip() if decoding.finished else reply,
+        message = self.store.add_message(
+            self.chat.id, "assistant", reply.strip() if decoding.finished else reply,
             # A reply cut at a stop string holds tokens past its text: re-tokenize it.
             tokens=None if decoding.cut else decoding.generated,
             tokens_model=self.model, stats=asdict(stats), stopped=stats.stopped,
-            after=self.after, expect_owner=self.owner).id
+            after=self.after, expect_owner=self.chat.owner)
+        self.kept = Thread(self.messages + [message], message.id)
+        return message.id
 
 
 class Turns:
@@ -201,35 +210,48 @@ class Turns:
                 raise
             break
         runner = self._runner(runtime)
-        yield from self._updates(runtime.scheduler.results(place, lambda: runner.run(
-            job, keeper)), job)
+        for update in self._updates(runtime.scheduler.results(place, lambda: runner.run(
+                job, keeper)), job):
+            if update.done:
+                update.kept = keeper.kept
+            yield update
 
     def _prepare_turn(self, runtime: ModelRuntime, chat_id: int, owner: str | None,
                       text: str | None, cut_at: int | None, seed: int | None,
                       max_tokens: int | None, stop: tuple[str, ...]) -> tuple[Job, ChatKeeper]:
-        """Store the user's message and make the turn's job (its slot is held meanwhile)."""
+        """Store the user's message and make the turn's job (its slot is held meanwhile).
+
+        A turn writes twice, each time one transaction: here, before its reply (the user's
+        message, the rewind of an edit or a regenerate, the window moved, the title of a first
+        message), and when its reply ends (ChatKeeper.keep: the reply, its stats, the chat's
+        leaf and updated time). The first write is not kept for the end: a reload while the
+        reply is written shows the message, and a reply stopped, or failed, keeps it."""
         chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
-        history = self.store.messages(chat.id)
+        thread = self.store.thread(chat.id)
+        history = thread.branch
         kept = [m for m in history if cut_at is None or m.position < cut_at]
         window = fit(runtime.prompts, chat, chat_scope(chat), kept,
                      Turn("user", text) if text is not None else None, cut_at)
-        # Each write checks, in its own transaction, that the chat is still the owner's.
+        changes: dict = {}
         if cut_at is not None:  # a new version: the old one stays (versions)
-            self.store.rewind(chat.id, cut_at, expect_owner=owner)
+            changes["leaf_id"] = kept[-1].id if kept else None
         if window.start != chat.window_start:
-            chat = self.store.update_chat(chat.id, window_start=window.start,
-                                          expect_owner=owner)
-        user_message_id = None
-        if text is not None:
-            user_message_id = self.store.add_message(chat.id, "user", text,
-                                                     expect_owner=owner).id
-            if chat.title == DEFAULT_TITLE and not kept:
-                self.store.update_chat(chat.id, title=title_from(text), expect_owner=owner)
+            changes["window_start"] = window.start
+        if text is not None and chat.title == DEFAULT_TITLE and not kept:
+            changes["title"] = title_from(text)
+        message = dict(role="user", content=text) if text is not None else None
+        user_message_id, messages = None, thread.messages
+        if changes or message is not None:
+            # The write checks, in its transaction, that the chat is still the owner's.
+            written, added = self.store.write_turn(chat.id, expect_owner=owner,
+                                                   message=message, **changes)
+            chat = written if "window_start" in changes else chat
+            if added is not None:
+                user_message_id, messages = added.id, messages + [added]
         after = user_message_id if text is not None else (kept[-1].id if kept else None)
         job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
                         user_message_id=user_message_id)
-        return job, ChatKeeper(self.store, chat.id, chat.owner, runtime.engine.fingerprint,
-                               after)
+        return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after)
 
     def _restore_ahead(self, runtime: ModelRuntime, chat_id: int,
                        scope: str) -> Callable[[], Iterator[bool]] | None:

@@ -75,10 +75,12 @@ class CacheFigures:
             log.warning("could not keep the cache's totals in %s: %s", path, exc)
 
     def chats_ready(self, chat_ids: Iterable[int]) -> int:
-        """How many of these chats have a KV file of this model to continue from."""
+        """How many of these chats have a KV file of this model to continue from (a running
+        count of the files: KVStore.ready_chats; no file is looked at)."""
         if self.files is None:
             return 0
-        return sum(self.files.chat_path(chat_id).exists() for chat_id in chat_ids)
+        ready = self.files.ready_chats()
+        return sum(chat_id in ready for chat_id in chat_ids)
 
     def stats(self, scope: str | None = None) -> dict:
         """Lookups, hits and tokens restored: of one scope, or (None) of the whole server with

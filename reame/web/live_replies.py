@@ -12,6 +12,10 @@ One reply per chat at a time; replies are keyed by (user, chat), so that a user 
 follows or stops their own. The page says which chat each tab shows (`showing`): a following
 ends as soon as its tab shows another chat, so that a chunk of the chat left never reaches the
 chat shown, however late the browser's cancel arrives.
+
+So that the page reads a chat once per message sent, each tab's send leaves here the chat as
+it drew it (`drew`: the reply's base), and the reply it started leaves the chat's messages as
+it kept them (`ended`: what the page shows once the reply is over).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from reame.chats.store import Thread
 from reame.config.refusals import ChatError, ChatNotFound
 from reame.inference.turn import TurnUpdate
 from reame.inference.turn_stream import TurnStream
@@ -65,6 +70,8 @@ class LiveReplies:
         self._replies: dict[Key, LiveReply] = {}
         self._early_stops: dict[Key, float] = {}
         self._shown: dict[str, int | None] = {}  # tab -> the chat it shows
+        self._ended: dict[str, LiveReply] = {}  # tab -> the reply it started that ended last
+        self._drawn: dict[str, tuple[int, list[dict]]] = {}  # tab -> its send's base (drew)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # reading (any thread)
@@ -85,9 +92,33 @@ class LiveReplies:
             return self._shown.get(tab, chat_id) == chat_id
 
     def showing(self, tab: str, chat_id: int | None) -> None:
-        """The tab shows this chat from now on."""
+        """The tab shows this chat from now on (drawn from the database: a reply it started
+        that ended is no longer news, see ended)."""
         with self._lock:
             self._shown[tab] = chat_id
+            self._ended.pop(tab, None)
+
+    def drew(self, tab: str, chat_id: int, base: list[dict]) -> None:
+        """The chat as the tab drew it for the message it sends (its reply's base, the message
+        included), so that the reply starts from it without reading the chat again."""
+        with self._lock:
+            self._drawn[tab] = (chat_id, base)
+
+    def drawn(self, tab: str, chat_id: int | None) -> list[dict] | None:
+        """What the tab drew last for a message to chat_id (drew), once; None if nothing."""
+        with self._lock:
+            drawn = self._drawn.pop(tab, None)
+        return drawn[1] if drawn is not None and drawn[0] == chat_id else None
+
+    def ended(self, tab: str, user: str | None, chat_id: int | None) -> Thread | None:
+        """The chat's messages (a Thread) as the user's reply in chat_id that tab started
+        left them, if that reply is the tab's last, ended with its last update, and this was
+        not asked since (the page shows them without reading them again); else None."""
+        with self._lock:
+            reply = self._ended.pop(tab, None)
+        if reply is None or (reply.user, reply.chat_id) != (user, chat_id):
+            return None
+        return reply.latest.kept if reply.latest is not None and reply.latest.done else None
 
     # the event loop's side
 
@@ -99,6 +130,7 @@ class LiveReplies:
         has a reply under way already."""
         key = (user, chat_id)
         with self._lock:
+            self._ended.pop(tab, None)  # the tab's last reply, old news from now on
             stopped_at = self._early_stops.pop(key, None)
             if stopped_at is not None and time.monotonic() - stopped_at < EARLY_STOP_S:
                 return None
@@ -107,10 +139,10 @@ class LiveReplies:
                                 "or press stop.")
             reply = self._replies[key] = LiveReply(user, chat_id, base, tabs={tab})
         self._loop = asyncio.get_running_loop()
-        reply.task = asyncio.create_task(self._write(reply, begin))
+        reply.task = asyncio.create_task(self._write(reply, begin, tab))
         return reply
 
-    async def _write(self, reply: LiveReply, begin: Callable[[], TurnStream]) -> None:
+    async def _write(self, reply: LiveReply, begin: Callable[[], TurnStream], tab: str) -> None:
         try:
             async with aclosing(turn_updates(begin)) as updates:
                 async for update in updates:
@@ -125,6 +157,8 @@ class LiveReplies:
         finally:
             with self._lock:
                 self._replies.pop((reply.user, reply.chat_id), None)
+                if tab in self._shown or tab in reply.tabs:  # not closed meanwhile
+                    self._ended[tab] = reply
             if reply._unwatched is not None:
                 reply._unwatched.cancel()
             reply.ended.set()
@@ -160,6 +194,8 @@ class LiveReplies:
         loop = asyncio.get_running_loop()
         with self._lock:
             self._shown.pop(tab, None)
+            self._ended.pop(tab, None)
+            self._drawn.pop(tab, None)
             replies = [r for r in self._replies.values() if tab in r.tabs]
         for reply in replies:
             reply.tabs.discard(tab)

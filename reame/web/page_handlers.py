@@ -5,10 +5,8 @@ exist."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from contextlib import aclosing
 
@@ -22,9 +20,7 @@ from reame.config.chat_settings import FIELD, ChatSettings
 from reame.config.refusals import ChatError, ChatNotFound, EmptyMessage, NoModel
 from reame.web.chat_list import latest_chat_id, listing_html
 from reame.web.live_replies import LiveReplies, LiveReply
-from reame.web.page_parts import (
-    flatten,
-)
+from reame.web.page_parts import download_payload, flatten
 from reame.web.render import inert_html, shown_reply, to_chatbot
 from reame.web.settings_tab import cache_markdown, loading_text
 from reame.web.uploads import UploadRefused, Uploads, session_key
@@ -40,11 +36,6 @@ async def in_thread(fn, *args):
     """fn(*args) in a worker thread: an async handler's database reads leave the event loop
     free."""
     return await anyio.to_thread.run_sync(fn, *args)
-
-
-def _download(file: dict) -> str:
-    """A file for DOWNLOAD_JS to save: the same export twice is still a change (its time)."""
-    return json.dumps({**file, "at": time.time()})
 
 
 def _settings_values(service: ChatService, chat_id: int | None, user: str | None) -> tuple:
@@ -67,13 +58,17 @@ class PageHandlers:
     # Every handler that touches a chat passes on the logged-in user (gr.Request): the
     # service answers for another user's chat as if it did not exist.
 
-    def shown(self, chat_id, user, messages=None):
+    def shown(self, chat_id, user, messages=None, *, thread=None):
         """The chat as the Chatbot shows it, marked where the model's window starts; the
-        whole branch shown with its tools (versions, branch), or only messages, without."""
-        if messages is None:
+        whole branch shown with its tools (versions, branch), or only messages, without.
+        thread: the chat's messages, known already (not read again)."""
+        if messages is None and thread is None:
             chat, thread = self.service.thread(chat_id, user)
-            return to_chatbot(thread.branch, chat.window_start, thread)
-        return to_chatbot(messages, self.service.get_chat(chat_id, user).window_start)
+        else:
+            chat = self.service.get_chat(chat_id, user)
+        if messages is not None:
+            return to_chatbot(messages, chat.window_start)
+        return to_chatbot(thread.branch, chat.window_start, thread)
 
     def writing(self, user):
         return frozenset(self.live.chats_of(user))
@@ -149,6 +144,7 @@ class PageHandlers:
         self.live.showing(request.session_hash, chat_id)
         history = self.shown(chat_id, user)
         history.append({"role": "user", "content": inert_html(text)})
+        self.live.drew(request.session_hash, chat_id, list(history))  # stream_reply's base
         loading = self.loading_model()
         if loading is not None:
             # The reply waits for the model: say so where the reply will be.
@@ -196,11 +192,13 @@ class PageHandlers:
             yield await in_thread(self.shown, chat_id, user), text if text else gr.skip()
 
     async def stream_reply(self, text, chat_id, request: gr.Request):
+        base = self.live.drawn(request.session_hash, chat_id)  # by begin_send, just before
         if not text:
             return
         user = user_of(request)
-        base = await in_thread(self.shown, chat_id, user)
-        base.append({"role": "user", "content": inert_html(text)})
+        if base is None:
+            base = await in_thread(self.shown, chat_id, user)
+            base.append({"role": "user", "content": inert_html(text)})
         send = lambda: self.service.send(chat_id, text, user=user)  # noqa: E731
         async with aclosing(self.write_reply(user, chat_id, request, base, send,
                                              text)) as updates:
@@ -269,6 +267,8 @@ class PageHandlers:
         is being written in the chat shown: its own following shows it. While replies are
         written in other chats, the list's timer watches for their end."""
         user = user_of(request)
+        # The reply this tab started in this chat, if it ended: its messages as it left them.
+        thread = self.live.ended(request.session_hash, user, chat_id)
         now = self.writing(user)
         timer = gr.Timer(active=bool(now - {chat_id}))
         cache = cache_markdown(self.service, user, whole_server=self.can_configure(user))
@@ -276,7 +276,7 @@ class PageHandlers:
             return (gr.skip(), gr.skip(), self.listing(user, chat_id, words), gr.skip(), cache,
                     now, timer)
         try:
-            messages = self.shown(chat_id, user) if chat_id is not None else []
+            messages = self.shown(chat_id, user, thread=thread) if chat_id is not None else []
         except ChatNotFound:
             messages = []
         return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
@@ -349,7 +349,7 @@ class PageHandlers:
                 if target == chat_id:
                     chat_id = latest_chat_id(self.service, user)
             elif kind in ("export", "markdown"):
-                return skip[:-2] + (_download(self.service.export_file(
+                return skip[:-2] + (download_payload(self.service.export_file(
                     target, user, markdown=kind == "markdown")), gr.skip())
             elif kind == "show" and chat_id is not None:
                 self.service.show_version(chat_id, target, user)
@@ -369,7 +369,7 @@ class PageHandlers:
         return self.listing(user, chat_id, words)
 
     def export_all(self, request: gr.Request):
-        return _download(self.service.export_file(None, user_of(request)))
+        return download_payload(self.service.export_file(None, user_of(request)))
 
     def import_chats(self, upload, chat_id, request: gr.Request):
         """Chats from a file: Reame's export or ChatGPT's conversations.json."""

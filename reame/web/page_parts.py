@@ -3,6 +3,8 @@ what the page's fields hold."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,6 +109,12 @@ DOWNLOAD_JS = """(payload) => {
     link.remove();
     setTimeout(() => URL.revokeObjectURL(link.href), 10000);
 }"""
+
+
+def download_payload(file: dict) -> str:
+    """A file for DOWNLOAD_JS to save: the same export twice is still a change (its time)."""
+    return json.dumps({**file, "at": time.time()})
+
 
 HIDDEN = dict(api_visibility="private")
 # After a chat is opened, made or changed from the list or a message: typing goes on there

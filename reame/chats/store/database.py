@@ -211,19 +211,27 @@ class Store:
             session.commit()
             return len(chats)
 
-    @_writes
     def update_chat(self, chat_id: int, *, expect_owner: object = ANY_OWNER, **fields) -> Chat:
         """expect_owner: the chat must (still) belong to them, checked in the write's
         transaction (ChatNotFound otherwise)."""
+        return self.write_turn(chat_id, expect_owner=expect_owner, **fields)[0]
+
+    @_writes
+    def write_turn(self, chat_id: int, *, expect_owner: object = ANY_OWNER,
+                   message: dict | None = None, **fields) -> tuple[Chat, Message | None]:
+        """The chat's fields changed (as update_chat), then a message added (message: the
+        arguments of add_message after chat_id, or None for none), in one transaction: what a
+        turn writes at one moment (turns.py). The chat, and the message added."""
         with self._session() as session:
             chat = _owned_chat(session, chat_id, expect_owner)
             for name, value in fields.items():
                 if not hasattr(Chat, name) or name in ("id", "created_at"):
                     raise AttributeError(f"Chat has no editable field {name!r}")
                 setattr(chat, name, value)
+            added = _append(session, chat, **message) if message is not None else None
             session.add(chat)
             session.commit()
-        return chat
+        return chat, added
 
     def touch(self, chat_id: int) -> None:
         self.update_chat(chat_id, updated_at=time.time())
@@ -260,7 +268,6 @@ class Store:
         except ChatNotFound:
             return []
 
-    @_writes
     def add_message(self, chat_id: int, role: str, content: str, *,
                     tokens: Iterable[int] | None = None, tokens_model: str | None = None,
                     stats: dict | None = None, stopped: bool = False,
@@ -268,28 +275,9 @@ class Store:
                     expect_owner: object = ANY_OWNER) -> Message:
         """A message after `after` (a message id; None: the last of the branch shown); it
         becomes the last of the branch shown. expect_owner: as update_chat."""
-        with self._session() as session:
-            chat = _owned_chat(session, chat_id, expect_owner)
-            parent_id = after if after is not None else chat.leaf_id
-            parent = session.get(Message, parent_id) if parent_id is not None else None
-            if parent is not None and parent.chat_id != chat_id:
-                raise MessageNotFound(parent_id)
-            message = Message(
-                chat_id=chat_id, parent_id=parent.id if parent else None,
-                position=parent.position + 1 if parent else 0, role=role,
-                content=content, tokens=json.dumps(list(tokens)) if tokens is not None else None,
-                tokens_model=tokens_model, stats=json.dumps(stats) if stats else None,
-                stopped=stopped,
-            )
-            if created_at is not None:
-                message.created_at = created_at
-            session.add(message)
-            session.flush()
-            chat.leaf_id = message.id
-            chat.updated_at = time.time()
-            session.add(chat)
-            session.commit()
-        return message
+        return self.write_turn(chat_id, expect_owner=expect_owner, message=dict(
+            role=role, content=content, tokens=tokens, tokens_model=tokens_model, stats=stats,
+            stopped=stopped, created_at=created_at, after=after))[1]
 
     def copy_messages(self, chat_id: int, messages: list[Message]) -> None:
         """Copies of messages (a branch of another chat), as the branch of chat_id."""
@@ -348,6 +336,32 @@ class Store:
             raise MessageNotFound(message_id)
         self.update_chat(chat_id, leaf_id=thread.newest_under(message_id))
         return self.thread(chat_id).branch
+
+
+def _append(session: Session, chat: Chat, *, role: str, content: str,
+            tokens: Iterable[int] | None = None, tokens_model: str | None = None,
+            stats: dict | None = None, stopped: bool = False, created_at: float | None = None,
+            after: int | None = None) -> Message:
+    """Add a message to chat (locked in session) after `after` (None: the chat's leaf), as
+    the chat's new leaf (Store.add_message); the caller commits."""
+    parent_id = after if after is not None else chat.leaf_id
+    parent = session.get(Message, parent_id) if parent_id is not None else None
+    if parent is not None and parent.chat_id != chat.id:
+        raise MessageNotFound(parent_id)
+    message = Message(
+        chat_id=chat.id, parent_id=parent.id if parent else None,
+        position=parent.position + 1 if parent else 0, role=role,
+        content=content, tokens=json.dumps(list(tokens)) if tokens is not None else None,
+        tokens_model=tokens_model, stats=json.dumps(stats) if stats else None,
+        stopped=stopped,
+    )
+    if created_at is not None:
+        message.created_at = created_at
+    session.add(message)
+    session.flush()
+    chat.leaf_id = message.id
+    chat.updated_at = time.time()
+    return message
 
 
 def _owned_chat(session: Session, chat_id: int, owner: object) -> Chat:

@@ -1,7 +1,8 @@
 """The folder of KV files: one per chat and model, plus shared-prefix snapshots.
 
 What one file holds and how it is read and written is kvfile.py; this module names the files,
-finds them, writes them in the background, and keeps the folder under its disk budget. Any
+finds them, writes them in the background, keeps the folder under its disk budget, and keeps
+count of the chats that have a file (ready_chats, for the Cache panel). Any
 file that cannot be read back exactly is a miss, counted and logged, never an error. The
 block hashes that find files by their tokens are salted with the scope (whose tokens made
 them: cache.py).
@@ -158,6 +159,13 @@ class KVStore:
             with contextlib.suppress(OSError):
                 if time.time() - stale.stat().st_mtime > STALE_TMP_S:
                     stale.unlink()
+        # The chats with a file of this store's model (by name), kept as this store writes
+        # and deletes them, from the files found at start: counting the chats ready to
+        # continue looks at no file (files another process sharing the folder writes or
+        # deletes meanwhile are seen at the next start).
+        self._ready_lock = threading.Lock()
+        self._ready = {chat_id for chat_id in map(self._chat_of, self.own_files())
+                       if chat_id is not None}
 
     # names
 
@@ -166,6 +174,20 @@ class KVStore:
 
     def prefix_path(self, block_hash: str) -> Path:
         return self.folder / f"prefix-{block_hash}-{self.tag}.kv"
+
+    def _chat_of(self, path: Path) -> int | None:
+        """The chat whose file path is, if it is a chat's file of this store's model."""
+        kind, _, rest = path.name.partition("-")
+        number, _, end = rest.partition("-")
+        if kind != "chat" or not number.isdigit() or end != f"{self.tag}.kv":
+            return None
+        return int(number)
+
+    def ready_chats(self) -> frozenset[int]:
+        """The chats with a file of this store's model: as chat_path(chat_id).exists() says,
+        without looking at the folder (see __init__)."""
+        with self._ready_lock:
+            return frozenset(self._ready)
 
     # reading
 
@@ -229,6 +251,10 @@ class KVStore:
             self.counters.write_ms += (time.perf_counter() - started) * 1000
         self.counters.writes += 1
         self.counters.bytes_written += written
+        chat_id = self._chat_of(path)
+        if chat_id is not None:
+            with self._ready_lock:
+                self._ready.add(chat_id)
         self.evict()
         return True
 
@@ -264,7 +290,7 @@ class KVStore:
                 if total <= self.max_bytes:
                     break
                 total -= size
-                removed += _delete(p)
+                removed += self._delete(p)
             self.counters.evicted += removed
             return removed
 
@@ -272,15 +298,25 @@ class KVStore:
         """Every file of the chat, whatever model made it."""
         self._writer.flush()  # or a queued write would bring one back
         for p in self.folder.glob(f"chat-{chat_id}-*.kv"):
-            _delete(p)
+            self._delete(p)
 
     def sweep(self, live_chat_ids: set[int]) -> int:
         """Delete the files of chats that no longer exist; return how many."""
         removed = 0
         for p in self.files():
             if p.name.startswith("chat-") and int(p.name.split("-")[1]) not in live_chat_ids:
-                removed += _delete(p)
+                removed += self._delete(p)
         return removed
+
+    def _delete(self, path: Path) -> bool:
+        """Delete a KV file (the module's _delete); a chat whose file is gone (deleted here,
+        or found gone) is no longer ready to continue."""
+        deleted = _delete(path)
+        chat_id = self._chat_of(path)
+        if chat_id is not None and (deleted or not path.exists()):
+            with self._ready_lock:
+                self._ready.discard(chat_id)
+        return deleted
 
 
 def check_folder(folder: Path) -> None:
