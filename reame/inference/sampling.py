@@ -6,10 +6,14 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import llama_cpp
 import xxhash
 from llama_cpp._internals import LlamaSampler
+
+if TYPE_CHECKING:
+    import numpy
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class Sampler:
         same distribution to sample from, bit for bit."""
         return xxhash.xxh3_64_hexdigest(ctypes.string_at(self._logits_ptr(), 4 * self.n_vocab))
 
-    def logits(self) -> "numpy.ndarray":
+    def logits(self) -> numpy.ndarray:
         """A copy of the logits after the last evaluated token."""
         import numpy
 
