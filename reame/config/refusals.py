@@ -1,11 +1,17 @@
-"""What a chat action can refuse, with a message for the person who asked, and the checks of
-a turn's inputs.
+"""What a chat action can refuse, with a message for the person who asked, the checks of a
+turn's inputs, and how long each kind of refused client is told to wait (Retry-After).
 
 ChatNotFound (a chat that does not exist or is not the asker's) is a LookupError, not a
 refusal: the APIs answer it as "not found".
 """
 
 MAX_SEED = 2**32 - 2  # llama.cpp's seeds are 32-bit; 2**32 - 1 means "random"
+
+# How long a refused client is told to wait, in seconds (HTTP's Retry-After).
+RETRY_BUSY_S = 5  # ServerBusy: every slot busy and the line full, or the model being replaced
+RETRY_LOADING_S = 2  # a model loads: that usually ends within seconds
+RETRY_WARMING_S = 1  # the model runs once at start (reame/inference/warmup.py)
+RETRY_NO_MODEL_S = 30  # no model loaded: an admin must act, come back later
 
 
 class ChatError(Exception):

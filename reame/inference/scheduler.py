@@ -35,12 +35,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from reame.config.refusals import ServerBusy
+from reame.config.refusals import RETRY_BUSY_S, ServerBusy
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
 from reame.inference.tasks import (
     ADMITTED,
-    RETRY_AFTER_S,
     End,
     Limits,
     Slot,
@@ -116,13 +115,13 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise self._stopped() or ServerBusy(
-                    "the model is being replaced: try again in a moment", RETRY_AFTER_S)
+                    "the model is being replaced: try again in a moment", RETRY_BUSY_S)
             waiting = sum(not t.background for t in self._line)
             free = sum(s.task is None or s.task.background for s in self.slots)
             if waiting + 1 > free + self.limits.max_waiting:  # it would wait beyond the bound
                 raise ServerBusy(
                     f"the server is full: {len(self.slots) - free} replies are being written "
-                    f"and {waiting} are waiting. Try again in a moment.", RETRY_AFTER_S)
+                    f"and {waiting} are waiting. Try again in a moment.", RETRY_BUSY_S)
             if owner is not None:
                 slots, places = self.limits.per_user(len(self.slots))
                 mine = sum(t.owner == owner and not t.background
@@ -131,7 +130,7 @@ class Scheduler:
                     raise ServerBusy(
                         f"you have {mine} replies being written or waiting, the most one user "
                         "may have at once on this server. Try again when one has ended.",
-                        RETRY_AFTER_S)
+                        RETRY_BUSY_S)
             self._enter(task)
         return task
 

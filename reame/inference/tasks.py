@@ -19,8 +19,6 @@ from reame.inference.engine import Engine, Sequence
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 5  # what a refused client is told to wait
-
 Work = Callable[[], Iterator[object]]
 
 

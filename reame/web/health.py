@@ -13,8 +13,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from reame.chats.service import ChatService
-
-RETRY_AFTER_S = 2  # a model load usually ends within seconds
+from reame.config.refusals import RETRY_LOADING_S, RETRY_WARMING_S
 
 
 def build_health_router(service: ChatService) -> APIRouter:
@@ -24,12 +23,12 @@ def build_health_router(service: ChatService) -> APIRouter:
     def health() -> JSONResponse:
         if service.loading:
             return JSONResponse({"status": "loading"}, status_code=503,
-                                headers={"Retry-After": str(RETRY_AFTER_S)})
+                                headers={"Retry-After": str(RETRY_LOADING_S)})
         if service.engine is None:
             return JSONResponse({"status": "no_model"}, status_code=503)
         if service.warming:
             return JSONResponse({"status": "warming_up"}, status_code=503,
-                                headers={"Retry-After": "1"})
+                                headers={"Retry-After": str(RETRY_WARMING_S)})
         return JSONResponse({"status": "ok"})
 
     return router

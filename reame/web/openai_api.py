@@ -43,6 +43,7 @@ from reame.chats.service import (
     ServerBusy,
     TurnUpdate,
 )
+from reame.config.refusals import RETRY_LOADING_S, RETRY_NO_MODEL_S
 from reame.inference.turn_stream import TurnStream
 from reame.web.openai_request import ApiError, CompletionRequest, error_response, parse_request
 
@@ -163,8 +164,9 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
         if done is None:
             if gone.done():
                 return Response(status_code=499)  # the client hung up
+            # A model switch (the new model loads) or a shutdown stopped it.
             return error_response(503, STOPPED_BY_SERVER, type_="server_error",
-                                  code="stopped", headers={"Retry-After": "2"})
+                                  code="stopped", headers={"Retry-After": str(RETRY_LOADING_S)})
         return _whole(done, completion_id, parsed)
 
     return router
@@ -172,7 +174,6 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
 
 STOPPED_BY_SERVER = ("the reply was stopped by the server (a model switch or a shutdown) before "
                      "its end; what came is what it wrote")
-RETRY_NO_MODEL_S = 30  # no model loaded: an admin must act, come back later
 
 
 def _refused(gone: asyncio.Future, response: JSONResponse) -> JSONResponse:

@@ -11,11 +11,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reame.config.chat_settings import FIELD
+from reame.config.refusals import RETRY_LOADING_S
 from reame.inference.prompt import Turn
 
 MAX_STOPS = 4
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
-LOADING_RETRY_S = 2
 
 
 class ApiError(Exception):
@@ -27,7 +27,7 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         # A model load takes seconds: OpenAI's SDKs wait Retry-After and try again.
-        retry = {"Retry-After": str(LOADING_RETRY_S)} if self.code == "model_loading" else None
+        retry = {"Retry-After": str(RETRY_LOADING_S)} if self.code == "model_loading" else None
         return error_response(self.status, self.message, type_=self.type, param=self.param,
                               code=self.code, headers=retry)
 
