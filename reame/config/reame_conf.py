@@ -95,7 +95,7 @@ class ModelConfig:
 GenerationConfig = ChatSettings  # [generation]: the settings of new chats
 
 
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})  # this machine's own names
 
 
 def _items(text: str) -> list[str]:
@@ -126,7 +126,7 @@ class ServerConfig:
 
     @property
     def local_only(self) -> bool:
-        return self.host in LOCAL_HOSTS
+        return self.host in LOOPBACK_NAMES
 
     @property
     def allowed_host_names(self) -> frozenset[str] | None:
@@ -134,7 +134,7 @@ class ServerConfig:
         ones (DNS rebinding); elsewhere the configured ones, or any (None) if there are none."""
         names = frozenset(_items(self.allowed_hosts.lower()))
         if self.local_only:
-            return names | {"127.0.0.1", "localhost", "::1"}
+            return names | LOOPBACK_NAMES
         return names or None
 
     @property

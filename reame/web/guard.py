@@ -22,8 +22,6 @@ from urllib.parse import urlsplit
 
 from reame.chats.jsontext import SURROGATE_ESCAPE, lone_surrogate
 
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
-
 
 def host_name(host: str) -> str:
     """The name of a Host header value, lowercase, without its port: "[::1]:7860" -> "::1"."""

@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from reame.accounts.users import Accounts
 from reame.chats.service import ChatService
+from reame.config.reame_conf import LOOPBACK_NAMES
 from reame.inference.cache_state import FROM_FILES
 from reame.inference.turn import Decoding, TurnStats
 
@@ -37,7 +38,6 @@ log = logging.getLogger(__name__)
 
 FIRST_TOKEN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
 
 
@@ -152,7 +152,7 @@ def may_read(request: Request, accounts: Accounts | None) -> bool:
     if scheme.lower() == "bearer" and key.strip():
         return accounts.is_admin(accounts.user_for_key(key.strip()))
     client = request.client.host if request.client else ""
-    return client in LOOPBACK and not any(h in request.headers for h in FORWARDING_HEADERS)
+    return client in LOOPBACK_NAMES and not any(h in request.headers for h in FORWARDING_HEADERS)
 
 
 def build_metrics_router(metrics: Metrics, accounts: Accounts | None) -> APIRouter:
