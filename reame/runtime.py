@@ -71,10 +71,11 @@ def build_service(config: Config) -> ChatService:
 
 def service_over(folder: Path, engine: Engine, defaults: ChatSettings, *, cache: bool = True,
                  max_disk_bytes: int = 1 << 30, kv_dir: Path | None = None,
-                 max_waiting: int = 16, **limits) -> ChatService:
+                 **limits) -> ChatService:
     """A service over folder (reame.db, and the KV files in kv_dir or folder/kv unless cache
-    is off) with an engine already loaded."""
+    is off) with an engine already loaded; limits: Limits' fields (max_waiting, stall_s,
+    share), reame.conf's defaults otherwise."""
     kv = (kv_dir or folder / "kv") if cache else None
     return ChatService(Store(folder / "reame.db"), engine, defaults,
                        cache=build_cache(engine, kv, max_disk_bytes),
-                       limits=Limits(max_waiting=max_waiting, **limits))
+                       limits=Limits(**limits))

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from reame.config.reame_conf import setting
 from reame.config.refusals import ServerBusy
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine, Sequence
@@ -24,11 +25,15 @@ Work = Callable[[], Iterator[object]]
 
 @dataclass(frozen=True)
 class Limits:
-    """How much the scheduler lets wait, and for how long a caller may stop asking."""
+    """How much the scheduler lets wait, and for how long a caller may stop asking. The
+    defaults are reame.conf's ([server] max_waiting, stalled_reply_s, user_share)."""
 
-    max_waiting: int = 16  # tasks waiting for a slot, beyond the free slots
-    stall_s: float = 10.0  # a caller that asks for nothing this long is gone: its task ends
-    share: float = 0.5  # of the slots, and of the line, one user may hold (with accounts)
+    # tasks waiting for a slot, beyond the free slots
+    max_waiting: int = setting("server", "max_waiting").default
+    # a caller that asks for nothing this long is gone: its task ends
+    stall_s: float = float(setting("server", "stalled_reply_s").default)
+    # of the slots, and of the line, one user may hold (with accounts)
+    share: float = setting("server", "user_share").default
 
     def per_user(self, slots: int) -> tuple[int, int]:
         """The slots and the places in line one user may hold."""
