@@ -23,6 +23,7 @@ from reame.chats.store import Store
 from reame.chats.titles import title_from
 from reame.chats.turns import Turns
 from reame.config.chat_settings import ChatSettings
+from reame.config.reame_conf import setting
 from reame.config.refusals import (
     ChatError,
     ChatNotFound,
@@ -49,7 +50,8 @@ class ChatService(ModelHolder, ChatActions, Turns):
 
     def __init__(self, store: Store, engine: Engine | None, defaults: ChatSettings, *,
                  cache: KVCache | None = None, load_error: str | None = None,
-                 max_chats: int = 5000, limits: Limits = Limits()):
+                 max_chats: int = setting("storage", "max_chats_per_user").default,
+                 limits: Limits = Limits()):
         self.store = store
         self.max_chats = max_chats  # per user
         self._creating = threading.Lock()  # the count and the reservations, together

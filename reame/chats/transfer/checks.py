@@ -11,13 +11,15 @@ from typing import Any
 
 from reame.chats.titles import DEFAULT_TITLE, MAX_TITLE, checked_title
 from reame.config.chat_settings import FIELD, ChatSettings
+from reame.config.reame_conf import setting
 from reame.config.refusals import ChatError
 from reame.inference.turn import TurnStats
 
 FORMAT_CHAT = "reame-chat"
 FORMAT_CHATS = "reame-chats"
 VERSION = 1
-MAX_CHATS = 5000  # chats in one import
+# chats in one import: as many as one user may keep unless reame.conf says otherwise
+MAX_CHATS = setting("storage", "max_chats_per_user").default
 MAX_MESSAGES_PER_CHAT = 10000  # messages of one imported chat, every version counted
 ROLES = ("user", "assistant")
 HIDDEN = "is_visually_hidden_from_conversation"  # ChatGPT's flag on messages not shown
