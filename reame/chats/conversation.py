@@ -12,6 +12,9 @@ from reame.inference.prompt import PromptBuilder, Turn
 from reame.inference.turn import Decoding, TurnStats
 
 KNOWN_REPLIES = 1024  # replies whose exact tokens are kept for stateless clients
+# A stateless conversation's sampling where its request names none: OpenAI's defaults.
+STATELESS_TEMPERATURE = 1.0
+STATELESS_TOP_P = 1.0
 
 
 class ReplyMemory:

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
-from reame.chats.conversation import ConversationKeeper
+from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P, ConversationKeeper
 from reame.chats.store import Chat, Message, Store, Thread
 from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
@@ -296,8 +296,9 @@ class Turns:
     # stateless completions (the OpenAI route): nothing stored, the KV cache still used
 
     def complete(self, system_prompt: str, turns: list[Turn], *, max_tokens: int | None = None,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: tuple[str, ...] = (), logit_bias: tuple[tuple[int, float], ...] = (),
+                 temperature: float = STATELESS_TEMPERATURE, top_p: float = STATELESS_TOP_P,
+                 seed: int | None = None, stop: tuple[str, ...] = (),
+                 logit_bias: tuple[tuple[int, float], ...] = (),
                  user: str | None = None) -> TurnStream:
         """Answer a whole conversation sent at once. Its KV is found by its tokens (the
         cache's block-hash index, within user's scope), so a conversation resent with one

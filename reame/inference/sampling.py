@@ -12,14 +12,16 @@ import llama_cpp
 import xxhash
 from llama_cpp._internals import LlamaSampler
 
+from reame.config.chat_settings import FIELD
+
 if TYPE_CHECKING:
     import numpy
 
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.7
-    top_p: float = 0.95
+    temperature: float = FIELD["temperature"].default  # a new chat's (chat_settings.py)
+    top_p: float = FIELD["top_p"].default
     top_k: int = 40
     min_p: float = 0.05
     seed: int | None = None

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, get_args
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P
 from reame.config.chat_settings import FIELD
 from reame.config.refusals import RETRY_LOADING_S
 from reame.inference.prompt import Turn
@@ -146,8 +147,8 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
     return CompletionRequest(
         request.model, "\n\n".join(system), turns,
         request.max_completion_tokens or request.max_tokens,
-        1.0 if request.temperature is None else request.temperature,
-        1.0 if request.top_p is None else request.top_p,
+        STATELESS_TEMPERATURE if request.temperature is None else request.temperature,
+        STATELESS_TOP_P if request.top_p is None else request.top_p,
         (stop,) if isinstance(stop, str) else tuple(stop), request.seed, request.stream,
         request.stream_options is not None and request.stream_options.include_usage,
         tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()))
