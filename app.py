@@ -27,8 +27,6 @@ from reame.runtime import build_service
 
 log = logging.getLogger("reame")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "reame.conf"
-MAX_REQUEST_BYTES = 2 << 20  # any request body (the page, the Gradio API, /v1)
-MULTIPART_SLACK = 64 << 10  # an upload's body beyond its file: the form's parts
 SETTINGS = "settings"  # one settings change at a time (turns: the scheduler bounds them)
 
 
@@ -88,8 +86,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     demo.has_launched = True
     server = config.server
     guarded = Guard(uploads.wrap(app), allowed_hosts=server.allowed_host_names,
-                    max_body=MAX_REQUEST_BYTES, max_upload=max_upload + MULTIPART_SLACK,
-                    allowed_origins=server.allowed_origin_list)
+                    max_upload=max_upload, allowed_origins=server.allowed_origin_list)
     return CountRequests(guarded, metrics)  # the refused ones too
 
 

@@ -32,21 +32,27 @@ def host_name(host: str) -> str:
 
 
 UPLOAD_PATH = "/gradio_api/upload"  # the page's file uploads (an import of chats)
+# The request bodies taken, in bytes.
+MAX_BODY_BYTES = 2 << 20  # any request (the page, the Gradio API, /v1), checked here
+MAX_V1_BODY_BYTES = 1 << 20  # /v1's, checked by openai_api.py: far more text than any context
+MULTIPART_SLACK = 64 << 10  # an upload's body beyond its file: the form's parts
 
 
 class Guard:
     """ASGI middleware: refuses what the module's doc says, with a JSON error."""
 
     def __init__(self, app, *, allowed_hosts: frozenset[str] | None,
-                 allowed_origins: frozenset[str], max_body: int, max_upload: int | None = None):
+                 allowed_origins: frozenset[str], max_body: int = MAX_BODY_BYTES,
+                 max_upload: int | None = None):
         """allowed_hosts: the Host names served (None: any, for a server on a public
         address); allowed_origins: other origins ("https://example.org") trusted;
-        max_upload: the limit of a file uploaded through the page (an import), if larger."""
+        max_upload: the largest file uploaded through the page (an import): its request may be
+        that and MULTIPART_SLACK, if larger than max_body."""
         self.app = app
         self.allowed_hosts = allowed_hosts
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
         self.max_body = max_body
-        self.max_upload = max(max_upload or 0, max_body)
+        self.max_upload = max(max_upload + MULTIPART_SLACK if max_upload else 0, max_body)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):

@@ -45,12 +45,12 @@ from reame.chats.service import (
 )
 from reame.config.refusals import RETRY_LOADING_S, RETRY_NO_MODEL_S
 from reame.inference.turn_stream import TurnStream
+from reame.web.guard import MAX_V1_BODY_BYTES
 from reame.web.openai_request import ApiError, CompletionRequest, error_response, parse_request
 
 log = logging.getLogger(__name__)
 
 CHAT_HEADER = "X-Reame-Chat"
-MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds
 
 
 INTERNAL_ERROR = "Internal error: the server could not answer this request (see its log)."
@@ -218,8 +218,8 @@ async def _read_json(request: Request) -> Any:
     raw = b""
     async for chunk in request.stream():
         raw += chunk
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES:,} bytes",
+        if len(raw) > MAX_V1_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_V1_BODY_BYTES:,} bytes",
                            code="request_too_large")
     try:
         return json.loads(raw)
