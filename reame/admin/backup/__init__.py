@@ -24,20 +24,9 @@ manifest.py: what a backup holds; take.py: backup; restore.py: restore; cli.py: 
 """
 
 from reame.admin.backup.cli import run_backup, run_restore
-from reame.admin.backup.manifest import (
-    MANIFEST_NAME,
-    POSTGRESQL,
-    SQLITE,
-    BackupError,
-    FileEntry,
-    Manifest,
-    RestoreReport,
-    check_backup,
-    read_manifest,
-)
+from reame.admin.backup.manifest import MANIFEST_NAME, POSTGRESQL, BackupError, check_backup
 from reame.admin.backup.restore import restore
 from reame.admin.backup.take import backup
 
-__all__ = ["MANIFEST_NAME", "POSTGRESQL", "SQLITE", "BackupError", "FileEntry", "Manifest",
-           "RestoreReport", "backup", "check_backup", "read_manifest", "restore", "run_backup",
-           "run_restore"]
+__all__ = ["MANIFEST_NAME", "POSTGRESQL", "BackupError", "backup", "check_backup", "restore",
+           "run_backup", "run_restore"]
