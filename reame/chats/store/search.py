@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Result
 
 from reame.chats.store.migrations import TS_CONFIG
 from reame.chats.store.tables import Chat
@@ -57,15 +58,21 @@ def sqlite_matches(conn: Connection, owner: str | None, terms: list[str],
         f"FROM message_fts JOIN chat AS c ON c.id = message_fts.chat_id "
         f"WHERE message_fts MATCH :q AND {owned} ORDER BY message_fts.rowid DESC"),
         {"q": query, "owner": owner, "mark": MARK, "end": END_MARK})
-    snippets: dict[int, str] = {}
-    for chat_id, snippet in matches:
-        if chat_id not in snippets:
-            snippets[chat_id] = snippet
-            if len(snippets) >= limit:
-                break
-    matches.close()
-    found.update(snippets)
+    found.update(_first_of_each_chat(matches, limit))
     return found
+
+
+def _first_of_each_chat(rows: Result, limit: int) -> dict[int, Any]:
+    """Chat id -> the value of its first row, for the first limit chats: rows are (chat id,
+    value), newest first; they are left (closed) as soon as limit chats are found."""
+    first: dict[int, Any] = {}
+    for chat_id, value in rows:
+        if chat_id not in first:
+            first[chat_id] = value
+            if len(first) >= limit:
+                break
+    rows.close()
+    return first
 
 
 def _tsquery(terms: list[str]) -> str:
@@ -94,13 +101,7 @@ def postgres_matches(conn: Connection, owner: str | None, terms: list[str],
     matches = conn.execution_options(yield_per=256).execute(text(
         f"SELECT m.chat_id, m.id FROM message AS m JOIN chat AS c ON c.id = m.chat_id "
         f"WHERE m.{matching} AND {owned} ORDER BY m.id DESC"), {"q": query, "owner": owner})
-    newest: dict[int, int] = {}  # chat id -> its newest matching message
-    for chat_id, message_id in matches:
-        if chat_id not in newest:
-            newest[chat_id] = message_id
-            if len(newest) >= limit:
-                break
-    matches.close()
+    newest = _first_of_each_chat(matches, limit)  # chat id -> its newest matching message
     if newest:
         snippets = conn.execute(text(
             f"SELECT m.id, m.content, ts_headline('{TS_CONFIG}', m.content, "
