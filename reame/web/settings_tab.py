@@ -13,7 +13,7 @@ import gradio as gr
 
 from reame.admin.live_settings import Settings, SettingsError
 from reame.chats.service import ChatService
-from reame.config.chat_settings import FIELD
+from reame.config.reame_conf import setting
 from reame.models.pull import Pulled, PullError
 from reame.web.render import inert_html
 from reame.web.user import user_of
@@ -42,10 +42,10 @@ def model_label(model: dict) -> str:
             if kv else f"{model['file']} — {model['architecture']}, {model['quantization']}")
 
 
-def _ranged(label: str, name: str) -> str:
-    """A chat setting's label with its range, e.g. "Temperature (0–2)"."""
-    field = FIELD[name]
-    return f"{label} ({field.minimum:g}–{field.maximum:g})"
+def _ranged(label: str, section: str, key: str) -> str:
+    """A setting's label with its range, e.g. "Temperature (0–2)"."""
+    item = setting(section, key)
+    return f"{label} ({item.minimum:g}–{item.maximum:g})"
 
 
 def loading_text(path: Path | str) -> str:
@@ -153,19 +153,20 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
             pull = gr.Button("Download", elem_id="pull-model", scale=0)
         pull_status = gr.Markdown(elem_id="pull-status")
     with gr.Row():
-        n_ctx = gr.Number(label="n_ctx (256–131072)", precision=0, elem_id="n-ctx")
+        n_ctx = gr.Number(label=_ranged("n_ctx", "model", "n_ctx"), precision=0, elem_id="n-ctx")
         n_threads = gr.Number(label="n_threads (0 = all cores)", precision=0, elem_id="n-threads")
-        kv_type = gr.Radio(["f16", "q8_0"], label="KV cache type", elem_id="kv-type")
+        kv_type = gr.Radio(list(setting("cache", "kv_type").choices), label="KV cache type",
+                           elem_id="kv-type")
     with gr.Row():
         cache_enabled = gr.Checkbox(label="Disk cache on", elem_id="cache-enabled")
         max_disk = gr.Number(label="Cache disk budget (MB)", precision=0, elem_id="max-disk")
     gr.Markdown("Defaults for new chats")
     system_prompt = gr.Textbox(label="System prompt", lines=2, elem_id="default-system-prompt")
     with gr.Row():
-        temperature = gr.Number(label=_ranged("Temperature", "temperature"),
+        temperature = gr.Number(label=_ranged("Temperature", "generation", "temperature"),
                                 elem_id="default-temperature")
-        top_p = gr.Number(label=_ranged("Top p", "top_p"), elem_id="default-top-p")
-        max_tokens = gr.Number(label=_ranged("Max tokens", "max_tokens"), precision=0,
+        top_p = gr.Number(label=_ranged("Top p", "generation", "top_p"), elem_id="default-top-p")
+        max_tokens = gr.Number(label=_ranged("Max tokens", "generation", "max_tokens"), precision=0,
                                elem_id="default-max-tokens")
     apply = gr.Button("Apply and save to reame.conf", variant="primary", elem_id="apply-settings")
     fields = [picker, other_path, n_ctx, n_threads, kv_type, cache_enabled, max_disk,
