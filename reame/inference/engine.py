@@ -20,6 +20,7 @@ import llama_cpp
 from llama_cpp._internals import LlamaContext, LlamaModel
 from llama_cpp._logger import set_verbose
 
+from reame.config.reame_conf import setting
 from reame.inference.batches import (
     CHUNK,
     Batch,
@@ -76,8 +77,9 @@ class Engine(Vocabulary, Sampler):
     so a reply does not depend on who else is talking (README, "Same request, same reply")."""
 
     def __init__(self, model_path: Path, *, n_ctx: int, n_threads: int = 0,
-                 kv_type: str = "f16", models_dir: Path | None = None, n_batch: int = 512,
-                 slots: int = 1, kv_budget_bytes: int | None = None):
+                 kv_type: str = setting("cache", "kv_type").default,
+                 models_dir: Path | None = None, n_batch: int = 512, slots: int = 1,
+                 kv_budget_bytes: int | None = None):
         model_path = Path(model_path)
         check_model_file(model_path, models_dir or model_path.parent)
         if kv_type not in KV_TYPES:

@@ -11,6 +11,7 @@ from pathlib import Path
 import llama_cpp
 import psutil
 
+from reame.config.reame_conf import setting
 from reame.models.gguf_info import GGUFInfo, NotGGUF, read_gguf_info
 from reame.models.kv_budget import slots_that_fit
 from reame.models.model_file import ModelLoadError, gguf_files
@@ -35,7 +36,7 @@ class ModelChoice:
     path: Path
     error: str | None = None  # why it cannot be described
 
-    def as_dict(self, kv_type: str = "f16") -> dict:
+    def as_dict(self, kv_type: str = setting("cache", "kv_type").default) -> dict:
         if self.info is None:
             return {"path": str(self.path), "error": self.error}
         i = self.info

@@ -55,7 +55,7 @@ class GGUFInfo:
     # not the token embedding, which is looked up, not multiplied): held twice in memory.
     repackable_bytes: int = 0
 
-    def kv_bytes_per_token(self, kv_type: str = "f16") -> int | None:
+    def kv_bytes_per_token(self, kv_type: str) -> int | None:
         """K and V for every layer, at 2 bytes (f16) or 34/32 bytes (q8_0) per value."""
         if not (self.layers and self.kv_heads and self.head_dim):
             return None
