@@ -51,7 +51,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     settings = Settings(config, service)
     can_configure = ((lambda user: accounts.is_admin(accounts.name_of(user)))
                      if accounts is not None else lambda user: True)
-    max_upload = config.server.max_upload_mb << 20
+    max_upload = config.server.max_upload_bytes
     uploads = Uploads(max_bytes=max_upload)  # the page's uploads, each for its own session
     with gr.Blocks(title="Reame", analytics_enabled=False, fill_height=True) as demo:
         # The API first, so that its endpoint names stay exactly as documented.

@@ -27,7 +27,7 @@ def build_engine(config: Config) -> Engine:
     model = config.model
     return Engine(model.model_path, n_ctx=model.n_ctx, n_threads=model.n_threads,
                   kv_type=config.cache.kv_type, models_dir=config.model.models_dir,
-                  slots=model.slots, kv_budget_bytes=model.kv_ram_mb * 2**20)
+                  slots=model.slots, kv_budget_bytes=model.kv_ram_bytes)
 
 
 def build_cache(engine: Engine, kv_dir: Path | None, max_bytes: int,
@@ -46,8 +46,7 @@ def build_cache(engine: Engine, kv_dir: Path | None, max_bytes: int,
 def config_cache(config: Config, engine: Engine, store: Store) -> KVCache:
     """The KV cache reame.conf asks for."""
     cache = config.cache
-    return build_cache(engine, cache.dir if cache.enabled else None,
-                       cache.max_disk_mb * 1024 * 1024, store)
+    return build_cache(engine, cache.dir if cache.enabled else None, cache.max_disk_bytes, store)
 
 
 def build_service(config: Config) -> ChatService:

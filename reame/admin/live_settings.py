@@ -158,7 +158,7 @@ class Settings:
             model = config.model
             check_model(model.model_path, n_ctx=model.n_ctx, kv_type=config.cache.kv_type,
                         freed_bytes=freed, slots=model.slots,
-                        kv_budget_bytes=model.kv_ram_mb * 2**20)
+                        kv_budget_bytes=model.kv_ram_bytes)
         except ModelCheckError as exc:
             raise SettingsError(str(exc)) from None
 
@@ -177,7 +177,7 @@ class Settings:
     def _apply_light(self, config: Config) -> None:
         self.service.set_defaults(config.generation)
         if self.service.cache is not None:
-            self.service.cache.set_disk_budget(config.cache.max_disk_mb * 1024 * 1024)
+            self.service.cache.set_disk_budget(config.cache.max_disk_bytes)
 
     def _save(self, config: Config, typed: dict, flat: dict) -> Config:
         if self.config.path is None:

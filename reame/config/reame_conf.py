@@ -91,6 +91,10 @@ class ModelConfig:
     slots: int
     kv_ram_mb: int
 
+    @property
+    def kv_ram_bytes(self) -> int:
+        return self.kv_ram_mb << 20
+
 
 GenerationConfig = ChatSettings  # [generation]: the settings of new chats
 
@@ -117,6 +121,10 @@ class ServerConfig:
     max_upload_mb: int
     warm_up: bool
     root_path: str
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return self.max_upload_mb << 20
 
     @property
     def public_root(self) -> str:
@@ -165,6 +173,10 @@ class CacheConfig:
     dir: Path
     max_disk_mb: int
     kv_type: str
+
+    @property
+    def max_disk_bytes(self) -> int:
+        return self.max_disk_mb << 20
 
 
 @dataclass(frozen=True)
