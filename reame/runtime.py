@@ -12,7 +12,7 @@ from pathlib import Path
 from reame.chats.service import ChatService
 from reame.chats.store import Store
 from reame.config.chat_settings import ChatSettings
-from reame.config.reame_conf import Config
+from reame.config.reame_conf import DATABASE_FILE, Config
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
 from reame.inference.kv.kvstore import KVStore
@@ -75,6 +75,6 @@ def service_over(folder: Path, engine: Engine, defaults: ChatSettings, *, cache:
     is off) with an engine already loaded; limits: Limits' fields (max_waiting, stall_s,
     share), reame.conf's defaults otherwise."""
     kv = (kv_dir or folder / "kv") if cache else None
-    return ChatService(Store(folder / "reame.db"), engine, defaults,
+    return ChatService(Store(folder / DATABASE_FILE), engine, defaults,
                        cache=build_cache(engine, kv, max_disk_bytes),
                        limits=Limits(**limits))

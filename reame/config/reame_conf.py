@@ -150,6 +150,9 @@ class ServerConfig:
         return frozenset(_items(self.allowed_origins))
 
 
+DATABASE_FILE = "reame.db"  # the SQLite file's name, in sessions_dir
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     sessions_dir: Path
@@ -159,7 +162,7 @@ class StorageConfig:
     @property
     def database_path(self) -> Path:
         """The SQLite file (the database unless database_url names a server)."""
-        return self.sessions_dir / "reame.db"
+        return self.sessions_dir / DATABASE_FILE
 
     @property
     def database(self) -> Path | str:
