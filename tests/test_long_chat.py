@@ -68,7 +68,7 @@ def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_p
     node = Node(tmp_path, model_path)
     chat = node.service.new_chat()
     overflows, n, restarted = [], 0, False
-    while len(overflows) < 3:
+    while len(overflows) < 2:  # one before the restart, one after
         last = node.turn(chat.id, n)
         assert_answers(last, n)
         assert len(node.engine.tokens) <= N_CTX
@@ -87,7 +87,7 @@ def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_p
                 assert_only_new_tokens(after)
                 assert_answers(after, n)
         n += 1
-        assert n < 40, "three overflows should come within 40 turns"
+        assert n < 40, "two overflows should come within 40 turns"
     # Every message is still stored; the oldest are marked outside the window.
     chat = node.service.get_chat(chat.id)
     thread = node.store.thread(chat.id)
