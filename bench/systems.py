@@ -263,7 +263,7 @@ class ServiceSystem(System):
     def _close(self) -> None:
         self.service.cache.flush()  # a restart keeps every file a turn queued
         self.engine.close()
-        self.store.engine.dispose()
+        self.store.db.dispose()
         self.engine = self.store = self.kv = self.service = None
 
     def new_chat(self, system_prompt: str = SYSTEM_PROMPT) -> int:

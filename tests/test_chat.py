@@ -165,7 +165,7 @@ def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service
     from sqlalchemy import event
 
     commits = []
-    event.listen(service.store.engine, "commit", lambda conn: commits.append(1))
+    event.listen(service.store.db, "commit", lambda conn: commits.append(1))
     chat = service.new_chat()
     commits.clear()
     stream = service.send(chat.id, "Name a colour.")

@@ -26,7 +26,7 @@ def database(request, tmp_path):
 def store(database) -> Store:
     store = Store(database)
     yield store
-    store.engine.dispose()
+    store.db.dispose()
 
 
 def new_chat(store, title="t", owner=None):
@@ -36,10 +36,10 @@ def new_chat(store, title="t", owner=None):
 
 def run_sql(store: Store, *statements: str) -> None:
     """Change the database behind the store's back (as an older release left it)."""
-    with store.engine.begin() as conn:
+    with store.db.begin() as conn:
         for statement in statements:
             conn.execute(text(statement))
-    store.engine.dispose()
+    store.db.dispose()
 
 
 def test_database_uses_wal_and_records_migrations(tmp_path):
@@ -54,7 +54,7 @@ def test_database_uses_wal_and_records_migrations(tmp_path):
 def test_migrations_run_once(database):
     Store(database)
     again = Store(database)
-    with again.engine.connect() as conn:
+    with again.db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM migrations")).scalar() == len(MIGRATIONS)
 
 
@@ -113,7 +113,7 @@ def test_a_sqlite_database_of_the_previous_release_gets_ids_never_reused(tmp_pat
     assert new_chat(store, "next", owner="carol").id > bobs.id
     assert Store(path).get_chat(bobs.id + 1)  # reopened: nothing rebuilt twice, nothing lost
     with pytest.raises(Exception):  # foreign keys still hold
-        with store.engine.begin() as conn:
+        with store.db.begin() as conn:
             conn.execute(text("INSERT INTO message (chat_id, position, role, content, "
                               "created_at, stopped) VALUES (9999, 0, 'user', 'x', 0, 0)"))
 
@@ -155,7 +155,7 @@ def test_delete_chat_removes_its_messages(store):
     store.delete_chat(chat.id)
     with pytest.raises(ChatNotFound):
         store.get_chat(chat.id)
-    with store.engine.connect() as conn:
+    with store.db.connect() as conn:
         assert conn.execute(text("SELECT chat_id FROM message")).all() == [(other.id,)]
 
 
