@@ -99,7 +99,7 @@ def chats_of(site: Site | Path) -> list[tuple[dict, list[dict]]]:
     store = Store(site if isinstance(site, Path) else site.config.storage.database_path)
     try:
         return [(store.get_chat(chat_id).model_dump(),
-                 [m.model_dump() for m in store.thread(chat_id).messages])
+                 [m.model_dump() for m in store.tree(chat_id).messages])
                 for chat_id in sorted(store.chat_ids())]
     finally:
         store.db.dispose()

@@ -184,7 +184,7 @@ def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service
     commits.clear()
     assert list(service.regenerate(chat.id))[-1].done
     assert len(commits) == 2
-    thread = service.store.thread(chat.id)
-    assert [m.content for m in thread.branch][0] == "Name a fruit."
-    assert thread.version(thread.branch[0]) == (2, 2)
-    assert thread.version(thread.branch[1]) == (2, 2)
+    tree = service.store.tree(chat.id)
+    assert [m.content for m in tree.branch][0] == "Name a fruit."
+    assert tree.version(tree.branch[0]) == (2, 2)
+    assert tree.version(tree.branch[1]) == (2, 2)

@@ -179,12 +179,12 @@ def test_a_new_version_keeps_the_old_one(store):
     assert [m.content for m in store.messages(chat.id)] == ["0", "1"]
     edited = store.add_message(chat.id, "user", "2b")
     store.add_message(chat.id, "assistant", "3b")
-    thread = store.thread(chat.id)
-    assert [m.content for m in thread.branch] == ["0", "1", "2b", "3b"]
-    assert len(thread.messages) == 6, "nothing was deleted"
-    assert thread.version(edited) == (2, 2)
-    assert thread.version(thread.branch[0]) == (1, 1)
-    original = next(m for m in thread.messages if m.content == "2")
+    tree = store.tree(chat.id)
+    assert [m.content for m in tree.branch] == ["0", "1", "2b", "3b"]
+    assert len(tree.messages) == 6, "nothing was deleted"
+    assert tree.version(edited) == (2, 2)
+    assert tree.version(tree.branch[0]) == (1, 1)
+    original = next(m for m in tree.messages if m.content == "2")
     assert [m.content for m in store.show_version(chat.id, original.id)] == ["0", "1", "2", "3"]
     assert [m.content for m in store.show_version(chat.id, edited.id)] == ["0", "1", "2b", "3b"]
 

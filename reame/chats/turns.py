@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
 from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P, ConversationKeeper
-from reame.chats.store import Chat, Message, Store, Thread
+from reame.chats.store import Chat, Message, MessageTree, Store
 from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
 from reame.config.refusals import (
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 class ChatKeeper:
     """A stored chat's Keeper (turn.py): the reply becomes the chat's next message, with its
     exact tokens and stats; nothing is kept if the chat was deleted while it answered. kept:
-    the chat's Thread once the reply is kept: the one read before the turn, with what the
+    the chat's MessageTree once the reply is kept: the one read before the turn, with what the
     turn added (nothing else in this process adds to a chat during its turn; another node
     sharing the database may)."""
 
@@ -43,7 +43,7 @@ class ChatKeeper:
         self.store, self.chat, self.model = store, chat, model
         self.messages = messages  # the chat's, every version, the user's message included
         self.after = after  # the message the reply follows (the user may show another meanwhile)
-        self.kept: Thread | None = None
+        self.kept: MessageTree | None = None
 
     def alive(self) -> bool:
         return self.store.has_chat(self.chat.id, self.chat.owner)
@@ -58,7 +58,7 @@ class ChatKeeper:
             tokens=None if decoding.cut else decoding.generated,
             tokens_model=self.model, stats=asdict(stats), stopped=stats.stopped,
             after=self.after, expect_owner=self.chat.owner)
-        self.kept = Thread(self.messages + [message], message.id)
+        self.kept = MessageTree(self.messages + [message], message.id)
         return message.id
 
 
@@ -227,8 +227,8 @@ class Turns:
         leaf and updated time). The first write is not kept for the end: a reload while the
         reply is written shows the message, and a reply stopped, or failed, keeps it."""
         chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
-        thread = self.store.thread(chat.id)
-        history = thread.branch
+        tree = self.store.tree(chat.id)
+        history = tree.branch
         kept = [m for m in history if cut_at is None or m.position < cut_at]
         window = fit(runtime.prompts, chat, chat_scope(chat), kept,
                      Turn("user", text) if text is not None else None, cut_at)
@@ -240,7 +240,7 @@ class Turns:
         if text is not None and chat.title == DEFAULT_TITLE and not kept:
             changes["title"] = title_from(text)
         message = dict(role="user", content=text) if text is not None else None
-        user_message_id, messages = None, thread.messages
+        user_message_id, messages = None, tree.messages
         if changes or message is not None:
             # The write checks, in its transaction, that the chat is still the owner's.
             written, added = self.store.write_turn(chat.id, expect_owner=owner,

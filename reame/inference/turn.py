@@ -72,7 +72,7 @@ class TurnUpdate:
     finish_reason: str | None = None  # on the last update: "stop" or "length"
     chat_id: int | None = None
     queued: int = 0  # waiting for a free slot: its place in line (1: next), no text yet
-    # On a stored chat's last update: its messages (a Thread) as the turn left them
+    # On a stored chat's last update: its messages (a MessageTree) as the turn left them
     # (turns.py), for its caller to show without reading them back.
     kept: object | None = None
 

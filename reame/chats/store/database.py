@@ -17,6 +17,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, create_engine, delete, func, select
 
+from reame.chats.store.message_tree import MessageTree
 from reame.chats.store.migrations import enable_wal, is_postgres, migrate
 from reame.chats.store.search import Found, postgres_matches, search_terms, sqlite_matches
 from reame.chats.store.tables import (
@@ -29,7 +30,6 @@ from reame.chats.store.tables import (
     owned_by,
     storable_id,
 )
-from reame.chats.store.thread import Thread
 from reame.config.refusals import ChatNotFound
 
 
@@ -253,19 +253,19 @@ class Store:
 
     # messages
 
-    def thread(self, chat_id: int) -> Thread:
+    def tree(self, chat_id: int) -> MessageTree:
         """The chat's messages, every version, and the branch shown."""
         with self._session() as session:
             chat = session.get(Chat, chat_id)
             if chat is None:
                 raise ChatNotFound(chat_id)
             query = select(Message).where(Message.chat_id == chat_id).order_by(Message.id)
-            return Thread(list(session.exec(query)), chat.leaf_id)
+            return MessageTree(list(session.exec(query)), chat.leaf_id)
 
     def messages(self, chat_id: int) -> list[Message]:
         """The branch shown, first message first ([] for an unknown chat)."""
         try:
-            return self.thread(chat_id).branch
+            return self.tree(chat_id).branch
         except ChatNotFound:
             return []
 
@@ -332,11 +332,11 @@ class Store:
     def show_version(self, chat_id: int, message_id: int) -> list[Message]:
         """Show the branch through message_id (one of the chat's messages): down to the
         newest message after it. The branch shown."""
-        thread = self.thread(chat_id)
-        if message_id not in thread.by_id:
+        tree = self.tree(chat_id)
+        if message_id not in tree.by_id:
             raise MessageNotFound(message_id)
-        self.update_chat(chat_id, leaf_id=thread.newest_under(message_id))
-        return self.thread(chat_id).branch
+        self.update_chat(chat_id, leaf_id=tree.newest_under(message_id))
+        return self.tree(chat_id).branch
 
 
 def _append(session: Session, chat: Chat, *, role: str, content: str,
