@@ -14,7 +14,7 @@ from reame.chats.window import turns_of
 from reame.inference.batches import CHUNK
 from reame.inference.engine import Engine, common_prefix
 from reame.inference.kv.kvstore import BLOCK, TOTALS_NAME, KVStore
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 from reame.runtime import service_over
 from reame.web.render import stats_text
 
@@ -81,7 +81,7 @@ def close_to_cold(node, chat_id, text, model_path):
     service = node.service
     chat = service.get_chat(chat_id)
     turns = turns_of(node.store.messages(chat_id), service.engine.fingerprint) + [
-        Turn("user", text)]
+        PromptMessage("user", text)]
     prompt = service.prompts.tokens(chat.system_prompt, turns)
     restored = service.cache.prepare(chat_id, prompt)
     node.engine.prefill(prompt)
@@ -292,8 +292,8 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     last = later.say(two.id, "Say hello.")
     assert last.stats.source == "prefix"
     prompts = later.service.prompts
-    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [Turn("user", "")]),
-                           prompts.tokens(LONG_SYSTEM, [Turn("user", "Say hello.")]))
+    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "")]),
+                           prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "Say hello.")]))
     assert shared % BLOCK, "the test needs a shared opening that ends inside a block"
     # All of the shared opening's whole chunks; here even more: chat one's own file is found
     # by its tokens (the block-hash index), as it starts with this very prompt: all of it but
@@ -304,8 +304,8 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     fresh = Node(folder, model_path)  # nothing live: only the snapshot shares this much
     other = fresh.service.new_chat(system_prompt=LONG_SYSTEM)
     planet = fresh.say(other.id, "Which planet do we live on?")
-    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [Turn("user", "")]),
-                           prompts.tokens(LONG_SYSTEM, [Turn("user", "Which planet")]))
+    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "")]),
+                           prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "Which planet")]))
     # Reused up to a chunk boundary: the prefix's KV is then the one a cold start makes.
     assert planet.stats.source == "prefix" and planet.stats.reused == shared - shared % CHUNK
     assert_only_new_tokens_evaluated(last)
@@ -322,7 +322,7 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
 def test_a_lookup_opens_only_files_that_could_give_more(folder, model_path, monkeypatch):
     node = Node(folder, model_path)
     questions = [f"Count to {n}." for n in range(2, 7)]
-    replies = [node.finish(node.service.complete(LONG_SYSTEM, [Turn("user", q)])).text
+    replies = [node.finish(node.service.complete(LONG_SYSTEM, [PromptMessage("user", q)])).text
                for q in questions]
     node.kv.flush()
     later = Node(folder, model_path)  # a restart: found by tokens only, through the index
@@ -330,7 +330,8 @@ def test_a_lookup_opens_only_files_that_could_give_more(folder, model_path, monk
     peeked = []
     head = later.kv.head
     monkeypatch.setattr(later.kv, "head", lambda path, **kw: peeked.append(path) or head(path, **kw))
-    turns = [Turn("user", questions[0]), Turn("assistant", replies[0]), Turn("user", "Thanks!")]
+    turns = [PromptMessage("user", questions[0]), PromptMessage("assistant", replies[0]),
+             PromptMessage("user", "Thanks!")]
     last = later.finish(later.service.complete(LONG_SYSTEM, turns))
     assert last.stats.source == "prefix"
     assert last.stats.reused > len(later.service.prompts.tokens(LONG_SYSTEM, turns[:1]))

@@ -8,7 +8,7 @@ very tokens that were generated for it: ReplyMemory keeps them, per model and sc
 from __future__ import annotations
 
 from reame.config.refusals import MessageTooLong
-from reame.inference.prompt import PromptBuilder, Turn
+from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.turn import Decoding, TurnStats
 
 KNOWN_REPLIES = 1024  # replies whose exact tokens are kept for stateless clients
@@ -24,8 +24,8 @@ class ReplyMemory:
         self.size = size
         self._tokens: dict[tuple[str, str, str], tuple[int, ...]] = {}
 
-    def tokenize(self, prompts: PromptBuilder, system_prompt: str, turns: list[Turn],
-                 scope: str) -> tuple[list[Turn], list[int]]:
+    def tokenize(self, prompts: PromptBuilder, system_prompt: str, turns: list[PromptMessage],
+                 scope: str) -> tuple[list[PromptMessage], list[int]]:
         """The turns (replies this server wrote with their exact tokens) and the prompt, in
         the vocabulary of prompts' model; too long for its context raises MessageTooLong."""
         known = [self._known(prompts.engine.fingerprint, t, scope) for t in turns]
@@ -37,13 +37,13 @@ class ReplyMemory:
                 f"{n_ctx:,} tokens. Shorten it and send again.")
         return known, prompt
 
-    def _known(self, model: str, turn: Turn, scope: str) -> Turn:
+    def _known(self, model: str, turn: PromptMessage, scope: str) -> PromptMessage:
         """An assistant turn with the exact tokens this server generated for its text, in a
         reply to the same scope (another user's replies must not change this prompt)."""
         if turn.role != "assistant" or turn.tokens is not None:
             return turn
         tokens = self._tokens.get((model, scope, turn.content))
-        return Turn(turn.role, turn.content, tokens) if tokens else turn
+        return PromptMessage(turn.role, turn.content, tokens) if tokens else turn
 
     def remember(self, model: str, scope: str, text: str, tokens: list[int]) -> None:
         key = (model, scope, text)

@@ -22,7 +22,7 @@ from reame.config.refusals import (
 )
 from reame.inference.cache_state import user_scope
 from reame.inference.model_runtime import ModelRuntime
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
 from reame.inference.tasks import Replaced, Stopped, Waiting
 from reame.inference.turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
@@ -94,7 +94,7 @@ class Turns:
                     return 0
                 try:
                     window = fit(runtime.prompts, chat, chat_scope(chat),
-                                 self.store.messages(chat.id), Turn("user", draft), None)
+                                 self.store.messages(chat.id), PromptMessage("user", draft), None)
                 except MessageTooLong:
                     return 0
         except Replaced:
@@ -231,7 +231,7 @@ class Turns:
         history = tree.branch
         kept = [m for m in history if cut_at is None or m.position < cut_at]
         window = fit(runtime.prompts, chat, chat_scope(chat), kept,
-                     Turn("user", text) if text is not None else None, cut_at)
+                     PromptMessage("user", text) if text is not None else None, cut_at)
         changes: dict = {}
         if cut_at is not None:  # a new version: the old one stays (versions)
             changes["leaf_id"] = kept[-1].id if kept else None
@@ -295,7 +295,8 @@ class Turns:
 
     # stateless completions (the OpenAI route): nothing stored, the KV cache still used
 
-    def complete(self, system_prompt: str, turns: list[Turn], *, max_tokens: int | None = None,
+    def complete(self, system_prompt: str, turns: list[PromptMessage], *,
+                 max_tokens: int | None = None,
                  temperature: float = STATELESS_TEMPERATURE, top_p: float = STATELESS_TOP_P,
                  seed: int | None = None, stop: tuple[str, ...] = (),
                  logit_bias: tuple[tuple[int, float], ...] = (),
@@ -319,7 +320,7 @@ class Turns:
         return TurnStream(lambda stream: self._complete(
             stream, system_prompt, turns, sampling, max_tokens, stop, user))
 
-    def _complete(self, stream: TurnStream, system_prompt: str, sent: list[Turn],
+    def _complete(self, stream: TurnStream, system_prompt: str, sent: list[PromptMessage],
                   sampling: Sampling, max_tokens: int | None, stop: tuple[str, ...],
                   user: str | None) -> Iterator[TurnUpdate]:
         scope = user_scope(user)

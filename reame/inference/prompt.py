@@ -36,8 +36,12 @@ CACHED_TOKENS = 1_000_000  # tokens of tokenized pieces kept per model (about 4 
 
 
 @dataclass(frozen=True)
-class Turn:
-    role: str  # "user" | "assistant"
+class PromptMessage:
+    """One message of a conversation, as a prompt is built from it: its role, its text and,
+    for a reply, the exact tokens the model generated (spliced in as they are). Not a stored
+    Message (reame.chats.store), which PromptMessages are made from (window.turns_of)."""
+
+    role: str  # "system" | "user" | "assistant"
     content: str
     tokens: tuple[int, ...] | None = None  # exact generated tokens, for assistant turns
 
@@ -62,11 +66,11 @@ class PromptBuilder:
         self._cached_tokens = 0
         self._pieces_lock = threading.Lock()  # web threads and the engine's thread use them
 
-    def tokens(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
+    def tokens(self, system_prompt: str, turns: list[PromptMessage], scope: str = "") -> list[int]:
         """The prompt for the next reply: the chat, then the template's assistant header. The
         template's own text may hold control tokens; the messages' text never does. Assistant
         turns with their generated tokens are spliced in as those tokens."""
-        messages = ([Turn("system", system_prompt)] if system_prompt else []) + list(turns)
+        messages = ([PromptMessage("system", system_prompt)] if system_prompt else []) + list(turns)
         text = self._formatter(messages=[{"role": m.role, "content": _PLACEHOLDER.format(i)}
                                          for i, m in enumerate(messages)]).prompt
         add_bos = self.engine.adds_bos and not (self._bos_text and text.startswith(self._bos_text))
@@ -86,11 +90,12 @@ class PromptBuilder:
             out.extend(self._piece("template", "", after, False))
         return out
 
-    def fixed_head(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
+    def fixed_head(self, system_prompt: str, turns: list[PromptMessage],
+                   scope: str = "") -> list[int]:
         """The tokens of the prompt for turns + a next user message that no message can change
         (the next turn's header): the common prefix of the prompts for messages "a" and "b"."""
-        a = self.tokens(system_prompt, turns + [Turn("user", "a")], scope)
-        b = self.tokens(system_prompt, turns + [Turn("user", "b")], scope)
+        a = self.tokens(system_prompt, turns + [PromptMessage("user", "a")], scope)
+        b = self.tokens(system_prompt, turns + [PromptMessage("user", "b")], scope)
         return a[:common_prefix(a, b)]
 
     def _piece(self, kind: str, scope: str, text: str, add_bos: bool) -> array:

@@ -25,7 +25,7 @@ from reame.config.refusals import ChatNotFound
 from reame.inference.cache import KVCache
 from reame.inference.cache_state import Drop, Restored
 from reame.inference.engine import Engine
-from reame.inference.prompt import PromptBuilder, Turn
+from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.sampling import Sampling
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class Job:
     """What one turn evaluates and how it samples."""
 
     prompt: list[int]
-    turns: list[Turn]  # the conversation the prompt holds (for the next turn's fixed head)
+    turns: list[PromptMessage]  # the conversation the prompt holds (for the next turn's fixed head)
     system_prompt: str
     scope: str  # whose KV may be reused (cache_state.user_scope)
     sampling: Sampling
@@ -268,7 +268,7 @@ class TurnRunner:
         "<|im_end|>\\n<|im_start|>user\\n"), so the next turn's first token waits only for the
         message itself. The next turn checks these tokens like any others (common prefix)."""
         engine = self.engine
-        done = job.turns + [Turn("assistant", "", tuple(generated))]
+        done = job.turns + [PromptMessage("assistant", "", tuple(generated))]
         head = self.prompts.fixed_head(job.system_prompt, done, job.scope)
         live = len(engine.tokens)
         if not live < len(head) <= engine.n_ctx or engine.common_prefix(head) != live:

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Iterator
 
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ def warm_model(service) -> float:
 
 def _warm(runtime, system_prompt: str) -> None:
     engine = runtime.engine
-    prompt = runtime.prompts.tokens(system_prompt, [Turn("user", WARM_MESSAGE)], WARM_SCOPE)
+    prompt = runtime.prompts.tokens(system_prompt, [PromptMessage("user", WARM_MESSAGE)],
+                                    WARM_SCOPE)
 
     def work() -> Iterator[None]:
         runtime.cache.serve(WARM_SCOPE)  # the slot's KV is nobody's from here
