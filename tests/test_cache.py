@@ -85,12 +85,12 @@ def close_to_cold(node, chat_id, text, model_path):
     prompt = service.prompts.tokens(chat.system_prompt, turns)
     restored = service.cache.prepare(chat_id, prompt)
     node.engine.prefill(prompt)
-    warm = node.engine.logits()
+    restored_logits = node.engine.logits()
     cold = Engine(model_path, n_ctx=2048, n_threads=THREADS)
     cold.prefill(prompt)
     reference = cold.logits()
-    assert warm.argmax() == reference.argmax()
-    assert abs(warm - reference).max() / abs(reference).max() < 0.1
+    assert restored_logits.argmax() == reference.argmax()
+    assert abs(restored_logits - reference).max() / abs(reference).max() < 0.1
     return restored
 
 
@@ -164,9 +164,9 @@ def test_opening_a_chat_restores_its_kv_before_the_next_message(folder, model_pa
     node.kv.flush()
     later = Node(folder, model_path)  # a restart, then the user opens the chat
     base = later.service.cache_stats()  # the totals kept from before
-    assert later.service.warm(chat.id)
+    assert later.service.restore_ahead(chat.id)
     assert later.engine.tokens == saved and later.engine.evaluated == 0
-    assert not later.service.warm(chat.id), "already live: nothing to do"
+    assert not later.service.restore_ahead(chat.id), "already live: nothing to do"
     last = later.say(chat.id, "Say hello.")
     assert last.stats.source == "disk" and last.stats.reused == len(saved)
     assert last.stats.restore_ms > 0, "the restore done at opening is reported with the turn"
@@ -176,9 +176,9 @@ def test_opening_a_chat_restores_its_kv_before_the_next_message(folder, model_pa
     assert last.text == sitting(folder / "ref", model_path,
                                 ["Which planet do we live on?", "Say hello."])[-1]
     unknown = later.service.new_chat()
-    assert not later.service.warm(unknown.id), "no file: nothing to restore"
+    assert not later.service.restore_ahead(unknown.id), "no file: nothing to restore"
     off = Node(folder / "off", model_path, enabled=False)
-    assert not off.service.warm(chat.id)
+    assert not off.service.restore_ahead(chat.id)
 
 
 
@@ -539,7 +539,7 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     first.kv.flush()
     later = Node(folder, model_path)  # a restart; the page opens the chat, the user types
     service = later.service
-    assert service.warm(chat.id)
+    assert service.restore_ahead(chat.id)
     typed = 0
     message = ("What is the capital city of France? Answer in one word, and say nothing "
                "else: no sentence, no explanation.")

@@ -1,7 +1,7 @@
 """Turns: a stored chat's message, regenerate and edit, and a stateless conversation (the
-OpenAI route); restoring a chat's KV ahead of its turn (warm) and while its message is typed
-(type_ahead). Each is a Job for the TurnRunner, run on the engine's thread (scheduler.py),
-the reply kept by its Keeper."""
+OpenAI route); restoring a chat's KV ahead of its turn (restore_ahead) and evaluating its
+message while it is typed (type_ahead). Each is a Job for the TurnRunner, run on the engine's
+thread (scheduler.py), the reply kept by its Keeper."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class ChatKeeper:
 class Turns:
     """ChatService's turns (a mixin: the state is ChatService.__init__'s)."""
 
-    def warm(self, chat_id: int, user: str | None = None) -> bool:
+    def restore_ahead(self, chat_id: int, user: str | None = None) -> bool:
         """Restore the chat's KV from disk ahead of its next turn (called when a chat is
         opened), unless the engine stays busy. True if something was restored."""
         runtime = self.runtime
@@ -76,7 +76,8 @@ class Turns:
         if not runtime.cache.has_file(chat_id):
             return False  # nothing to restore: no slot given up for it
         started, restored = runtime.scheduler.try_run(
-            lambda: self._warm_steps(runtime, chat_id, scope), chat_id=chat_id, scope=scope)
+            lambda: self._restore_ahead_steps(runtime, chat_id, scope), chat_id=chat_id,
+            scope=scope)
         return bool(started and restored)
 
     def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
@@ -189,7 +190,7 @@ class Turns:
             try:
                 place = runtime.scheduler.reserve(  # or ServerBusy, before anything changes
                     chat_id=chat.id, scope=scope, owner=chat.owner,
-                    prelude=self._restore_ahead(runtime, chat.id, scope))
+                    prelude=self._restore_ahead_prelude(runtime, chat.id, scope))
             except Replaced:
                 continue
             stream.bind(runtime.scheduler, place)
@@ -253,18 +254,18 @@ class Turns:
                         user_message_id=user_message_id)
         return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after)
 
-    def _restore_ahead(self, runtime: ModelRuntime, chat_id: int,
-                       scope: str) -> Callable[[], Iterator[bool]] | None:
+    def _restore_ahead_prelude(self, runtime: ModelRuntime, chat_id: int,
+                               scope: str) -> Callable[[], Iterator[bool]] | None:
         """What the turn's slot does while this thread reads the database and tokenizes the
         prompt: restore the chat's KV file (as when a chat is opened), if it has one."""
         if not runtime.cache.has_file(chat_id):
             return None
-        return lambda: self._warm_steps(runtime, chat_id, scope)
+        return lambda: self._restore_ahead_steps(runtime, chat_id, scope)
 
     @staticmethod
-    def _warm_steps(runtime: ModelRuntime, chat_id: int, scope: str) -> Iterator[bool]:
+    def _restore_ahead_steps(runtime: ModelRuntime, chat_id: int, scope: str) -> Iterator[bool]:
         try:
-            yield runtime.cache.warm(chat_id, scope) is not None
+            yield runtime.cache.restore_ahead(chat_id, scope) is not None
         except Exception:  # a failed restore is a miss: the turn looks up again
             log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
             yield False

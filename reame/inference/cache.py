@@ -4,7 +4,7 @@ Sources, best first: the live context (the last turn's KV), the chat's KV file, 
 the chat it was branched from, a shared-prefix snapshot (same system prompt as an earlier chat), else nothing. Whatever is
 chosen, the engine then holds the KV of the longest common prefix with the prompt, verified.
 
-A chat's file can also be restored ahead of its turn (`warm`: when the chat is opened, and
+A chat's file can also be restored ahead of its turn (`restore_ahead`: when the chat is opened, and
 while a turn builds its prompt): the turn then starts with its history live.
 
 Scopes: a user's turns reuse only KV made from that user's own tokens, never another user's,
@@ -129,7 +129,8 @@ class KVCache(CacheFigures):
         counts = self._count()
         counts.lookups += 1
         started = time.perf_counter()
-        # The chat's own file, if warm() just found it unusable, is not read (nor logged) twice.
+        # The chat's own file, if restore_ahead() just found it unusable, is not read (nor
+        # logged) twice.
         restored = self._restore(chat_id, prompt, live, own=missed != chat_id, parent=parent)
         ms = (time.perf_counter() - started) * 1000
         if restored is not None:
@@ -145,7 +146,7 @@ class KVCache(CacheFigures):
         """Whether the live KV is this chat's (its last turn, or its restore on opening)."""
         return self.live.chat == chat_id and bool(self.engine.tokens)
 
-    def warm(self, chat_id: int, scope: str = "") -> Restored | None:
+    def restore_ahead(self, chat_id: int, scope: str = "") -> Restored | None:
         """Restore the chat's KV file now, ahead of its next turn; None if there is nothing
         to restore or the live context already holds it (the chat's last turn left it there:
         its own KV, which the turn knows best how to reuse). scope: the chat's owner's."""

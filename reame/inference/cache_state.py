@@ -41,7 +41,7 @@ class Restored:
 @dataclass(frozen=True)
 class Ahead:
     """Work done for a chat before its turn, which the turn reports as its own: its KV file
-    restored when the chat was opened (warm), its next message evaluated while typed."""
+    restored when the chat was opened (restore_ahead), its next message evaluated while typed."""
 
     chat_id: int
     source: str  # where the history came from: disk / prefix, else live
@@ -54,7 +54,7 @@ class Ahead:
 class Live:
     """What the cache knows of one engine sequence's live KV, beyond its tokens: whose it is,
     the chat it was last made for, what was done ahead of that chat's next turn, and a chat
-    whose own file warm() found unusable."""
+    whose own file restore_ahead() found unusable."""
 
     scope: str | None = None  # None: nobody's yet
     chat: int | None = None

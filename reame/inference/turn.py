@@ -7,7 +7,7 @@ and KV file, or a stateless conversation's KV file and reply tokens). Each step 
 here, and is timed once. Maintenance work runs the engine on the scheduler's thread without
 it, answering nobody: the warm-up at start (warmup.py), the shared default prompt's snapshot
 (ChatService.share_default_prompt) and a chat's KV restored when it is opened
-(ChatService.warm).
+(ChatService.restore_ahead).
 
 `run` and `prefill_steps` are generators of steps (scheduler.py): they yield None between two
 decodes, so that other people's replies take their turns there, and run on the engine's thread.

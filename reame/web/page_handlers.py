@@ -89,7 +89,7 @@ class PageHandlers:
             except ChatNotFound:
                 chat_id, messages = None, []
             else:  # restore its KV while the user reads and types
-                threading.Thread(target=self.service.warm, args=(chat_id, user),
+                threading.Thread(target=self.service.restore_ahead, args=(chat_id, user),
                                  daemon=True).start()
         else:
             messages = []
