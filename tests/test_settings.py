@@ -6,8 +6,8 @@ import pytest
 
 from reame.admin.live_settings import Settings, SettingsError
 from reame.config.reame_conf import load_config
-from reame.inference.cache_state import user_scope
 from reame.inference.prompt import PromptMessage
+from reame.inference.scope import user_scope
 from reame.runtime import build_service
 
 from .conftest import ROOT

@@ -20,7 +20,7 @@ from reame.config.refusals import (
     ChatNotFound,
     TooManyChats,
 )
-from reame.inference.cache_state import user_scope
+from reame.inference.scope import user_scope
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from reame.config.refusals import (
     check_seed,
     check_text,
 )
-from reame.inference.cache_state import user_scope
 from reame.inference.model_runtime import ModelRuntime
 from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
+from reame.inference.scope import Scope, user_scope
 from reame.inference.tasks import Replaced, Stopped, Waiting
 from reame.inference.turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
 from reame.inference.turn_stream import TurnStream
@@ -255,7 +255,7 @@ class Turns:
         return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after)
 
     def _restore_ahead_prelude(self, runtime: ModelRuntime, chat_id: int,
-                               scope: str) -> Callable[[], Iterator[bool]] | None:
+                               scope: Scope) -> Callable[[], Iterator[bool]] | None:
         """What the turn's slot does while this thread reads the database and tokenizes the
         prompt: restore the chat's KV file (as when a chat is opened), if it has one."""
         if not runtime.cache.has_file(chat_id):
@@ -263,7 +263,8 @@ class Turns:
         return lambda: self._restore_ahead_steps(runtime, chat_id, scope)
 
     @staticmethod
-    def _restore_ahead_steps(runtime: ModelRuntime, chat_id: int, scope: str) -> Iterator[bool]:
+    def _restore_ahead_steps(runtime: ModelRuntime, chat_id: int,
+                             scope: Scope) -> Iterator[bool]:
         try:
             yield runtime.cache.restore_ahead(chat_id, scope) is not None
         except Exception:  # a failed restore is a miss: the turn looks up again
@@ -357,6 +358,6 @@ def kept_on_regenerate(messages: list[Message]) -> list[Message]:
     return messages[:-1] if messages and messages[-1].role == "assistant" else messages
 
 
-def chat_scope(chat: Chat) -> str:
+def chat_scope(chat: Chat) -> Scope:
     """The cache scope of a chat's turns: its owner's."""
     return user_scope(chat.owner)

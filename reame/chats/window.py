@@ -14,6 +14,7 @@ from reame.config.refusals import MessageTooLong
 from reame.inference.cache_state import Drop
 from reame.inference.engine import common_prefix
 from reame.inference.prompt import PromptBuilder, PromptMessage
+from reame.inference.scope import Scope
 
 
 @dataclass
@@ -38,7 +39,7 @@ def turns_of(messages: list[Message], fingerprint: str) -> list[PromptMessage]:
     return turns
 
 
-def fit(prompts: PromptBuilder, chat: Chat, scope: str, kept: list[Message],
+def fit(prompts: PromptBuilder, chat: Chat, scope: Scope, kept: list[Message],
         new: PromptMessage | None, cut_at: int | None) -> Window:
     """The prompt for the next reply: the chat's window plus the new message (None: a reply
     to the kept messages again). cut_at: the position of an edited message.

@@ -27,6 +27,7 @@ from reame.inference.cache_state import Drop, Restored
 from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.sampling import Sampling
+from reame.inference.scope import Scope
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class Job:
     prompt: list[int]
     turns: list[PromptMessage]  # the conversation the prompt holds (for the next turn's fixed head)
     system_prompt: str
-    scope: str  # whose KV may be reused (cache_state.user_scope)
+    scope: Scope  # whose KV may be reused (scope.py)
     sampling: Sampling
     max_tokens: int
     stops: tuple[str, ...] = ()

@@ -23,10 +23,11 @@ from collections.abc import Iterator
 
 from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
+from reame.inference.scope import Scope
 
 log = logging.getLogger(__name__)
 
-WARM_SCOPE = "warm-up"  # no user's scope: no turn ever reuses this KV
+WARM_SCOPE = Scope("warm-up")  # no user's scope: no turn ever reuses this KV
 WARM_MESSAGE = "Hello! Please say hello back."
 WARM_TOKENS = 4  # sampled per slot
 
