@@ -93,7 +93,7 @@ class Job:
     user_message_id: int | None = None  # the message this turn answers, when stored
     drop: Drop | None = None  # messages that left the chat's window in this turn
     outside: int = 0  # messages before the window
-    shared_opening: bool = False  # the system prompt is the server's default (kvindex.SHARED)
+    shared_opening: bool = False  # the system prompt is the server's default (scope.SHARED)
     branched_from: int | None = None  # the chat this one was branched from (its KV file)
 
 
