@@ -234,6 +234,8 @@ def register_api(service: ChatService, *, settings_group: str,
             raise _user_error(exc) from None
         return shown_chat(chat, tree)
 
+    # Named for the public endpoint /get_thread (its api_name is the function's name): the
+    # chat's MessageTree, every version.
     def get_thread(chat_id: int, request: gr.Request = None) -> dict:
         """One chat with every version of every message, oldest first: a tree by parent_id,
         whose branch shown ends at leaf_id."""
