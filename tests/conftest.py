@@ -203,17 +203,3 @@ def server_factory(tmp_path):
     yield make
     for server in servers:
         server.stop()
-
-
-# The files that take longest (make test's durations, 2026-12-03), run first: pytest-xdist
-# hands each worker whole files in collection order, so a long file started last keeps one
-# worker busy while the other has finished.
-LONGEST_FIRST = ["test_cache.py", "test_security.py", "test_reproducible.py",
-                 "test_long_chat.py", "test_page_history.py", "test_concurrent_server.py",
-                 "test_browser_settings.py", "test_openai.py", "test_concurrent.py",
-                 "test_page_chats.py", "test_page_live.py", "test_chaos.py", "test_pull.py"]
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: else as found
