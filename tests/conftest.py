@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -135,7 +134,7 @@ class Server:
         self.log_path = log_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | server_process.Forked | None = None
 
     def start(self, timeout: float = 90) -> "Server":
         # Each server keeps its uploads in a folder of its own (tests look at what is left).
