@@ -34,7 +34,7 @@ def fill(store: Store, chats: int, seed: int = 1) -> None:
              "coffee train winter summer doctor language market bridge forest").split()
     vocab = [f"{w}{i}" for w in words for i in range(300)] + words
     now = time.time()
-    with store.engine.begin() as conn:
+    with store.db.begin() as conn:
         raw = conn.connection.driver_connection
         raw.executemany(
             "INSERT INTO chat (id, title, system_prompt, temperature, top_p, max_tokens, "
@@ -70,7 +70,7 @@ def timed(fn, runs: int) -> tuple[float, object]:
 
 def like_scan(store: Store, word: str) -> int:
     """Chats whose title or messages contain word, found by scanning (no index)."""
-    with store.engine.connect() as conn:
+    with store.db.connect() as conn:
         raw = conn.connection.driver_connection
         pattern = f"%{word}%"
         return len(raw.execute(
@@ -92,7 +92,7 @@ def measure(chats: int, runs: int, folder: Path) -> dict:
                                          store.count_chats("u")), runs)
     chats, total = listed
     row["html"], _ = timed(lambda: chat_list_html(chats, chats[0].id, total=total), runs)
-    store.engine.dispose()
+    store.db.dispose()
     return row
 
 

@@ -250,7 +250,7 @@ class ServiceSystem(System):
     def open_chat(self, chat_id: int) -> float:
         """What the page does when a chat is opened (restore its KV ahead); the seconds taken."""
         started = time.perf_counter()
-        self.service.warm(chat_id)
+        self.service.restore_ahead(chat_id)
         return time.perf_counter() - started
 
     def type_ahead(self, chat_id: int, text: str) -> float:
@@ -263,7 +263,7 @@ class ServiceSystem(System):
     def _close(self) -> None:
         self.service.cache.flush()  # a restart keeps every file a turn queued
         self.engine.close()
-        self.store.engine.dispose()
+        self.store.db.dispose()
         self.engine = self.store = self.kv = self.service = None
 
     def new_chat(self, system_prompt: str = SYSTEM_PROMPT) -> int:

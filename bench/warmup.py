@@ -106,7 +106,7 @@ def build_base(folder: Path, model: Path, history: int) -> Path:
         for user, reply in hist.pairs:
             store.add_message(chat.id, "user", user)
             store.add_message(chat.id, "assistant", reply)
-    store.engine.dispose()
+    store.db.dispose()
     with running(config) as (url, _):
         from gradio_client import Client
 

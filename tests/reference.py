@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from reame.inference.engine import Engine
-from reame.inference.prompt import PromptBuilder, Turn
+from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.sampling import Sampling
 
 from .conftest import GREEDY, MODEL, THREADS
@@ -32,7 +32,7 @@ _lock = threading.Lock()
 def model_answer(*messages: str, system_prompt: str = GREEDY.system_prompt,
               max_tokens: int = 24, model_path: Path = MODEL) -> str:
     """The greedy reply to messages (user, assistant, user, ...; the last a user's)."""
-    turns = [Turn("user" if i % 2 == 0 else "assistant", text)
+    turns = [PromptMessage("user" if i % 2 == 0 else "assistant", text)
              for i, text in enumerate(messages)]
     with _lock:
         if model_path not in _engines:

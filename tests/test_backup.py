@@ -84,7 +84,7 @@ def filled_site(folder: Path, *, users: bool = True) -> Site:
         {"prefill_rates": {"m": 250.0}, "counts": {"": [3, 2, 40]}}), encoding="utf-8")
     (site.config.cache.dir / f"{TMP_PREFIX}half-written.tmp").write_bytes(b"partial")
     (site.config.cache.dir / "notes.txt").write_text("not Reame's", encoding="utf-8")
-    store.engine.dispose()
+    store.db.dispose()
     return site
 
 
@@ -99,10 +99,10 @@ def chats_of(site: Site | Path) -> list[tuple[dict, list[dict]]]:
     store = Store(site if isinstance(site, Path) else site.config.storage.database_path)
     try:
         return [(store.get_chat(chat_id).model_dump(),
-                 [m.model_dump() for m in store.thread(chat_id).messages])
+                 [m.model_dump() for m in store.tree(chat_id).messages])
                 for chat_id in sorted(store.chat_ids())]
     finally:
-        store.engine.dispose()
+        store.db.dispose()
 
 
 def tree(folder: Path) -> dict[str, str]:
@@ -238,7 +238,7 @@ def test_existing_data_is_replaced_only_with_force_and_then_moved_aside(tmp_path
     there = Site(tmp_path / "there", users=True)
     store = there.store()
     new_chat(store, "mine")
-    store.engine.dispose()
+    store.db.dispose()
     Accounts(there.config.users_path).add_user("bob", "bob-secret-22")
     there.kv().write(there.kv().chat_path(1), [1, 2], b"kv", [Batch(0, 2, False)])
     mine = chats_of(there)
@@ -271,7 +271,7 @@ def test_a_restore_is_refused_while_a_server_has_the_database_open(tmp_path):
             restore(tmp_path / "backup", there.config, force=True)
         assert [c.title for c in store.list_chats()] == ["mine"]
     finally:
-        store.engine.dispose()
+        store.db.dispose()
 
 
 def test_with_config_a_new_machine_gets_the_config_and_the_data_beside_it(tmp_path):
@@ -322,7 +322,7 @@ def test_chats_written_during_the_backup_leave_a_consistent_snapshot(tmp_path):
     finally:
         writer.stop()
     after = store.count_chats()
-    store.engine.dispose()
+    store.db.dispose()
     total = steps[-1][1]
     assert len(steps) == math.ceil(total / 8), "the copy never restarted"
     assert steps[-1][2] - steps[0][2] >= 5, "chats were added while the copy ran"
@@ -347,7 +347,7 @@ def test_chats_written_during_the_backup_leave_a_consistent_snapshot(tmp_path):
     db.close()
     restored = new.store()
     assert restored.count_chats() == copied
-    restored.engine.dispose()
+    restored.db.dispose()
 
 
 class Turns:

@@ -29,10 +29,10 @@ def test_a_retry_keeps_the_old_reply_as_a_version(node):
     first = node.finish(service.send(chat.id, "Tell me a short story about a cat.", seed=1))
     second = node.finish(service.regenerate(chat.id, seed=2))
     assert first.text != second.text, "two seeds, two stories"
-    _, thread = service.thread(chat.id)
-    reply = thread.branch[-1]
-    assert reply.content == second.text and thread.version(reply) == (2, 2)
-    old = thread.by_id[thread.versions(reply)[0]]
+    _, tree = service.tree(chat.id)
+    reply = tree.branch[-1]
+    assert reply.content == second.text and tree.version(reply) == (2, 2)
+    old = tree.by_id[tree.versions(reply)[0]]
     assert old.content == first.text, "the first reply is kept"
     shown = service.show_version(chat.id, old.id)
     assert shown[-1].content == first.text
@@ -59,8 +59,8 @@ def test_an_edit_keeps_the_later_turns_in_the_old_version(node):
     assert len(after) == 4 and after[2].content == "Say goodbye."
     assert roles_and_texts(service.show_version(chat.id, before[2].id)) == roles_and_texts(
         before), "the old version comes back whole, its later turns included"
-    _, thread = service.thread(chat.id)
-    assert thread.version(thread.branch[2]) == (1, 2)
+    _, tree = service.tree(chat.id)
+    assert tree.version(tree.branch[2]) == (1, 2)
 
 
 def test_a_branch_restores_the_shared_history_from_its_parent_file(node, tmp_path,
@@ -96,7 +96,7 @@ def test_versions_branches_search_and_exports_are_the_owners_alone(node):
     message = service.messages(chat.id, "alice")[0]
     for call in (lambda: service.branch(chat.id, message.id, "bob"),
                  lambda: service.show_version(chat.id, message.id, "bob"),
-                 lambda: service.thread(chat.id, "bob"),
+                 lambda: service.tree(chat.id, "bob"),
                  lambda: service.toggle_pin(chat.id, "bob"),
                  lambda: service.export_file(chat.id, "bob")):
         with pytest.raises(ChatNotFound):

@@ -14,7 +14,7 @@ from reame.chats.window import turns_of
 from reame.inference.batches import CHUNK
 from reame.inference.engine import Engine, common_prefix
 from reame.inference.kv.kvstore import BLOCK, TOTALS_NAME, KVStore
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 from reame.runtime import service_over
 from reame.web.render import stats_text
 
@@ -81,16 +81,16 @@ def close_to_cold(node, chat_id, text, model_path):
     service = node.service
     chat = service.get_chat(chat_id)
     turns = turns_of(node.store.messages(chat_id), service.engine.fingerprint) + [
-        Turn("user", text)]
+        PromptMessage("user", text)]
     prompt = service.prompts.tokens(chat.system_prompt, turns)
     restored = service.cache.prepare(chat_id, prompt)
     node.engine.prefill(prompt)
-    warm = node.engine.logits()
+    restored_logits = node.engine.logits()
     cold = Engine(model_path, n_ctx=2048, n_threads=THREADS)
     cold.prefill(prompt)
     reference = cold.logits()
-    assert warm.argmax() == reference.argmax()
-    assert abs(warm - reference).max() / abs(reference).max() < 0.1
+    assert restored_logits.argmax() == reference.argmax()
+    assert abs(restored_logits - reference).max() / abs(reference).max() < 0.1
     return restored
 
 
@@ -164,9 +164,9 @@ def test_opening_a_chat_restores_its_kv_before_the_next_message(folder, model_pa
     node.kv.flush()
     later = Node(folder, model_path)  # a restart, then the user opens the chat
     base = later.service.cache_stats()  # the totals kept from before
-    assert later.service.warm(chat.id)
+    assert later.service.restore_ahead(chat.id)
     assert later.engine.tokens == saved and later.engine.evaluated == 0
-    assert not later.service.warm(chat.id), "already live: nothing to do"
+    assert not later.service.restore_ahead(chat.id), "already live: nothing to do"
     last = later.say(chat.id, "Say hello.")
     assert last.stats.source == "disk" and last.stats.reused == len(saved)
     assert last.stats.restore_ms > 0, "the restore done at opening is reported with the turn"
@@ -176,9 +176,9 @@ def test_opening_a_chat_restores_its_kv_before_the_next_message(folder, model_pa
     assert last.text == sitting(folder / "ref", model_path,
                                 ["Which planet do we live on?", "Say hello."])[-1]
     unknown = later.service.new_chat()
-    assert not later.service.warm(unknown.id), "no file: nothing to restore"
+    assert not later.service.restore_ahead(unknown.id), "no file: nothing to restore"
     off = Node(folder / "off", model_path, enabled=False)
-    assert not off.service.warm(chat.id)
+    assert not off.service.restore_ahead(chat.id)
 
 
 
@@ -292,8 +292,8 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     last = later.say(two.id, "Say hello.")
     assert last.stats.source == "prefix"
     prompts = later.service.prompts
-    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [Turn("user", "")]),
-                           prompts.tokens(LONG_SYSTEM, [Turn("user", "Say hello.")]))
+    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "")]),
+                           prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "Say hello.")]))
     assert shared % BLOCK, "the test needs a shared opening that ends inside a block"
     # All of the shared opening's whole chunks; here even more: chat one's own file is found
     # by its tokens (the block-hash index), as it starts with this very prompt: all of it but
@@ -304,8 +304,8 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     fresh = Node(folder, model_path)  # nothing live: only the snapshot shares this much
     other = fresh.service.new_chat(system_prompt=LONG_SYSTEM)
     planet = fresh.say(other.id, "Which planet do we live on?")
-    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [Turn("user", "")]),
-                           prompts.tokens(LONG_SYSTEM, [Turn("user", "Which planet")]))
+    shared = common_prefix(prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "")]),
+                           prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "Which planet")]))
     # Reused up to a chunk boundary: the prefix's KV is then the one a cold start makes.
     assert planet.stats.source == "prefix" and planet.stats.reused == shared - shared % CHUNK
     assert_only_new_tokens_evaluated(last)
@@ -322,7 +322,7 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
 def test_a_lookup_opens_only_files_that_could_give_more(folder, model_path, monkeypatch):
     node = Node(folder, model_path)
     questions = [f"Count to {n}." for n in range(2, 7)]
-    replies = [node.finish(node.service.complete(LONG_SYSTEM, [Turn("user", q)])).text
+    replies = [node.finish(node.service.complete(LONG_SYSTEM, [PromptMessage("user", q)])).text
                for q in questions]
     node.kv.flush()
     later = Node(folder, model_path)  # a restart: found by tokens only, through the index
@@ -330,7 +330,8 @@ def test_a_lookup_opens_only_files_that_could_give_more(folder, model_path, monk
     peeked = []
     head = later.kv.head
     monkeypatch.setattr(later.kv, "head", lambda path, **kw: peeked.append(path) or head(path, **kw))
-    turns = [Turn("user", questions[0]), Turn("assistant", replies[0]), Turn("user", "Thanks!")]
+    turns = [PromptMessage("user", questions[0]), PromptMessage("assistant", replies[0]),
+             PromptMessage("user", "Thanks!")]
     last = later.finish(later.service.complete(LONG_SYSTEM, turns))
     assert last.stats.source == "prefix"
     assert last.stats.reused > len(later.service.prompts.tokens(LONG_SYSTEM, turns[:1]))
@@ -538,7 +539,7 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     first.kv.flush()
     later = Node(folder, model_path)  # a restart; the page opens the chat, the user types
     service = later.service
-    assert service.warm(chat.id)
+    assert service.restore_ahead(chat.id)
     typed = 0
     message = ("What is the capital city of France? Answer in one word, and say nothing "
                "else: no sentence, no explanation.")

@@ -165,7 +165,7 @@ def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service
     from sqlalchemy import event
 
     commits = []
-    event.listen(service.store.engine, "commit", lambda conn: commits.append(1))
+    event.listen(service.store.db, "commit", lambda conn: commits.append(1))
     chat = service.new_chat()
     commits.clear()
     stream = service.send(chat.id, "Name a colour.")
@@ -184,7 +184,7 @@ def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service
     commits.clear()
     assert list(service.regenerate(chat.id))[-1].done
     assert len(commits) == 2
-    thread = service.store.thread(chat.id)
-    assert [m.content for m in thread.branch][0] == "Name a fruit."
-    assert thread.version(thread.branch[0]) == (2, 2)
-    assert thread.version(thread.branch[1]) == (2, 2)
+    tree = service.store.tree(chat.id)
+    assert [m.content for m in tree.branch][0] == "Name a fruit."
+    assert tree.version(tree.branch[0]) == (2, 2)
+    assert tree.version(tree.branch[1]) == (2, 2)

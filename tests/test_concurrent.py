@@ -14,7 +14,7 @@ import pytest
 
 from reame.chats.service import ServerBusy
 from reame.inference.engine import Engine
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 from reame.runtime import service_over
 
 from .conftest import GREEDY, THREADS, at_once
@@ -202,13 +202,13 @@ def test_a_slot_never_gives_one_users_kv_to_another(services, engine2):
     recently used of the two): he reuses what anyone new would (carol), nothing of hers."""
     service = services(engine2, GREEDY.changed(max_tokens=16))
     system = "You are a concise geography tutor. " * 8
-    question = [Turn("user", "What is the capital of France?")]
+    question = [PromptMessage("user", "What is the capital of France?")]
 
     def reused(user, turns=question):
         return last(service.complete(system, turns, user=user, temperature=0)).stats
 
     alice = reused("alice")  # slot 0
-    carol = reused("carol", [Turn("user", "Name three fruits.")])  # slot 1
+    carol = reused("carol", [PromptMessage("user", "Name three fruits.")])  # slot 1
     bob = reused("bob")  # slot 0 again: alice's KV, cleared first
     assert (bob.reused, bob.source) == (alice.reused, alice.source)
     assert (carol.reused, carol.source) == (alice.reused, alice.source)

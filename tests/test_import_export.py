@@ -23,10 +23,10 @@ def node(tmp_path, model_path):
 
 
 def tree(service, chat_id, user=None):
-    _, thread = service.thread(chat_id, user)
-    keys = {m.id: n for n, m in enumerate(thread.messages)}
-    return ([(m.role, m.content, keys.get(m.parent_id)) for m in thread.messages],
-            keys[thread.leaf_id])
+    _, whole = service.tree(chat_id, user)
+    keys = {m.id: n for n, m in enumerate(whole.messages)}
+    return ([(m.role, m.content, keys.get(m.parent_id)) for m in whole.messages],
+            keys[whole.leaf_id])
 
 
 def test_an_exported_chat_imports_whole_for_another_user_and_continues(node):

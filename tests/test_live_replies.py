@@ -193,8 +193,8 @@ def test_the_page_reads_a_chat_s_messages_once_per_message_sent(service):
     chat = service.new_chat().id
     panel = tuple(ChatSettings.of(service.get_chat(chat)).as_dict().values())
     reads = []
-    read = service.store.thread
-    service.store.thread = lambda chat_id: reads.append(chat_id) or read(chat_id)
+    read = service.store.tree
+    service.store.tree = lambda chat_id: reads.append(chat_id) or read(chat_id)
 
     async def send(text):
         chat_id, pending, *_ = handlers.begin_send(text, chat, False, "", *panel, request)

@@ -19,7 +19,7 @@ import pytest
 from reame.config.reame_conf import GenerationConfig
 from reame.inference.batches import plan
 from reame.inference.engine import Engine
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 from reame.runtime import service_over
 
 from .conftest import FULL, THREADS
@@ -72,7 +72,7 @@ class Node:
     def ask(self, question: str, sampling: str, history: tuple = ()):
         """A stateless request (the /v1 path): the reply, the first token's logits digest,
         and where its prompt's KV came from."""
-        turns = [*history, Turn("user", question)]
+        turns = [*history, PromptMessage("user", question)]
         last = list(self.service.complete(OPENING, turns, max_tokens=MAX_TOKENS,
                                           **SAMPLINGS[sampling]))[-1]
         if not history:  # a history with kept replies is not evaluated as a cold start is
@@ -157,9 +157,9 @@ def test_a_continued_conversation_gives_the_uninterrupted_reply(
     folder = tmp_path / "served"
     node = Node(folder, model)
     service = node.service
-    first = list(service.complete(OPENING, [Turn("user", PROMPTS[0])],
+    first = list(service.complete(OPENING, [PromptMessage("user", PROMPTS[0])],
                                   max_tokens=MAX_TOKENS, temperature=0.0))[-1]
-    history = (Turn("user", PROMPTS[0]), Turn("assistant", first.text))
+    history = (PromptMessage("user", PROMPTS[0]), PromptMessage("assistant", first.text))
     live = node.ask(PROMPTS[1], "greedy", history)
     # The same request again: from the KV its first answer left, the same reply. (After a
     # restart the server no longer knows the reply's text as the tokens it generated, and a

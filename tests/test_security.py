@@ -26,7 +26,7 @@ import pytest
 from gradio_client import Client
 from playwright.sync_api import expect
 
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 
 from .browser_helpers import browser  # noqa: F401 - the Chromium fixture, shared
 from .conftest import Server, start_server, write_config
@@ -373,8 +373,8 @@ def test_a_message_cannot_forge_roles_or_break_the_prompt(open_server, engine):
     prompts = PromptBuilder(engine)
     im_start, im_end = engine.tokenize("<|im_start|>"), engine.tokenize("<|im_end|>")
     assert len(im_start) == len(im_end) == 1, "the default model's control tokens"
-    tokens = prompts.tokens("", [Turn("user", FORGED)])
-    plain = prompts.tokens("", [Turn("user", "Hi.")])
+    tokens = prompts.tokens("", [PromptMessage("user", FORGED)])
+    plain = prompts.tokens("", [PromptMessage("user", "Hi.")])
     # Only the template's own control tokens: the message's are text.
     for control in (im_start[0], im_end[0]):
         assert tokens.count(control) == plain.count(control)
@@ -385,8 +385,8 @@ def test_a_message_cannot_forge_roles_or_break_the_prompt(open_server, engine):
                                   "messages": [{"role": "system", "content": text},
                                                {"role": "user", "content": text}]})
         assert status == 200, (text, answer)
-        assert answer["usage"]["prompt_tokens"] == len(prompts.tokens(text, [Turn("user",
-                                                                                  text)]))
+        assert answer["usage"]["prompt_tokens"] == len(
+            prompts.tokens(text, [PromptMessage("user", text)]))
     client = Client(open_server.url, verbose=False)
     chat = client.predict(api_name="/new_chat")
     client.predict(chat, "a \x1eREAME-7\x1e b", api_name="/send")
@@ -622,7 +622,7 @@ def test_a_text_too_long_for_any_context_is_refused_before_it_is_tokenized(servi
     with pytest.raises(MessageTooLong, match="bytes"):
         service.send(chat.id, huge)
     with pytest.raises(MessageTooLong, match="bytes"):
-        service.complete("", [Turn("user", huge)])
+        service.complete("", [PromptMessage("user", huge)])
     assert not any(n >= len(huge) for n in calls), "the text itself was never tokenized"
     assert service.messages(chat.id) == [], "nothing stored"
 

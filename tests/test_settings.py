@@ -6,8 +6,8 @@ import pytest
 
 from reame.admin.live_settings import Settings, SettingsError
 from reame.config.reame_conf import load_config
-from reame.inference.cache_state import user_scope
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
+from reame.inference.scope import user_scope
 from reame.runtime import build_service
 
 from .conftest import ROOT
@@ -102,7 +102,8 @@ def test_a_request_tokenized_before_a_model_switch_is_answered_in_the_new_models
         setup, gemma_path):
     settings, _ = setup
     service = settings.service
-    system, turns = "You are a helpful assistant.", [Turn("user", "Which planet do we live on?")]
+    system = "You are a helpful assistant."
+    turns = [PromptMessage("user", "Which planet do we live on?")]
     on_smol = len(service.prompts.tokens(system, turns, user_scope(None)))
     updates = service.complete(system, turns, max_tokens=8, temperature=0)  # tokenized now
     settings.update({"model": {"model_path": gemma_path}})  # before it gets the model

@@ -26,7 +26,7 @@ def database(request, tmp_path):
 def store(database) -> Store:
     store = Store(database)
     yield store
-    store.engine.dispose()
+    store.db.dispose()
 
 
 def new_chat(store, title="t", owner=None):
@@ -36,10 +36,10 @@ def new_chat(store, title="t", owner=None):
 
 def run_sql(store: Store, *statements: str) -> None:
     """Change the database behind the store's back (as an older release left it)."""
-    with store.engine.begin() as conn:
+    with store.db.begin() as conn:
         for statement in statements:
             conn.execute(text(statement))
-    store.engine.dispose()
+    store.db.dispose()
 
 
 def test_database_uses_wal_and_records_migrations(tmp_path):
@@ -54,7 +54,7 @@ def test_database_uses_wal_and_records_migrations(tmp_path):
 def test_migrations_run_once(database):
     Store(database)
     again = Store(database)
-    with again.engine.connect() as conn:
+    with again.db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM migrations")).scalar() == len(MIGRATIONS)
 
 
@@ -113,7 +113,7 @@ def test_a_sqlite_database_of_the_previous_release_gets_ids_never_reused(tmp_pat
     assert new_chat(store, "next", owner="carol").id > bobs.id
     assert Store(path).get_chat(bobs.id + 1)  # reopened: nothing rebuilt twice, nothing lost
     with pytest.raises(Exception):  # foreign keys still hold
-        with store.engine.begin() as conn:
+        with store.db.begin() as conn:
             conn.execute(text("INSERT INTO message (chat_id, position, role, content, "
                               "created_at, stopped) VALUES (9999, 0, 'user', 'x', 0, 0)"))
 
@@ -155,7 +155,7 @@ def test_delete_chat_removes_its_messages(store):
     store.delete_chat(chat.id)
     with pytest.raises(ChatNotFound):
         store.get_chat(chat.id)
-    with store.engine.connect() as conn:
+    with store.db.connect() as conn:
         assert conn.execute(text("SELECT chat_id FROM message")).all() == [(other.id,)]
 
 
@@ -179,12 +179,12 @@ def test_a_new_version_keeps_the_old_one(store):
     assert [m.content for m in store.messages(chat.id)] == ["0", "1"]
     edited = store.add_message(chat.id, "user", "2b")
     store.add_message(chat.id, "assistant", "3b")
-    thread = store.thread(chat.id)
-    assert [m.content for m in thread.branch] == ["0", "1", "2b", "3b"]
-    assert len(thread.messages) == 6, "nothing was deleted"
-    assert thread.version(edited) == (2, 2)
-    assert thread.version(thread.branch[0]) == (1, 1)
-    original = next(m for m in thread.messages if m.content == "2")
+    tree = store.tree(chat.id)
+    assert [m.content for m in tree.branch] == ["0", "1", "2b", "3b"]
+    assert len(tree.messages) == 6, "nothing was deleted"
+    assert tree.version(edited) == (2, 2)
+    assert tree.version(tree.branch[0]) == (1, 1)
+    original = next(m for m in tree.messages if m.content == "2")
     assert [m.content for m in store.show_version(chat.id, original.id)] == ["0", "1", "2", "3"]
     assert [m.content for m in store.show_version(chat.id, edited.id)] == ["0", "1", "2b", "3b"]
 

@@ -35,7 +35,7 @@ def new_chat(store, title="t"):
 
 
 def rows(store: Store, sql: str) -> list[tuple]:
-    with store.engine.connect() as conn:
+    with store.db.connect() as conn:
         return [tuple(row) for row in conn.execute(text(sql))]
 
 
@@ -62,7 +62,7 @@ def test_a_role_that_owns_its_database_needs_no_superuser(postgres):  # noqa: F8
     store = Store(f"postgresql://chats:chats-password@127.0.0.1:{postgres.port}/chats")
     chat = new_chat(store, "Un café")
     assert [f.chat.id for f in store.search(None, "cafe")] == [chat.id]
-    store.engine.dispose()
+    store.db.dispose()
 
 
 def test_nodes_starting_together_on_an_empty_database_migrate_it_once(postgres_url):  # noqa: F811

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reame.chats.store import Store, Thread
+from reame.chats.store import MessageTree, Store
 from reame.chats.titles import DEFAULT_TITLE, MAX_TITLE
 from reame.chats.transfer import (
     BadImport,
@@ -56,15 +56,15 @@ def tree_chat(store: Store) -> int:
     return chat.id
 
 
-def shape(thread: Thread) -> list[tuple]:
-    """A thread without its ids: each message's parent as its place in the list."""
-    place = {m.id: n for n, m in enumerate(thread.messages)}
+def shape(tree: MessageTree) -> list[tuple]:
+    """A tree without its ids: each message's parent as its place in the list."""
+    place = {m.id: n for n, m in enumerate(tree.messages)}
     return [(place.get(m.parent_id), m.role, m.content, m.created_at, m.stopped,
-             m.stats_dict or None) for m in thread.messages]
+             m.stats_dict or None) for m in tree.messages]
 
 
-def current_place(thread: Thread) -> int | None:
-    return next((n for n, m in enumerate(thread.messages) if m.id == thread.leaf_id), None)
+def current_place(tree: MessageTree) -> int | None:
+    return next((n for n, m in enumerate(tree.messages) if m.id == tree.leaf_id), None)
 
 
 def store_imported(store: Store, imported: ImportedChat, defaults: ChatSettings) -> int:
@@ -93,15 +93,15 @@ def through_json(doc: dict) -> object:
 
 def test_export_chat_holds_every_version_and_no_tokens(store):
     chat_id = tree_chat(store)
-    chat, thread = store.get_chat(chat_id), store.thread(chat_id)
-    doc = export_chat(chat, thread)
+    chat, tree = store.get_chat(chat_id), store.tree(chat_id)
+    doc = export_chat(chat, tree)
     assert doc["format"] == "reame-chat" and doc["version"] == 1
     assert doc["title"] == "Pasta  night"
     assert doc["settings"] == {"system_prompt": "You cook.\nBriefly.", "temperature": 0.3,
                                "top_p": 0.9, "max_tokens": 256}
     assert doc["created_at"] == chat.created_at and doc["updated_at"] == chat.updated_at
-    assert [m["id"] for m in doc["messages"]] == [m.id for m in thread.messages]
-    assert doc["current"] == thread.leaf_id == doc["messages"][-1]["id"]
+    assert [m["id"] for m in doc["messages"]] == [m.id for m in tree.messages]
+    assert doc["current"] == tree.leaf_id == doc["messages"][-1]["id"]
     first, reply = doc["messages"][0], doc["messages"][1]
     assert first == {"id": first["id"], "parent": None, "role": "user",
                      "content": "How long do I boil spaghetti?", "created_at": 100.0}
@@ -117,7 +117,7 @@ def test_export_chat_holds_every_version_and_no_tokens(store):
 def test_export_of_an_empty_chat(store):
     chat = store.create_chat(title="Empty", system_prompt="", temperature=0.7, top_p=0.95,
                              max_tokens=512)
-    doc = export_chat(chat, store.thread(chat.id))
+    doc = export_chat(chat, store.tree(chat.id))
     assert doc["messages"] == [] and doc["current"] is None
     [imported] = parse_import(through_json(doc))
     assert imported.messages == [] and imported.current is None
@@ -126,11 +126,11 @@ def test_export_of_an_empty_chat(store):
 def test_export_all(store):
     first, second = tree_chat(store), tree_chat(store)
     store.update_chat(second, title="Second")
-    doc = export_all([(store.get_chat(i), store.thread(i)) for i in (first, second)])
+    doc = export_all([(store.get_chat(i), store.tree(i)) for i in (first, second)])
     assert doc["format"] == "reame-chats" and doc["version"] == 1
     assert isinstance(doc["exported_at"], float)
     assert [c["title"] for c in doc["chats"]] == ["Pasta  night", "Second"]
-    assert doc["chats"][1] == export_chat(store.get_chat(second), store.thread(second))
+    assert doc["chats"][1] == export_chat(store.get_chat(second), store.tree(second))
 
 
 # Reame's documents read back
@@ -138,26 +138,26 @@ def test_export_all(store):
 
 def test_round_trip_gives_the_same_tree(store):
     chat_id = tree_chat(store)
-    chat, thread = store.get_chat(chat_id), store.thread(chat_id)
-    [imported] = parse_import(through_json(export_chat(chat, thread)))
+    chat, tree = store.get_chat(chat_id), store.tree(chat_id)
+    [imported] = parse_import(through_json(export_chat(chat, tree)))
     assert imported.title == "Pasta night"  # spaces tidied as a title is
     assert imported.created_at == chat.created_at
-    assert imported.current == str(thread.leaf_id)
+    assert imported.current == str(tree.leaf_id)
     assert [(m.key, m.parent) for m in imported.messages] == [
-        (str(m.id), None if m.parent_id is None else str(m.parent_id)) for m in thread.messages]
+        (str(m.id), None if m.parent_id is None else str(m.parent_id)) for m in tree.messages]
     assert [(m.role, m.content, m.created_at, m.stopped) for m in imported.messages] == [
-        (m.role, m.content, m.created_at, m.stopped) for m in thread.messages]
+        (m.role, m.content, m.created_at, m.stopped) for m in tree.messages]
     assert imported.messages[2].stats == STATS
     assert imported.messages[0].stats is None and imported.messages[-1].stats is None
 
 
 def test_round_trip_through_the_store(store):
     chat_id = tree_chat(store)
-    original = store.thread(chat_id)
+    original = store.tree(chat_id)
     doc = through_json(export_chat(store.get_chat(chat_id), original))
     [imported] = parse_import(doc)
     copy_id = store_imported(store, imported, ChatSettings())
-    copied = store.thread(copy_id)
+    copied = store.tree(copy_id)
     assert shape(copied) == shape(original)
     assert current_place(copied) == current_place(original)
     assert [m.content for m in copied.branch] == [m.content for m in original.branch]
@@ -171,13 +171,13 @@ def test_round_trip_through_the_store(store):
 def test_export_all_round_trip(store):
     ids = [tree_chat(store), store.create_chat(title="Empty", system_prompt="", temperature=1,
                                                top_p=1, max_tokens=9).id]
-    doc = through_json(export_all([(store.get_chat(i), store.thread(i)) for i in ids]))
+    doc = through_json(export_all([(store.get_chat(i), store.tree(i)) for i in ids]))
     imported = parse_import(doc)
     assert [c.title for c in imported] == ["Pasta night", "Empty"]
     for chat_id, chat in zip(ids, imported):
-        copied = store.thread(store_imported(store, chat, ChatSettings()))
-        assert shape(copied) == shape(store.thread(chat_id))
-        assert current_place(copied) == current_place(store.thread(chat_id))
+        copied = store.tree(store_imported(store, chat, ChatSettings()))
+        assert shape(copied) == shape(store.tree(chat_id))
+        assert current_place(copied) == current_place(store.tree(chat_id))
     assert imported[1].settings == {"system_prompt": "", "temperature": 1.0, "top_p": 1.0,
                                     "max_tokens": 9}
 
@@ -324,9 +324,9 @@ def test_chatgpt_code_fence_outlasts_the_code():
 
 def test_imported_chatgpt_chats_store(store, chatgpt):
     for chat in chatgpt:
-        thread = store.thread(store_imported(store, chat, ChatSettings()))
-        assert len(thread.messages) == len(chat.messages)
-        assert thread.branch[-1].content == next(
+        tree = store.tree(store_imported(store, chat, ChatSettings()))
+        assert len(tree.messages) == len(chat.messages)
+        assert tree.branch[-1].content == next(
             m.content for m in chat.messages if m.key == chat.current)
 
 
@@ -335,7 +335,7 @@ def test_imported_chatgpt_chats_store(store, chatgpt):
 
 def test_markdown_shows_the_branch_readably(store):
     chat_id = tree_chat(store)
-    text = to_markdown(store.get_chat(chat_id), store.thread(chat_id))
+    text = to_markdown(store.get_chat(chat_id), store.tree(chat_id))
     assert text.startswith("# Pasta night\n\n> **System prompt**\n>\n> You cook.\n> Briefly.\n")
     assert ("---\n\n**You**\n\nHow long do I boil spaghetti?\n\n"
             "---\n\n**Assistant** (version 2 of 2)\n\n9 to 11 minutes, taste it.\n\n"
@@ -349,7 +349,7 @@ def test_markdown_shows_the_branch_readably(store):
 def test_markdown_without_system_prompt_or_messages(store):
     chat = store.create_chat(title="Quiet", system_prompt="  ", temperature=0.7, top_p=0.95,
                              max_tokens=512)
-    assert to_markdown(chat, store.thread(chat.id)) == "# Quiet\n"
+    assert to_markdown(chat, store.tree(chat.id)) == "# Quiet\n"
 
 
 # files that are not what they claim to be

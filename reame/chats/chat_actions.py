@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from reame.chats.jsontext import lone_surrogate
-from reame.chats.store import Chat, Found, Message, MessageNotFound, Thread
+from reame.chats.store import Chat, Found, Message, MessageNotFound, MessageTree
 from reame.chats.titles import DEFAULT_TITLE, checked_title
 from reame.chats.transfer import BadImport, export_all, export_chat, parse_import, to_markdown
 from reame.config.chat_settings import ChatSettings
@@ -20,7 +20,7 @@ from reame.config.refusals import (
     ChatNotFound,
     TooManyChats,
 )
-from reame.inference.cache_state import user_scope
+from reame.inference.scope import user_scope
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +97,10 @@ class ChatActions:
         chat = self.get_chat(chat_id, user)
         return chat, self.store.messages(chat_id)
 
-    def thread(self, chat_id: int, user: str | None = None) -> tuple[Chat, Thread]:
-        """A chat and all its messages, every version (the branch shown: thread.branch)."""
+    def tree(self, chat_id: int, user: str | None = None) -> tuple[Chat, MessageTree]:
+        """A chat and all its messages, every version (the branch shown: tree.branch)."""
         chat = self.get_chat(chat_id, user)
-        return chat, self.store.thread(chat_id)
+        return chat, self.store.tree(chat_id)
 
     def show_version(self, chat_id: int, message_id: int,
                      user: str | None = None) -> list[Message]:
@@ -119,10 +119,10 @@ class ChatActions:
     def branch(self, chat_id: int, message_id: int, user: str | None = None) -> Chat:
         """A new chat holding this chat's history up to message_id (any of its messages):
         "Branch from here". Its first turn restores the KV they share from this chat's file."""
-        chat, thread = self.thread(chat_id, user)
-        if message_id not in thread.by_id:
+        chat, tree = self.tree(chat_id, user)
+        if message_id not in tree.by_id:
             raise ChatError(f"message {message_id} is not in chat {chat_id}")
-        history = thread.branch_to(message_id)
+        history = tree.branch_to(message_id)
         with self._room_for_a_chat(user):
             copy = self.store.create_chat(
                 title=checked_title(f"{chat.title} (branch)"), owner=user,
@@ -137,16 +137,16 @@ class ChatActions:
         """A chat (None: all the user's chats) as a file to save: {"name", "type", "text"};
         JSON in Reame's documented format (transfer.py), or the branch shown as Markdown."""
         if chat_id is None:
-            chats = [self.thread(chat.id, user) for chat in self.list_chats(user)]
+            chats = [self.tree(chat.id, user) for chat in self.list_chats(user)]
             return {"name": "reame-chats.json", "type": "application/json",
                     "text": json.dumps(export_all(chats), ensure_ascii=False, indent=1)}
-        chat, thread = self.thread(chat_id, user)
+        chat, tree = self.tree(chat_id, user)
         name = re.sub(r"[^\w-]+", "-", chat.title).strip("-")[:60] or "chat"
         if markdown:
             return {"name": f"{name}.md", "type": "text/markdown",
-                    "text": to_markdown(chat, thread)}
+                    "text": to_markdown(chat, tree)}
         return {"name": f"{name}.json", "type": "application/json",
-                "text": json.dumps(export_chat(chat, thread), ensure_ascii=False, indent=1)}
+                "text": json.dumps(export_chat(chat, tree), ensure_ascii=False, indent=1)}
 
     def import_chats(self, data: bytes | str, user: str | None = None) -> list[Chat]:
         """Chats from an export: Reame's JSON (one chat or all) or ChatGPT's

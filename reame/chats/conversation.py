@@ -8,7 +8,8 @@ very tokens that were generated for it: ReplyMemory keeps them, per model and sc
 from __future__ import annotations
 
 from reame.config.refusals import MessageTooLong
-from reame.inference.prompt import PromptBuilder, Turn
+from reame.inference.prompt import PromptBuilder, PromptMessage
+from reame.inference.scope import Scope
 from reame.inference.turn import Decoding, TurnStats
 
 KNOWN_REPLIES = 1024  # replies whose exact tokens are kept for stateless clients
@@ -22,10 +23,10 @@ class ReplyMemory:
 
     def __init__(self, size: int = KNOWN_REPLIES):
         self.size = size
-        self._tokens: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        self._tokens: dict[tuple[str, Scope, str], tuple[int, ...]] = {}
 
-    def tokenize(self, prompts: PromptBuilder, system_prompt: str, turns: list[Turn],
-                 scope: str) -> tuple[list[Turn], list[int]]:
+    def tokenize(self, prompts: PromptBuilder, system_prompt: str, turns: list[PromptMessage],
+                 scope: Scope) -> tuple[list[PromptMessage], list[int]]:
         """The turns (replies this server wrote with their exact tokens) and the prompt, in
         the vocabulary of prompts' model; too long for its context raises MessageTooLong."""
         known = [self._known(prompts.engine.fingerprint, t, scope) for t in turns]
@@ -37,15 +38,15 @@ class ReplyMemory:
                 f"{n_ctx:,} tokens. Shorten it and send again.")
         return known, prompt
 
-    def _known(self, model: str, turn: Turn, scope: str) -> Turn:
+    def _known(self, model: str, turn: PromptMessage, scope: Scope) -> PromptMessage:
         """An assistant turn with the exact tokens this server generated for its text, in a
         reply to the same scope (another user's replies must not change this prompt)."""
         if turn.role != "assistant" or turn.tokens is not None:
             return turn
         tokens = self._tokens.get((model, scope, turn.content))
-        return Turn(turn.role, turn.content, tokens) if tokens else turn
+        return PromptMessage(turn.role, turn.content, tokens) if tokens else turn
 
-    def remember(self, model: str, scope: str, text: str, tokens: list[int]) -> None:
+    def remember(self, model: str, scope: Scope, text: str, tokens: list[int]) -> None:
         key = (model, scope, text)
         self._tokens.pop(key, None)
         self._tokens[key] = tuple(tokens)
@@ -57,7 +58,7 @@ class ConversationKeeper:
     """A stateless turn's Keeper (turn.py): its KV file is saved by the runner; a reply that
     ran to its end is remembered with its exact tokens."""
 
-    def __init__(self, memory: ReplyMemory, model: str, scope: str):
+    def __init__(self, memory: ReplyMemory, model: str, scope: Scope):
         self.memory, self.model, self.scope = memory, model, scope
 
     def alive(self) -> bool:

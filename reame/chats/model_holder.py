@@ -15,10 +15,10 @@ from reame.config.refusals import (
 )
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
-from reame.inference.kv.kvindex import SHARED
 from reame.inference.model_runtime import ModelRuntime
 from reame.inference.prompt import PromptBuilder
 from reame.inference.scheduler import Scheduler
+from reame.inference.scope import SHARED
 from reame.inference.tasks import Replaced
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Turns: a stored chat's message, regenerate and edit, and a stateless conversation (the
-OpenAI route); restoring a chat's KV ahead of its turn (warm) and while its message is typed
-(type_ahead). Each is a Job for the TurnRunner, run on the engine's thread (scheduler.py),
-the reply kept by its Keeper."""
+OpenAI route); restoring a chat's KV ahead of its turn (restore_ahead) and evaluating its
+message while it is typed (type_ahead). Each is a Job for the TurnRunner, run on the engine's
+thread (scheduler.py), the reply kept by its Keeper."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
 from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P, ConversationKeeper
-from reame.chats.store import Chat, Message, Store, Thread
+from reame.chats.store import Chat, Message, MessageTree, Store
 from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
 from reame.config.refusals import (
@@ -20,10 +20,10 @@ from reame.config.refusals import (
     check_seed,
     check_text,
 )
-from reame.inference.cache_state import user_scope
 from reame.inference.model_runtime import ModelRuntime
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
+from reame.inference.scope import Scope, user_scope
 from reame.inference.tasks import Replaced, Stopped, Waiting
 from reame.inference.turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
 from reame.inference.turn_stream import TurnStream
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 class ChatKeeper:
     """A stored chat's Keeper (turn.py): the reply becomes the chat's next message, with its
     exact tokens and stats; nothing is kept if the chat was deleted while it answered. kept:
-    the chat's Thread once the reply is kept: the one read before the turn, with what the
+    the chat's MessageTree once the reply is kept: the one read before the turn, with what the
     turn added (nothing else in this process adds to a chat during its turn; another node
     sharing the database may)."""
 
@@ -43,7 +43,7 @@ class ChatKeeper:
         self.store, self.chat, self.model = store, chat, model
         self.messages = messages  # the chat's, every version, the user's message included
         self.after = after  # the message the reply follows (the user may show another meanwhile)
-        self.kept: Thread | None = None
+        self.kept: MessageTree | None = None
 
     def alive(self) -> bool:
         return self.store.has_chat(self.chat.id, self.chat.owner)
@@ -58,14 +58,14 @@ class ChatKeeper:
             tokens=None if decoding.cut else decoding.generated,
             tokens_model=self.model, stats=asdict(stats), stopped=stats.stopped,
             after=self.after, expect_owner=self.chat.owner)
-        self.kept = Thread(self.messages + [message], message.id)
+        self.kept = MessageTree(self.messages + [message], message.id)
         return message.id
 
 
 class Turns:
     """ChatService's turns (a mixin: the state is ChatService.__init__'s)."""
 
-    def warm(self, chat_id: int, user: str | None = None) -> bool:
+    def restore_ahead(self, chat_id: int, user: str | None = None) -> bool:
         """Restore the chat's KV from disk ahead of its next turn (called when a chat is
         opened), unless the engine stays busy. True if something was restored."""
         runtime = self.runtime
@@ -76,7 +76,8 @@ class Turns:
         if not runtime.cache.has_file(chat_id):
             return False  # nothing to restore: no slot given up for it
         started, restored = runtime.scheduler.try_run(
-            lambda: self._warm_steps(runtime, chat_id, scope), chat_id=chat_id, scope=scope)
+            lambda: self._restore_ahead_steps(runtime, chat_id, scope), chat_id=chat_id,
+            scope=scope)
         return bool(started and restored)
 
     def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
@@ -94,7 +95,7 @@ class Turns:
                     return 0
                 try:
                     window = fit(runtime.prompts, chat, chat_scope(chat),
-                                 self.store.messages(chat.id), Turn("user", draft), None)
+                                 self.store.messages(chat.id), PromptMessage("user", draft), None)
                 except MessageTooLong:
                     return 0
         except Replaced:
@@ -189,7 +190,7 @@ class Turns:
             try:
                 place = runtime.scheduler.reserve(  # or ServerBusy, before anything changes
                     chat_id=chat.id, scope=scope, owner=chat.owner,
-                    prelude=self._restore_ahead(runtime, chat.id, scope))
+                    prelude=self._restore_ahead_prelude(runtime, chat.id, scope))
             except Replaced:
                 continue
             stream.bind(runtime.scheduler, place)
@@ -227,11 +228,11 @@ class Turns:
         leaf and updated time). The first write is not kept for the end: a reload while the
         reply is written shows the message, and a reply stopped, or failed, keeps it."""
         chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
-        thread = self.store.thread(chat.id)
-        history = thread.branch
+        tree = self.store.tree(chat.id)
+        history = tree.branch
         kept = [m for m in history if cut_at is None or m.position < cut_at]
         window = fit(runtime.prompts, chat, chat_scope(chat), kept,
-                     Turn("user", text) if text is not None else None, cut_at)
+                     PromptMessage("user", text) if text is not None else None, cut_at)
         changes: dict = {}
         if cut_at is not None:  # a new version: the old one stays (versions)
             changes["leaf_id"] = kept[-1].id if kept else None
@@ -240,7 +241,7 @@ class Turns:
         if text is not None and chat.title == DEFAULT_TITLE and not kept:
             changes["title"] = title_from(text)
         message = dict(role="user", content=text) if text is not None else None
-        user_message_id, messages = None, thread.messages
+        user_message_id, messages = None, tree.messages
         if changes or message is not None:
             # The write checks, in its transaction, that the chat is still the owner's.
             written, added = self.store.write_turn(chat.id, expect_owner=owner,
@@ -253,18 +254,19 @@ class Turns:
                         user_message_id=user_message_id)
         return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after)
 
-    def _restore_ahead(self, runtime: ModelRuntime, chat_id: int,
-                       scope: str) -> Callable[[], Iterator[bool]] | None:
+    def _restore_ahead_prelude(self, runtime: ModelRuntime, chat_id: int,
+                               scope: Scope) -> Callable[[], Iterator[bool]] | None:
         """What the turn's slot does while this thread reads the database and tokenizes the
         prompt: restore the chat's KV file (as when a chat is opened), if it has one."""
         if not runtime.cache.has_file(chat_id):
             return None
-        return lambda: self._warm_steps(runtime, chat_id, scope)
+        return lambda: self._restore_ahead_steps(runtime, chat_id, scope)
 
     @staticmethod
-    def _warm_steps(runtime: ModelRuntime, chat_id: int, scope: str) -> Iterator[bool]:
+    def _restore_ahead_steps(runtime: ModelRuntime, chat_id: int,
+                             scope: Scope) -> Iterator[bool]:
         try:
-            yield runtime.cache.warm(chat_id, scope) is not None
+            yield runtime.cache.restore_ahead(chat_id, scope) is not None
         except Exception:  # a failed restore is a miss: the turn looks up again
             log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
             yield False
@@ -295,7 +297,8 @@ class Turns:
 
     # stateless completions (the OpenAI route): nothing stored, the KV cache still used
 
-    def complete(self, system_prompt: str, turns: list[Turn], *, max_tokens: int | None = None,
+    def complete(self, system_prompt: str, turns: list[PromptMessage], *,
+                 max_tokens: int | None = None,
                  temperature: float = STATELESS_TEMPERATURE, top_p: float = STATELESS_TOP_P,
                  seed: int | None = None, stop: tuple[str, ...] = (),
                  logit_bias: tuple[tuple[int, float], ...] = (),
@@ -319,7 +322,7 @@ class Turns:
         return TurnStream(lambda stream: self._complete(
             stream, system_prompt, turns, sampling, max_tokens, stop, user))
 
-    def _complete(self, stream: TurnStream, system_prompt: str, sent: list[Turn],
+    def _complete(self, stream: TurnStream, system_prompt: str, sent: list[PromptMessage],
                   sampling: Sampling, max_tokens: int | None, stop: tuple[str, ...],
                   user: str | None) -> Iterator[TurnUpdate]:
         scope = user_scope(user)
@@ -355,6 +358,6 @@ def kept_on_regenerate(messages: list[Message]) -> list[Message]:
     return messages[:-1] if messages and messages[-1].role == "assistant" else messages
 
 
-def chat_scope(chat: Chat) -> str:
+def chat_scope(chat: Chat) -> Scope:
     """The cache scope of a chat's turns: its owner's."""
     return user_scope(chat.owner)

@@ -4,12 +4,12 @@ Sources, best first: the live context (the last turn's KV), the chat's KV file, 
 the chat it was branched from, a shared-prefix snapshot (same system prompt as an earlier chat), else nothing. Whatever is
 chosen, the engine then holds the KV of the longest common prefix with the prompt, verified.
 
-A chat's file can also be restored ahead of its turn (`warm`: when the chat is opened, and
+A chat's file can also be restored ahead of its turn (`restore_ahead`: when the chat is opened, and
 while a turn builds its prompt): the turn then starts with its history live.
 
 Scopes: a user's turns reuse only KV made from that user's own tokens, never another user's,
 so that nothing a user can observe (tokens reused, their source, the time to the first token)
-depends on what others wrote. Every lookup names its scope (user_scope(): one per user, one
+depends on what others wrote. Every lookup names its scope (scope.py: one per user, one
 for all on a server without accounts); files carry theirs, the block hashes that find them are
 salted with it, and the live KV is cleared when a turn of another scope comes. The one
 exception is SHARED: a snapshot of the configured default system prompt's opening, which
@@ -27,8 +27,9 @@ from reame.inference.batches import CHUNK, cold_prefix, resume_point
 from reame.inference.cache_figures import CacheFigures
 from reame.inference.cache_state import FROM_FILES, Ahead, Counts, Drop, Live, Restored
 from reame.inference.engine import Engine, Sequence, common_prefix
-from reame.inference.kv.kvindex import SHARED, FileIndex, prompt_key
+from reame.inference.kv.kvindex import FileIndex, prompt_key
 from reame.inference.kv.kvstore import BLOCK, KVStore, block_hashes
+from reame.inference.scope import NO_ACCOUNTS, SHARED, Scope
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class KVCache(CacheFigures):
         self.engine = engine
         self.files = files  # None: the cache is off, only the live context is reused
         self.prefill_rate = 0.0  # tokens/s, measured on this machine and model
-        self.counts: dict[str, Counts] = {}  # per scope
+        self.counts: dict[Scope, Counts] = {}  # per scope
         self._live: dict[int, Live] = {}  # per engine sequence
         self.index = FileIndex(files) if files is not None else None
         self._rates: dict[str, float] = {}  # prefill rates per model, as kept on disk
@@ -55,7 +56,7 @@ class KVCache(CacheFigures):
         return self._live.setdefault(self.engine.seq.id, Live())
 
     @property
-    def scope(self) -> str | None:
+    def scope(self) -> Scope | None:
         return self.live.scope
 
     def live_of(self, seq: Sequence) -> Live:
@@ -67,7 +68,7 @@ class KVCache(CacheFigures):
         return self.files is not None and bool(
             self.files.peek(self.files.chat_path(chat_id), report=False))  # the lookup reports
 
-    def serve(self, scope: str) -> None:
+    def serve(self, scope: Scope) -> None:
         """Let the live KV serve scope: another scope's KV is cleared first (never reused)."""
         if scope == self.live.scope:
             return
@@ -78,7 +79,7 @@ class KVCache(CacheFigures):
         return self.counts.setdefault(self.scope, Counts())
 
     def prepare(self, chat_id: int | None, prompt: list[int], drop: Drop | None = None, *,
-                scope: str = "", parent: int | None = None) -> Restored:
+                scope: Scope = NO_ACCOUNTS, parent: int | None = None) -> Restored:
         """Make the engine's KV hold the longest available prefix of prompt that gives the
         same reply as a fresh evaluation would (batches.resume_point).
 
@@ -129,7 +130,8 @@ class KVCache(CacheFigures):
         counts = self._count()
         counts.lookups += 1
         started = time.perf_counter()
-        # The chat's own file, if warm() just found it unusable, is not read (nor logged) twice.
+        # The chat's own file, if restore_ahead() just found it unusable, is not read (nor
+        # logged) twice.
         restored = self._restore(chat_id, prompt, live, own=missed != chat_id, parent=parent)
         ms = (time.perf_counter() - started) * 1000
         if restored is not None:
@@ -145,7 +147,7 @@ class KVCache(CacheFigures):
         """Whether the live KV is this chat's (its last turn, or its restore on opening)."""
         return self.live.chat == chat_id and bool(self.engine.tokens)
 
-    def warm(self, chat_id: int, scope: str = "") -> Restored | None:
+    def restore_ahead(self, chat_id: int, scope: Scope = NO_ACCOUNTS) -> Restored | None:
         """Restore the chat's KV file now, ahead of its next turn; None if there is nothing
         to restore or the live context already holds it (the chat's last turn left it there:
         its own KV, which the turn knows best how to reuse). scope: the chat's owner's."""
@@ -221,7 +223,7 @@ class KVCache(CacheFigures):
             return Restored(reach, source)
         return None
 
-    def _readable(self, scope: str, source: str) -> bool:
+    def _readable(self, scope: Scope, source: str) -> bool:
         """Whether a file of scope may serve the live scope: its own, or SHARED (a prefix)."""
         return scope == self.scope or (scope == SHARED and source == "prefix")
 

@@ -13,6 +13,7 @@ from reame.config.files import write_atomically
 from reame.inference.cache_state import Counts
 from reame.inference.kv.kvfile import TMP_PREFIX
 from reame.inference.kv.kvstore import TOTALS_NAME
+from reame.inference.scope import Scope
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class CacheFigures:
             data = json.loads(path.read_text(encoding="utf-8")) if path else {}
             rates = dict(data.get("prefill_rates", {}))
             rate = rates.get(self.engine.fingerprint, 0.0)
-            counts = {str(scope): Counts(*(int(n) for n in numbers))
+            counts = {Scope(str(scope)): Counts(*(int(n) for n in numbers))
                       for scope, numbers in data.get("counts", {}).items()}
         except FileNotFoundError:
             return
@@ -82,7 +83,7 @@ class CacheFigures:
         ready = self.files.ready_chats()
         return sum(chat_id in ready for chat_id in chat_ids)
 
-    def stats(self, scope: str | None = None) -> dict:
+    def stats(self, scope: Scope | None = None) -> dict:
         """Lookups, hits and tokens restored: of one scope, or (None) of the whole server with
         its files (for an administrator)."""
         counts = ([self.counts.get(scope, Counts())] if scope is not None

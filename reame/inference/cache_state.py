@@ -1,20 +1,16 @@
 """What the KV cache (cache.py) says of a turn and of a slot: where a prompt's KV came from
 (Restored), what is live in each engine sequence (Live), work done ahead of a chat's turn
-(Ahead), messages dropped from a window (Drop), the lookup counts, and whose KV a user may
-reuse (user_scope)."""
+(Ahead), messages dropped from a window (Drop) and the lookup counts (Counts)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reame.inference.scope import Scope
+
 # Where restored history comes from when it is read from a file: the chat's own, the chat it
 # was branched from, a prefix shared with other chats.
 FROM_FILES = ("disk", "branch", "prefix")
-
-
-def user_scope(user: str | None) -> str:
-    """The cache scope of a user's chats and requests ("": a server without accounts)."""
-    return "" if user is None else f"user:{user}"
 
 
 @dataclass
@@ -41,7 +37,7 @@ class Restored:
 @dataclass(frozen=True)
 class Ahead:
     """Work done for a chat before its turn, which the turn reports as its own: its KV file
-    restored when the chat was opened (warm), its next message evaluated while typed."""
+    restored when the chat was opened (restore_ahead), its next message evaluated while typed."""
 
     chat_id: int
     source: str  # where the history came from: disk / prefix, else live
@@ -54,9 +50,9 @@ class Ahead:
 class Live:
     """What the cache knows of one engine sequence's live KV, beyond its tokens: whose it is,
     the chat it was last made for, what was done ahead of that chat's next turn, and a chat
-    whose own file warm() found unusable."""
+    whose own file restore_ahead() found unusable."""
 
-    scope: str | None = None  # None: nobody's yet
+    scope: Scope | None = None  # None: nobody's yet
     chat: int | None = None
     ahead: Ahead | None = None
     missed: int | None = None

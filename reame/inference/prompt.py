@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from reame.inference.engine import Engine, common_prefix
+from reame.inference.scope import NO_ACCOUNTS, Scope
 
 # For models without a chat template (base models): plain labelled turns.
 PLAIN_TEMPLATE = (
@@ -36,8 +37,12 @@ CACHED_TOKENS = 1_000_000  # tokens of tokenized pieces kept per model (about 4 
 
 
 @dataclass(frozen=True)
-class Turn:
-    role: str  # "user" | "assistant"
+class PromptMessage:
+    """One message of a conversation, as a prompt is built from it: its role, its text and,
+    for a reply, the exact tokens the model generated (spliced in as they are). Not a stored
+    Message (reame.chats.store), which PromptMessages are made from (window.turns_of)."""
+
+    role: str  # "system" | "user" | "assistant"
     content: str
     tokens: tuple[int, ...] | None = None  # exact generated tokens, for assistant turns
 
@@ -62,18 +67,19 @@ class PromptBuilder:
         self._cached_tokens = 0
         self._pieces_lock = threading.Lock()  # web threads and the engine's thread use them
 
-    def tokens(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
+    def tokens(self, system_prompt: str, turns: list[PromptMessage],
+               scope: Scope = NO_ACCOUNTS) -> list[int]:
         """The prompt for the next reply: the chat, then the template's assistant header. The
         template's own text may hold control tokens; the messages' text never does. Assistant
         turns with their generated tokens are spliced in as those tokens."""
-        messages = ([Turn("system", system_prompt)] if system_prompt else []) + list(turns)
+        messages = ([PromptMessage("system", system_prompt)] if system_prompt else []) + list(turns)
         text = self._formatter(messages=[{"role": m.role, "content": _PLACEHOLDER.format(i)}
                                          for i, m in enumerate(messages)]).prompt
         add_bos = self.engine.adds_bos and not (self._bos_text and text.startswith(self._bos_text))
         parts = _PLACEHOLDER_RE.split(text)
         out: list[int] = []
         # split() gives: template text, then (lead, index, trail, template text) per message
-        out.extend(self._piece("template", "", parts[0], add_bos))
+        out.extend(self._piece("template", None, parts[0], add_bos))
         for n in range(1, len(parts), 4):
             lead, index, trail, after = parts[n:n + 4]
             message = messages[int(index)]
@@ -83,21 +89,23 @@ class PromptBuilder:
                 content = message.content if lead else message.content.lstrip()
                 content = content if trail else content.rstrip()
                 out.extend(self._piece("text", scope, content, False))
-            out.extend(self._piece("template", "", after, False))
+            out.extend(self._piece("template", None, after, False))
         return out
 
-    def fixed_head(self, system_prompt: str, turns: list[Turn], scope: str = "") -> list[int]:
+    def fixed_head(self, system_prompt: str, turns: list[PromptMessage],
+                   scope: Scope = NO_ACCOUNTS) -> list[int]:
         """The tokens of the prompt for turns + a next user message that no message can change
         (the next turn's header): the common prefix of the prompts for messages "a" and "b"."""
-        a = self.tokens(system_prompt, turns + [Turn("user", "a")], scope)
-        b = self.tokens(system_prompt, turns + [Turn("user", "b")], scope)
+        a = self.tokens(system_prompt, turns + [PromptMessage("user", "a")], scope)
+        b = self.tokens(system_prompt, turns + [PromptMessage("user", "b")], scope)
         return a[:common_prefix(a, b)]
 
-    def _piece(self, kind: str, scope: str, text: str, add_bos: bool) -> array:
-        """A piece of the prompt tokenized: the template's text with its control tokens, or a
-        message's text as text. The same pieces come back every turn (each earlier message):
-        each is tokenized once, the oldest forgotten past CACHED_TOKENS; a piece longer than
-        the context is not kept (no prompt holding it can be answered)."""
+    def _piece(self, kind: str, scope: Scope | None, text: str, add_bos: bool) -> array:
+        """A piece of the prompt tokenized: the template's text with its control tokens (scope
+        None: the same for everyone), or a message's text as text (kept per scope). The same
+        pieces come back every turn (each earlier message): each is tokenized once, the oldest
+        forgotten past CACHED_TOKENS; a piece longer than the context is not kept (no prompt
+        holding it can be answered)."""
         key = (kind, scope, text, add_bos)
         with self._pieces_lock:
             tokens = self._pieces.pop(key, None)

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from reame.config.refusals import RETRY_BUSY_S, ServerBusy
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
+from reame.inference.scope import NO_ACCOUNTS, Scope
 from reame.inference.tasks import (
     ADMITTED,
     End,
@@ -94,7 +95,7 @@ class Scheduler:
 
     # the callers' side
 
-    def stream(self, work: Work, *, chat_id: int | None = None, scope: str = "",
+    def stream(self, work: Work, *, chat_id: int | None = None, scope: Scope = NO_ACCOUNTS,
                prompt: list[int] | None = None, owner: str | None = None) -> Iterator[object]:
         """Run work's steps on the engine and yield what they yield (Waiting while in line);
         re-raise what work raises. Closing this iterator stops the work at its next step and
@@ -102,7 +103,7 @@ class Scheduler:
         task = self.reserve(chat_id=chat_id, scope=scope, prompt=prompt, owner=owner)
         return self.results(task, work)
 
-    def reserve(self, *, chat_id: int | None = None, scope: str = "",
+    def reserve(self, *, chat_id: int | None = None, scope: Scope = NO_ACCOUNTS,
                 prompt: list[int] | None = None, prelude: Work | None = None,
                 owner: str | None = None) -> Task:
         """A place in line for work to come (results() gives it), or ServerBusy now, before
@@ -177,7 +178,7 @@ class Scheduler:
                 last = item
         return last
 
-    def try_run(self, work: Work, *, chat_id: int | None = None, scope: str = "",
+    def try_run(self, work: Work, *, chat_id: int | None = None, scope: Scope = NO_ACCOUNTS,
                 background: bool = False) -> tuple[bool, object]:
         """Run work now if a slot is free and nobody waits for one, else not at all; with
         background, only while no other task is active either, at the lowest priority (a task

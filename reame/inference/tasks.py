@@ -17,6 +17,7 @@ from reame.config.reame_conf import setting
 from reame.config.refusals import ServerBusy
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine, Sequence
+from reame.inference.scope import Scope
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class Task:
 
     work: Work | None  # None: reserved, its caller not ready yet
     chat_id: int | None
-    scope: str
+    scope: Scope
     prompt: list[int] | None
     background: bool
     owner: str | None = None  # the user it is for (fair shares); None: no accounts

@@ -7,7 +7,7 @@ and KV file, or a stateless conversation's KV file and reply tokens). Each step 
 here, and is timed once. Maintenance work runs the engine on the scheduler's thread without
 it, answering nobody: the warm-up at start (warmup.py), the shared default prompt's snapshot
 (ChatService.share_default_prompt) and a chat's KV restored when it is opened
-(ChatService.warm).
+(ChatService.restore_ahead).
 
 `run` and `prefill_steps` are generators of steps (scheduler.py): they yield None between two
 decodes, so that other people's replies take their turns there, and run on the engine's thread.
@@ -25,8 +25,9 @@ from reame.config.refusals import ChatNotFound
 from reame.inference.cache import KVCache
 from reame.inference.cache_state import Drop, Restored
 from reame.inference.engine import Engine
-from reame.inference.prompt import PromptBuilder, Turn
+from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.sampling import Sampling
+from reame.inference.scope import Scope
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class TurnUpdate:
     finish_reason: str | None = None  # on the last update: "stop" or "length"
     chat_id: int | None = None
     queued: int = 0  # waiting for a free slot: its place in line (1: next), no text yet
-    # On a stored chat's last update: its messages (a Thread) as the turn left them
+    # On a stored chat's last update: its messages (a MessageTree) as the turn left them
     # (turns.py), for its caller to show without reading them back.
     kept: object | None = None
 
@@ -82,9 +83,9 @@ class Job:
     """What one turn evaluates and how it samples."""
 
     prompt: list[int]
-    turns: list[Turn]  # the conversation the prompt holds (for the next turn's fixed head)
+    turns: list[PromptMessage]  # the conversation the prompt holds (for the next turn's fixed head)
     system_prompt: str
-    scope: str  # whose KV may be reused (cache_state.user_scope)
+    scope: Scope  # whose KV may be reused (scope.py)
     sampling: Sampling
     max_tokens: int
     stops: tuple[str, ...] = ()
@@ -92,7 +93,7 @@ class Job:
     user_message_id: int | None = None  # the message this turn answers, when stored
     drop: Drop | None = None  # messages that left the chat's window in this turn
     outside: int = 0  # messages before the window
-    shared_opening: bool = False  # the system prompt is the server's default (kvindex.SHARED)
+    shared_opening: bool = False  # the system prompt is the server's default (scope.SHARED)
     branched_from: int | None = None  # the chat this one was branched from (its KV file)
 
 
@@ -268,7 +269,7 @@ class TurnRunner:
         "<|im_end|>\\n<|im_start|>user\\n"), so the next turn's first token waits only for the
         message itself. The next turn checks these tokens like any others (common prefix)."""
         engine = self.engine
-        done = job.turns + [Turn("assistant", "", tuple(generated))]
+        done = job.turns + [PromptMessage("assistant", "", tuple(generated))]
         head = self.prompts.fixed_head(job.system_prompt, done, job.scope)
         live = len(engine.tokens)
         if not live < len(head) <= engine.n_ctx or engine.common_prefix(head) != live:

@@ -21,12 +21,13 @@ import logging
 import time
 from collections.abc import Iterator
 
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
+from reame.inference.scope import Scope
 
 log = logging.getLogger(__name__)
 
-WARM_SCOPE = "warm-up"  # no user's scope: no turn ever reuses this KV
+WARM_SCOPE = Scope("warm-up")  # no user's scope: no turn ever reuses this KV
 WARM_MESSAGE = "Hello! Please say hello back."
 WARM_TOKENS = 4  # sampled per slot
 
@@ -72,7 +73,8 @@ def warm_model(service) -> float:
 
 def _warm(runtime, system_prompt: str) -> None:
     engine = runtime.engine
-    prompt = runtime.prompts.tokens(system_prompt, [Turn("user", WARM_MESSAGE)], WARM_SCOPE)
+    prompt = runtime.prompts.tokens(system_prompt, [PromptMessage("user", WARM_MESSAGE)],
+                                    WARM_SCOPE)
 
     def work() -> Iterator[None]:
         runtime.cache.serve(WARM_SCOPE)  # the slot's KV is nobody's from here

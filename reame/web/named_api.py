@@ -14,7 +14,7 @@ import gradio as gr
 
 from reame.admin.live_settings import Settings, SettingsError
 from reame.chats.service import ChatError, ChatNotFound, ChatService
-from reame.chats.store import END_MARK, MARK, Chat, Message, Thread
+from reame.chats.store import END_MARK, MARK, Chat, Message, MessageTree
 from reame.config.chat_settings import ChatSettings
 from reame.web.turn_updates import turn_updates
 from reame.web.user import user_of
@@ -25,8 +25,8 @@ def chat_summary(chat: Chat) -> dict[str, Any]:
             "updated_at": chat.updated_at, "branched_from": chat.branched_from}
 
 
-def message_dict(message: Message, thread: Thread, window_start: int = 0) -> dict[str, Any]:
-    version, versions = thread.version(message)
+def message_dict(message: Message, tree: MessageTree, window_start: int = 0) -> dict[str, Any]:
+    version, versions = tree.version(message)
     out = {"id": message.id, "parent_id": message.parent_id, "role": message.role,
            "content": message.content, "created_at": message.created_at,
            # whether the model still sees it (long chats drop their oldest messages)
@@ -219,29 +219,31 @@ def register_api(service: ChatService, *, settings_group: str,
         """Your chats, most recently active first."""
         return [chat_summary(chat) for chat in service.list_chats(user_of(request))]
 
-    def shown_chat(chat: Chat, thread: Thread, *, every_version: bool = False) -> dict:
-        messages = thread.messages if every_version else thread.branch
+    def shown_chat(chat: Chat, tree: MessageTree, *, every_version: bool = False) -> dict:
+        messages = tree.messages if every_version else tree.branch
         return {**chat_summary(chat), **ChatSettings.of(chat).as_dict(),
                 "leaf_id": chat.leaf_id,
-                "messages": [message_dict(m, thread, chat.window_start) for m in messages]}
+                "messages": [message_dict(m, tree, chat.window_start) for m in messages]}
 
     def get_chat(chat_id: int, request: gr.Request = None) -> dict:
         """One chat: its settings, and the messages of the branch shown, with each reply's
         stats and each message's version ("version" of "versions")."""
         try:
-            chat, thread = service.thread(int(chat_id), user_of(request))
+            chat, tree = service.tree(int(chat_id), user_of(request))
         except ChatNotFound as exc:
             raise _user_error(exc) from None
-        return shown_chat(chat, thread)
+        return shown_chat(chat, tree)
 
+    # Named for the public endpoint /get_thread (its api_name is the function's name): the
+    # chat's MessageTree, every version.
     def get_thread(chat_id: int, request: gr.Request = None) -> dict:
         """One chat with every version of every message, oldest first: a tree by parent_id,
         whose branch shown ends at leaf_id."""
         try:
-            chat, thread = service.thread(int(chat_id), user_of(request))
+            chat, tree = service.tree(int(chat_id), user_of(request))
         except ChatNotFound as exc:
             raise _user_error(exc) from None
-        return shown_chat(chat, thread, every_version=True)
+        return shown_chat(chat, tree, every_version=True)
 
     def show_version(chat_id: int, message_id: int, request: gr.Request = None) -> dict:
         """Show another version of a message (an earlier edit or reply) and the newest
@@ -249,10 +251,10 @@ def register_api(service: ChatService, *, settings_group: str,
         user = user_of(request)
         try:
             service.show_version(int(chat_id), int(message_id), user)
-            chat, thread = service.thread(int(chat_id), user)
+            chat, tree = service.tree(int(chat_id), user)
         except (ChatNotFound, ChatError) as exc:
             raise _user_error(exc) from None
-        return shown_chat(chat, thread)
+        return shown_chat(chat, tree)
 
     def branch(chat_id: int, message_id: int, request: gr.Request = None) -> int:
         """A new chat with this chat's messages up to message_id ("Branch from here"); its

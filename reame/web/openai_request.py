@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P
 from reame.config.chat_settings import FIELD
 from reame.config.refusals import RETRY_LOADING_S
-from reame.inference.prompt import Turn
+from reame.inference.prompt import PromptMessage
 
 MAX_STOPS = 4
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
@@ -44,7 +44,7 @@ def error_response(status: int, message: str, *, type_: str = "invalid_request_e
 class CompletionRequest:
     model: str
     system_prompt: str
-    turns: list[Turn]
+    turns: list[PromptMessage]
     max_tokens: int | None
     temperature: float
     top_p: float
@@ -174,14 +174,14 @@ def _key(param: str) -> str:
     return re.sub(r"\[\d+\]", "[]", param)  # messages[2].role -> messages[].role
 
 
-def _conversation(messages: list[Message]) -> tuple[list[str], list[Turn]]:
+def _conversation(messages: list[Message]) -> tuple[list[str], list[PromptMessage]]:
     """The system texts and the turns, in the order a chat template can render."""
     system, turns = [], []
     for n, message in enumerate(messages):
         content = message.content
         text = content if isinstance(content, str) else "".join(part.text for part in content)
         if message.role not in ("system", "developer"):
-            turns.append(Turn(message.role, text))
+            turns.append(PromptMessage(message.role, text))
         elif turns:
             raise ApiError(400, f"messages[{n}]: system messages go before the conversation",
                            param=f"messages[{n}]")

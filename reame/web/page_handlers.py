@@ -58,17 +58,17 @@ class PageHandlers:
     # Every handler that touches a chat passes on the logged-in user (gr.Request): the
     # service answers for another user's chat as if it did not exist.
 
-    def shown(self, chat_id, user, messages=None, *, thread=None):
+    def shown(self, chat_id, user, messages=None, *, tree=None):
         """The chat as the Chatbot shows it, marked where the model's window starts; the
         whole branch shown with its tools (versions, branch), or only messages, without.
-        thread: the chat's messages, known already (not read again)."""
-        if messages is None and thread is None:
-            chat, thread = self.service.thread(chat_id, user)
+        tree: the chat's messages, known already (not read again)."""
+        if messages is None and tree is None:
+            chat, tree = self.service.tree(chat_id, user)
         else:
             chat = self.service.get_chat(chat_id, user)
         if messages is not None:
             return to_chatbot(messages, chat.window_start)
-        return to_chatbot(thread.branch, chat.window_start, thread)
+        return to_chatbot(tree.branch, chat.window_start, tree)
 
     def writing(self, user):
         return frozenset(self.live.chats_of(user))
@@ -89,7 +89,7 @@ class PageHandlers:
             except ChatNotFound:
                 chat_id, messages = None, []
             else:  # restore its KV while the user reads and types
-                threading.Thread(target=self.service.warm, args=(chat_id, user),
+                threading.Thread(target=self.service.restore_ahead, args=(chat_id, user),
                                  daemon=True).start()
         else:
             messages = []
@@ -268,7 +268,7 @@ class PageHandlers:
         written in other chats, the list's timer watches for their end."""
         user = user_of(request)
         # The reply this tab started in this chat, if it ended: its messages as it left them.
-        thread = self.live.ended(request.session_hash, user, chat_id)
+        tree = self.live.ended(request.session_hash, user, chat_id)
         now = self.writing(user)
         timer = gr.Timer(active=bool(now - {chat_id}))
         cache = cache_markdown(self.service, user, whole_server=self.can_configure(user))
@@ -276,7 +276,7 @@ class PageHandlers:
             return (gr.skip(), gr.skip(), self.listing(user, chat_id, words), gr.skip(), cache,
                     now, timer)
         try:
-            messages = self.shown(chat_id, user, thread=thread) if chat_id is not None else []
+            messages = self.shown(chat_id, user, tree=tree) if chat_id is not None else []
         except ChatNotFound:
             messages = []
         return (messages, gr.Textbox(submit_btn=True, stop_btn=False),

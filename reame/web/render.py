@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import re
 
-from reame.chats.store import Message, Thread
+from reame.chats.store import Message, MessageTree
 from reame.inference.cache_state import FROM_FILES
 from reame.inference.turn import TurnStats, TurnUpdate
 
@@ -91,10 +91,10 @@ WINDOW_MARKER = ('\n\n<div class="reame-window">⋯ earlier messages are outside
 
 
 def to_chatbot(messages: list[Message], window_start: int = 0,
-               thread: Thread | None = None) -> list[dict]:
+               tree: MessageTree | None = None) -> list[dict]:
     """Messages in the Chatbot's format; each reply carries its stats line, and the last reply
     before the model's window (window_start, a message position) carries a quiet marker.
-    With the chat's thread, each message also carries its tools (message_tools)."""
+    With the chat's tree, each message also carries its tools (message_tools)."""
     last_outside = max((n for n, m in enumerate(messages) if m.position < window_start),
                        default=None)
     shown = []
@@ -105,19 +105,19 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
                 content += WINDOW_MARKER
         else:
             content = inert_html(m.content)
-        if thread is not None:
-            content += message_tools(m, thread)
+        if tree is not None:
+            content += message_tools(m, tree)
         shown.append({"role": m.role, "content": content})
     return shown
 
 
-def message_tools(message: Message, thread: Thread) -> str:
+def message_tools(message: Message, tree: MessageTree) -> str:
     """The buttons under a message: ‹ 2/3 › between its versions (when it was edited or
     retried), and "Branch from here" under a reply. The Chatbot's sanitizer keeps only
     classes and titles, so a button's action is its class, reame-act-KIND-ID, which the
     page's script sends (page.js); users' text never carries a class (inert_html)."""
-    version, versions = thread.version(message)
-    ids = thread.versions(message)
+    version, versions = tree.version(message)
+    ids = tree.versions(message)
     buttons = []
     if versions > 1:
         buttons += [

@@ -8,10 +8,10 @@ indexes). A dialect-specific step names its dialect. Its users import from here.
 """
 
 from reame.chats.store.database import Store
+from reame.chats.store.message_tree import MessageTree
 from reame.chats.store.migrations import MIGRATIONS
 from reame.chats.store.search import END_MARK, MARK, Found
 from reame.chats.store.tables import Chat, DatabaseUnavailable, Message, MessageNotFound
-from reame.chats.store.thread import Thread
 
 __all__ = ["END_MARK", "MARK", "MIGRATIONS", "Chat", "DatabaseUnavailable", "Found", "Message",
-           "MessageNotFound", "Store", "Thread"]
+           "MessageNotFound", "MessageTree", "Store"]

@@ -17,6 +17,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, create_engine, delete, func, select
 
+from reame.chats.store.message_tree import MessageTree
 from reame.chats.store.migrations import enable_wal, is_postgres, migrate
 from reame.chats.store.search import Found, postgres_matches, search_terms, sqlite_matches
 from reame.chats.store.tables import (
@@ -29,13 +30,12 @@ from reame.chats.store.tables import (
     owned_by,
     storable_id,
 )
-from reame.chats.store.thread import Thread
 from reame.config.refusals import ChatNotFound
 
 
 def _server_url(url: str) -> URL:
-    """A database server's URL as the engine takes it: postgresql:// (and postgres://) use the
-    psycopg (3) driver, the one Reame installs."""
+    """A database server's URL as SQLAlchemy's create_engine takes it: postgresql:// (and
+    postgres://) use the psycopg (3) driver, the one Reame installs."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
@@ -85,44 +85,45 @@ class Store:
     """The chats of one database; every method opens and closes its own session.
 
     database: the SQLite file (a Path), or a database server's URL (a str: postgresql://...),
-    which several Reame processes may share."""
+    which several Reame processes may share. self.db: SQLAlchemy's engine (its connection
+    pool) for that database; not the model's Engine (reame.inference.engine)."""
 
     def __init__(self, database: Path | str):
         self._gate = _WriteGate()
         if isinstance(database, Path):
             database.parent.mkdir(parents=True, exist_ok=True)
             self.path: Path | None = database
-            self.engine = create_engine(
+            self.db = create_engine(
                 f"sqlite:///{database}", connect_args={"check_same_thread": False}
             )
-            event.listen(self.engine, "connect", enable_wal)
+            event.listen(self.db, "connect", enable_wal)
         else:
             self.path = None
             # pre_ping: a connection the server dropped (a restart, a failover) is replaced
             # before use instead of failing a user's action.
-            self.engine = create_engine(_server_url(database), pool_pre_ping=True,
-                                        connect_args={"application_name": "reame",
-                                                      "connect_timeout": 10})
+            self.db = create_engine(_server_url(database), pool_pre_ping=True,
+                                    connect_args={"application_name": "reame",
+                                                  "connect_timeout": 10})
             self._reach()
-        migrate(self.engine)
+        migrate(self.db)
 
     @property
     def where(self) -> str:
         """The database, for messages: its file, or its URL without the password."""
-        return str(self.path) if self.path else self.engine.url.render_as_string(
+        return str(self.path) if self.path else self.db.url.render_as_string(
             hide_password=True)
 
     def _reach(self) -> None:
         """Connect once; DatabaseUnavailable says why not (a server down, a wrong password)."""
         try:
-            with self.engine.connect():
+            with self.db.connect():
                 pass
         except OperationalError as exc:
             reason = str(exc.orig or exc).strip().splitlines()[0]
             raise DatabaseUnavailable(f"cannot use the database {self.where}: {reason}") from None
 
     def _session(self) -> Session:
-        return Session(self.engine, expire_on_commit=False)
+        return Session(self.db, expire_on_commit=False)
 
     # chats
 
@@ -175,7 +176,7 @@ class Store:
         terms = search_terms(words)
         if not terms:
             return []
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             find = postgres_matches if is_postgres(conn) else sqlite_matches
             found = find(conn, owner, terms, limit)
         if not found:
@@ -252,19 +253,19 @@ class Store:
 
     # messages
 
-    def thread(self, chat_id: int) -> Thread:
+    def tree(self, chat_id: int) -> MessageTree:
         """The chat's messages, every version, and the branch shown."""
         with self._session() as session:
             chat = session.get(Chat, chat_id)
             if chat is None:
                 raise ChatNotFound(chat_id)
             query = select(Message).where(Message.chat_id == chat_id).order_by(Message.id)
-            return Thread(list(session.exec(query)), chat.leaf_id)
+            return MessageTree(list(session.exec(query)), chat.leaf_id)
 
     def messages(self, chat_id: int) -> list[Message]:
         """The branch shown, first message first ([] for an unknown chat)."""
         try:
-            return self.thread(chat_id).branch
+            return self.tree(chat_id).branch
         except ChatNotFound:
             return []
 
@@ -303,7 +304,7 @@ class Store:
                 break
             if stored:
                 self._gate.let_others_in()
-            with self._gate.write(), self.engine.begin() as conn:
+            with self._gate.write(), self.db.begin() as conn:
                 if conn.execute(select(Chat.id).where(Chat.id == chat_id)).first() is None:
                     raise ChatNotFound(chat_id)
                 for m in batch:
@@ -331,11 +332,11 @@ class Store:
     def show_version(self, chat_id: int, message_id: int) -> list[Message]:
         """Show the branch through message_id (one of the chat's messages): down to the
         newest message after it. The branch shown."""
-        thread = self.thread(chat_id)
-        if message_id not in thread.by_id:
+        tree = self.tree(chat_id)
+        if message_id not in tree.by_id:
             raise MessageNotFound(message_id)
-        self.update_chat(chat_id, leaf_id=thread.newest_under(message_id))
-        return self.thread(chat_id).branch
+        self.update_chat(chat_id, leaf_id=tree.newest_under(message_id))
+        return self.tree(chat_id).branch
 
 
 def _append(session: Session, chat: Chat, *, role: str, content: str,

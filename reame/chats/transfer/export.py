@@ -7,13 +7,13 @@ import math
 import time
 from typing import Any
 
-from reame.chats.store import Chat, Message, Thread
+from reame.chats.store import Chat, Message, MessageTree
 from reame.chats.titles import DEFAULT_TITLE
 from reame.chats.transfer.checks import FORMAT_CHAT, FORMAT_CHATS, VERSION
 from reame.config.chat_settings import ChatSettings
 
 
-def export_chat(chat: Chat, thread: Thread) -> dict[str, Any]:
+def export_chat(chat: Chat, tree: MessageTree) -> dict[str, Any]:
     """One chat as a "reame-chat" document: its settings and every version of every message,
     so that importing it gives back the same tree. Tokens stay out: they belong to one model."""
     return {
@@ -23,8 +23,8 @@ def export_chat(chat: Chat, thread: Thread) -> dict[str, Any]:
         "created_at": chat.created_at,
         "updated_at": chat.updated_at,
         "settings": ChatSettings.of(chat).as_dict(),
-        "current": thread.leaf_id if thread.leaf_id in thread.by_id else None,
-        "messages": [_exported_message(m) for m in thread.messages],
+        "current": tree.leaf_id if tree.leaf_id in tree.by_id else None,
+        "messages": [_exported_message(m) for m in tree.messages],
     }
 
 
@@ -40,28 +40,28 @@ def _exported_message(m: Message) -> dict[str, Any]:
     return out
 
 
-def export_all(chats: list[tuple[Chat, Thread]]) -> dict[str, Any]:
+def export_all(chats: list[tuple[Chat, MessageTree]]) -> dict[str, Any]:
     """Several chats (a user's all) as one "reame-chats" document."""
     return {"format": FORMAT_CHATS, "version": VERSION, "exported_at": time.time(),
-            "chats": [export_chat(chat, thread) for chat, thread in chats]}
+            "chats": [export_chat(chat, tree) for chat, tree in chats]}
 
 
-def to_markdown(chat: Chat, thread: Thread) -> str:
+def to_markdown(chat: Chat, tree: MessageTree) -> str:
     """The branch shown, for people: the title, the system prompt quoted, then each message
     under who wrote it, its text as written (other versions are only mentioned)."""
     sections = [f"# {' '.join(chat.title.split()) or DEFAULT_TITLE}"]
     if chat.system_prompt.strip():
         quoted = "\n".join(f"> {line}".rstrip() for line in chat.system_prompt.splitlines())
         sections.append(f"> **System prompt**\n>\n{quoted}")
-    for m in thread.branch:
-        sections.append(f"---\n\n{_markdown_heading(thread, m)}\n\n"
+    for m in tree.branch:
+        sections.append(f"---\n\n{_markdown_heading(tree, m)}\n\n"
                         f"{_closed_fence(m.content) if m.content.strip() else '*(empty)*'}")
     return "\n\n".join(sections) + "\n"
 
 
-def _markdown_heading(thread: Thread, m: Message) -> str:
+def _markdown_heading(tree: MessageTree, m: Message) -> str:
     notes = []
-    version, of = thread.version(m)
+    version, of = tree.version(m)
     if of > 1:
         notes.append(f"version {version} of {of}")
     if m.stopped:

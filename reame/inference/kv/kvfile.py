@@ -35,6 +35,7 @@ import xxhash
 import reame.inference.batches as batch_plan
 from reame.config.files import atomic_file
 from reame.inference.batches import Batch
+from reame.inference.scope import NO_ACCOUNTS, Scope
 
 MAGIC = b"REAMEKV\0"
 FORMAT_VERSION = 3  # 1: crc32 checksum; 2: no batches
@@ -52,7 +53,7 @@ class Head(NamedTuple):
 
     tokens: list[int]
     batches: list[Batch]
-    scope: str
+    scope: Scope
 
 
 def checksum(data) -> int:
@@ -66,7 +67,7 @@ class KVEntry:
     Use it as a context manager (the mapping is closed on exit) and call verified() before
     trusting anything loaded from `state`."""
 
-    def __init__(self, data: mmap.mmap, tokens: list[int], batches: list[Batch], scope: str,
+    def __init__(self, data: mmap.mmap, tokens: list[int], batches: list[Batch], scope: Scope,
                  body: memoryview, state: memoryview, stored_sum: int):
         self.tokens = tokens
         self.batches = batches
@@ -201,7 +202,7 @@ def _header(raw: bytes, fingerprint: str) -> dict:
             header[key] = int(header[key])
         made_with = header["fingerprint"]
         header["batches"] = batch_plan.decode(header["batches"])
-        header["scope"] = header.get("scope", "")
+        header["scope"] = header.get("scope", NO_ACCOUNTS)  # a file from before scopes
         if not isinstance(header["scope"], str):
             raise TypeError("scope")
     except (ValueError, KeyError, TypeError):
@@ -215,7 +216,7 @@ def _header(raw: bytes, fingerprint: str) -> dict:
 
 
 def write(path: Path, fingerprint: str, tokens: Sequence[int], state: bytes | memoryview,
-          batches: Sequence[Batch] | None, scope: str) -> int:
+          batches: Sequence[Batch] | None, scope: Scope) -> int:
     """Atomically replace path by a file of fingerprint holding these; the bytes of its header,
     tokens and state. OSError if the disk refused (then no temporary file is left). batches:
     the decodes that made the KV (None: unknown, reusable only as a whole); scope: whose."""

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from reame.inference.batches import Batch
 from reame.inference.kv.kvstore import BLOCK, KVStore, block_hashes
+from reame.inference.scope import SHARED, Scope
 
 PER_BLOCK = 4  # files the index keeps per block hash (the newest)
 CANDIDATES = 16  # files a lookup peeks at, at most
-SHARED = "shared"  # the scope of the prefix every user may reuse (see cache.py)
 
 
-def prompt_key(tokens: list[int], scope: str) -> str:
+def prompt_key(tokens: list[int], scope: Scope) -> str:
     """The index key of a whole prompt's tokens (a file whose KV holds them before a reply)."""
     data = (f"{scope}\0".encode() if scope else b"") + array("i", tokens).tobytes()
     return "prompt:" + hashlib.blake2b(data, digest_size=12).hexdigest()
@@ -34,7 +34,7 @@ class FileIndex:
         self.files = files
         self._index: dict[str, list[Path]] | None = None  # built on first use
 
-    def candidates(self, chat_id: int | None, prompt: list[int], scope: str, *,
+    def candidates(self, chat_id: int | None, prompt: list[int], scope: Scope, *,
                    own: bool = True, parent: int | None = None
                    ) -> Iterator[tuple[str, Path, int]]:
         """The chat's own file (own=True), the file of the chat it was branched from (parent),
@@ -72,7 +72,7 @@ class FileIndex:
                     if len(seen) > CANDIDATES:
                         return
 
-    def add(self, path: Path, tokens: list[int], batches: list[Batch], scope: str) -> None:
+    def add(self, path: Path, tokens: list[int], batches: list[Batch], scope: Scope) -> None:
         """A file just saved (or found at start-up) with these tokens, made by these batches."""
         if self._index is None:
             return  # built from the files' heads when first needed

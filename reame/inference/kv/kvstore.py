@@ -30,6 +30,7 @@ from pathlib import Path
 import reame.inference.kv.kvfile as kvfile
 from reame.inference.batches import Batch
 from reame.inference.kv.kvfile import MAGIC, TMP_PREFIX, Head, KVEntry, Unusable, checksum
+from reame.inference.scope import NO_ACCOUNTS, Scope
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ class _Writer:
                     self._cond.notify_all()
 
 
-def block_hashes(tokens: Sequence[int], scope: str = "", block: int = BLOCK) -> list[str]:
+def block_hashes(tokens: Sequence[int], scope: Scope = NO_ACCOUNTS,
+                 block: int = BLOCK) -> list[str]:
     """Chained hash at each block boundary: hashes[i] covers tokens[: (i + 1) * block] of
     scope (salted with it: the same tokens of another scope hash to other names)."""
     out, chain = [], _salt(scope)
@@ -131,7 +133,7 @@ def block_hashes(tokens: Sequence[int], scope: str = "", block: int = BLOCK) -> 
     return out
 
 
-def _salt(scope: str) -> bytes:
+def _salt(scope: Scope) -> bytes:
     if not scope:
         return b""  # the one scope of a server without accounts: names as before scopes
     return hashlib.blake2b(b"reame-scope\0" + scope.encode(), digest_size=12).digest()
@@ -228,7 +230,8 @@ class KVStore:
     # writing
 
     def write_later(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
-                    batches: Sequence[Batch] | None = None, scope: str = "") -> None:
+                    batches: Sequence[Batch] | None = None,
+                    scope: Scope = NO_ACCOUNTS) -> None:
         """Queue write(): it happens on the background writer; state must not change after."""
         self._writer.submit(path, partial(self.write, path, list(tokens), state, batches, scope))
 
@@ -237,7 +240,8 @@ class KVStore:
         self._writer.flush()
 
     def write(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
-              batches: Sequence[Batch] | None = None, scope: str = "") -> bool:
+              batches: Sequence[Batch] | None = None,
+              scope: Scope = NO_ACCOUNTS) -> bool:
         """Atomically replace path; False (logged, counted) if the disk refused. batches: the
         decodes that made the KV (None: unknown, reusable only as a whole); scope: whose."""
         started = time.perf_counter()

@@ -8,7 +8,7 @@ from reame.chats.store.tables import Message
 
 
 @dataclass
-class Thread:
+class MessageTree:
     """A chat's messages as a tree (by parent_id), and its branch shown (up to leaf_id)."""
 
     messages: list[Message]  # every version, oldest first
