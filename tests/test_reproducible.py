@@ -108,8 +108,8 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
     # greedily took over 5 minutes on a loaded 2-core runner).
     greedy = sampling == "greedy"
     prompts = [p for i, p in enumerate(PROMPTS) if (i // 4) % 2 == (0 if greedy else 1)]
-    if not FULL:  # make test: one prompt of each preamble length (make test-full: all)
-        prompts = prompts[:4]
+    if not FULL:  # make test: each preamble length once per model, greedily lengths 0 and
+        prompts = prompts[0:4:2] if greedy else prompts[1:4:2]  # 2, seeded 1 and 3 (full: all)
     # Cold: nothing live, no cache, each prompt from position 0.
     cold_node = Node(tmp_path / "cold", model, cache=False)
     cold = {}
