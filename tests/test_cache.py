@@ -422,13 +422,13 @@ def test_a_failed_write_delivers_the_reply_and_leaves_no_partial_file(folder, mo
 
 
 def test_eviction_keeps_the_disk_budget(folder, model_path):
-    node = Node(folder, model_path, max_mb=20)
+    node = Node(folder, model_path, max_mb=10)  # four chats' files (~3.5 MB each) overflow it
     chats = [node.service.new_chat(system_prompt=f"You are assistant {n}. " + "Be kind. " * 40)
-             for n in range(6)]
+             for n in range(4)]
     for chat in chats:
         node.say(chat.id, "Say hello.")
         node.kv.flush()
-        assert node.kv.disk_bytes() <= 20 * 1024 * 1024
+        assert node.kv.disk_bytes() <= 10 * 1024 * 1024
     assert node.kv.counters.evicted > 0
     assert node.kv.chat_path(chats[-1].id).exists(), "the most recent chat is kept"
     assert not node.kv.chat_path(chats[0].id).exists(), "the least recently used went first"
@@ -448,12 +448,12 @@ def test_files_reame_did_not_write_are_left_alone(folder, model_path):
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
     under_way = kv / "reame-kv-other-node.tmp"  # another process's write, under way
     under_way.write_bytes(b"half a file")
-    node = Node(folder, model_path, max_mb=16)
+    node = Node(folder, model_path, max_mb=8)  # three chats' files (~3.5 MB each) overflow it
     assert not stale.exists()
     assert under_way.exists(), "a fresh temp file may be another node's write"
     under_way.unlink()
     chats = [node.service.new_chat(system_prompt=f"You are assistant {n}. " + "Be kind. " * 40)
-             for n in range(6)]
+             for n in range(3)]
     for chat in chats:
         node.say(chat.id, "Say hello.")
     node.kv.flush()
