@@ -282,13 +282,13 @@ def test_a_long_chat_marks_where_the_model_s_memory_ends_and_keeps_every_message
         page, server_factory, model_path):
     from .test_long_chat import ANSWERS, FILLER, QUESTIONS
 
-    server = server_factory(model_path=model_path, n_ctx=1024, max_tokens=32)
+    server = server_factory(model_path=model_path, n_ctx=512, max_tokens=32)
     open_app(page, server)
     new_chat(page)
     marker = page.locator("#chatbot .reame-window")
     sent = []
     while not marker.count():
-        assert len(sent) < 12, "the 1,024-token window should overflow within 12 turns"
+        assert len(sent) < 8, "the 512-token window should overflow within 8 turns"
         n = len(sent)
         sent.append(FILLER + QUESTIONS[n % 2])
         reply = send(page, sent[-1])
