@@ -20,9 +20,7 @@ import sys
 from pathlib import Path
 
 # What a server imports before it serves (app.py and build_app's web layer).
-PRELOAD = ["app", "gradio", "fastapi", "uvicorn", "reame.web.page", "reame.web.openai_api",
-           "reame.web.named_api", "reame.web.metrics", "reame.web.guard", "reame.web.health",
-           "reame.web.login", "reame.web.uploads", "reame.web.connections"]
+PRELOAD = ["app", "reame.runtime", "reame.web.server"]  # app.main's imports when it serves
 SPAWN = os.environ.get("REAME_TEST_SPAWN") == "1"
 # Variables read when they are used, not when a module is imported: a fork may be given other
 # values than its forkserver had. Any other difference (HF_ENDPOINT, HF_HOME: huggingface_hub

@@ -31,7 +31,7 @@ from .browser_helpers import BOX, CHATS, browser, open_app  # noqa: F401 - brows
 from .conftest import FULL, start_server
 from .test_disconnect import LONG, LONG_PROMPT, metric, read_until
 
-CHAOS_S = 60 if FULL else 30  # seconds of chaos; the model switch comes halfway
+CHAOS_S = 60 if FULL else 20  # seconds of chaos; the model switch comes halfway
 WORKERS = 4
 STALL_S = 3
 NEXT_WITHIN_S = 30.0  # loose: the failure this tells apart is forever

@@ -21,7 +21,7 @@ def test_sigterm_ends_the_server_after_the_queued_kv_writes(tmp_path):
         from pathlib import Path
         sys.path.insert(0, {str(ROOT)!r})
         import uvicorn
-        import app
+        from reame.web.server import finish_writes_on_sigterm
         from reame.inference.batches import Batch
         from reame.inference.kv.kvstore import KVStore
 
@@ -37,7 +37,7 @@ def test_sigterm_ends_the_server_after_the_queued_kv_writes(tmp_path):
                                       bytes({STATE_BYTES}), [Batch(0, 3, False)])
             os.kill(os.getpid(), signal.SIGTERM)
 
-        app.finish_writes_on_sigterm(Service)
+        finish_writes_on_sigterm(Service)
         threading.Thread(target=stop_soon, daemon=True).start()
         uvicorn.run(asgi, host="127.0.0.1", port={free_port()}, log_level="warning")
     """)

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from reame.accounts.users import AccountError, Accounts
-from reame.chats.store import DatabaseUnavailable, Store
 from reame.config.reame_conf import ConfigError, load_config, update_config
 
 COMMANDS = ("adduser", "passwd", "deluser", "addkey", "revokekey", "users", "adopt")
@@ -52,13 +51,24 @@ def run_command(argv: list[str], default_config: Path) -> int:
         accounts = _accounts(args.config, create=args.command == "adduser")
         given = accounts.assign_ids()
         if given:
-            give_ids(given, Store(load_config(args.config).storage.database))
+            give_ids(given, _store(args.config))
         if args.command == "adopt":
             return _adopt(args, accounts)
         return _run(args, accounts)
-    except (AccountError, ConfigError, DatabaseUnavailable) as exc:
+    except (AccountError, ConfigError) as exc:
         print(f"reame: {exc}", file=sys.stderr)
         return 2
+
+
+def _store(config_path: Path):
+    """The chat database reame.conf names; ConfigError says why it cannot be used. (Imported
+    here: the commands that never touch chats skip SQLAlchemy's import.)"""
+    from reame.chats.store import DatabaseUnavailable, Store
+
+    try:
+        return Store(load_config(config_path).storage.database)
+    except DatabaseUnavailable as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def give_ids(given: dict[str, str], store) -> None:
@@ -91,7 +101,7 @@ def _accounts(config_path: Path, *, create: bool) -> Accounts:
 def _adopt(args: argparse.Namespace, accounts: Accounts) -> int:
     if args.name not in accounts.names():
         raise AccountError(f"no user {args.name!r} (add one with `python app.py adduser NAME`)")
-    store = Store(load_config(args.config).storage.database)
+    store = _store(args.config)
     source = args.from_user
     if source is not None:  # a user's name, else an id (of a removed user) or an old name
         source = accounts.user_id(source) or source
