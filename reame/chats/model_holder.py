@@ -24,27 +24,20 @@ from reame.inference.tasks import Replaced
 log = logging.getLogger(__name__)
 
 
+def _runtime_part(name: str):
+    """A read-only attribute: that part of the current ModelRuntime, None without a model."""
+    return property(lambda self: getattr(self.runtime, name) if self.runtime else None)
+
+
 class ModelHolder:
     """ChatService's model (a mixin: the state is ChatService.__init__'s)."""
 
     # The current runtime's parts (None without a model). A turn takes the runtime once and
     # uses it throughout; these are for reading (metrics, the page, tests).
-
-    @property
-    def engine(self) -> Engine | None:
-        return self.runtime.engine if self.runtime else None
-
-    @property
-    def cache(self) -> KVCache | None:
-        return self.runtime.cache if self.runtime else None
-
-    @property
-    def prompts(self) -> PromptBuilder | None:
-        return self.runtime.prompts if self.runtime else None
-
-    @property
-    def scheduler(self) -> Scheduler | None:
-        return self.runtime.scheduler if self.runtime else None
+    engine: Engine | None = _runtime_part("engine")
+    cache: KVCache | None = _runtime_part("cache")
+    prompts: PromptBuilder | None = _runtime_part("prompts")
+    scheduler: Scheduler | None = _runtime_part("scheduler")
 
     @property
     def max_waiting(self) -> int:
