@@ -78,8 +78,7 @@ def answer_together(service, questions, seed=None):
 
 @pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 1234)])
 def test_replies_under_load_equal_replies_alone(services, engine4, temperature, seed):
-    service = services(engine4, GREEDY.changed(temperature=temperature,
-                                                             max_tokens=40))
+    service = services(engine4, GREEDY.changed(temperature=temperature, max_tokens=24))
     alone = {q: answer_alone(service, q, seed) for q in QUESTIONS}
     # 8 people on 4 slots: four write at once, four wait in line, all take turns.
     together = answer_together(service, QUESTIONS, seed)
