@@ -28,11 +28,6 @@ class Setting:
     choices: tuple[str, ...] | None = None
     low_open: bool = False  # the minimum itself is not allowed
 
-    def in_range(self, value: float) -> bool:
-        low, high = self.minimum, self.maximum
-        return not ((low is not None and (value < low or self.low_open and value == low))
-                    or (high is not None and value > high))
-
     def allowed(self) -> str:
         """The range in words, e.g. "between 0 and 2" or "above 0 and at most 1"."""
         if self.low_open:
