@@ -48,6 +48,14 @@ def field_type(setting: Setting) -> Any:
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# A whole number in 64 bits, as JSON may write it: 12 or 12.0 (with STRICT, not "12" or true).
+WHOLE_NUMBER = Annotated[int, BeforeValidator(_whole), Field(gt=-2**63, lt=2**63)]
+
+
 @functools.cache
 def settings_model(name: str, settings: tuple[Setting, ...],
                    before: Callable[[Setting], Callable[[Any], Any]] | None = None

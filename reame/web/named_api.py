@@ -10,13 +10,13 @@ from contextlib import aclosing
 from typing import Annotated, Any
 
 import gradio as gr
-from pydantic import BeforeValidator, Field, ValidationError, create_model
+from pydantic import BeforeValidator, ValidationError, create_model
 
 from reame.admin.live_settings import Settings, SettingsError
 from reame.chats.service import ChatError, ChatNotFound, ChatService
 from reame.chats.store import END_MARK, MARK, Chat, Message, MessageTree
 from reame.config.chat_settings import ChatSettings
-from reame.config.setting import STRICT, first_problem
+from reame.config.setting import STRICT, WHOLE_NUMBER, first_problem
 from reame.web.turn_updates import turn_updates
 from reame.web.user import user_of
 
@@ -50,21 +50,20 @@ def _user_error(exc: Exception) -> gr.Error:
     return gr.Error(str(exc), print_exception=False)
 
 
-def _whole_number(value: Any) -> Any:
-    """A whole number as a client may send it: a text int() reads ("12"), or 12.0."""
+def _text_number(value: Any) -> Any:
+    """A whole number as a client may send it also as a text int() reads ("12")."""
     if isinstance(value, str):
         try:
             return int(value)
         except ValueError:
             return value
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    return value
 
 
 # An endpoint's parameter annotations -> its pydantic type (strict: true is no number, "0.7" no
 # float) and the words for what it must be.
 KINDS: dict[str, tuple[Any, str]] = {
-    "int": (Annotated[int, BeforeValidator(_whole_number), Field(gt=-2**63, lt=2**63)],
-            "a whole number"),
+    "int": (Annotated[WHOLE_NUMBER, BeforeValidator(_text_number)], "a whole number"),
     "float": (float, "a number"),
     "str": (str, "a text"),
     "dict": (dict, "an object"),
