@@ -2,39 +2,37 @@
 
 Declared once, here, with their ranges. reame.conf's [generation] section holds the defaults of
 new chats (reame_conf.py builds its entries from FIELDS), the store keeps each chat's, the service
-validates every change with ChatSettings.changed, and both APIs and the page take their ranges
-from FIELD.
+validates every change with ChatSettings.changed (with the pydantic model generated from FIELDS),
+and both APIs and the page take their ranges from FIELD.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from reame.config.refusals import ChatError
-from reame.config.setting import Setting
+from reame.config.setting import Setting, first_problem, settings_model
 
 
 class SettingValueError(ChatError, ValueError):
     """A chat setting outside its range; the message says what is allowed."""
 
 
-def check(setting: Setting, value: Any) -> Any:
-    """value as a chat setting of this kind, or SettingValueError saying what is allowed."""
-    name = setting.key
-    if setting.kind is str:
-        if not isinstance(value, str):
-            raise SettingValueError(f"{name} must be a text")
+def json_number(setting: Setting) -> Callable[[Any], Any]:
+    """A number as JSON sends it, for a setting of this kind: a whole number may come as 2.0.
+    A whole number beyond any float raises OverflowError (import.read_settings words it)."""
+    def convert(value: Any) -> Any:
+        if (setting.kind in (int, float) and isinstance(value, (int, float))
+                and not isinstance(value, bool)):
+            whole = float(value).is_integer()
+            return int(value) if setting.kind is int and whole else value
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            not math.isfinite(value)) or (setting.kind is int and not float(value).is_integer()):
-        raise SettingValueError(f"{name} must be a number {setting.allowed()}")
-    value = setting.kind(value)
-    if not setting.in_range(value):
-        raise SettingValueError(f"{name} must be {setting.allowed()}")
-    return value
+    return convert
 
 
 # In reame.conf's [generation] section: the defaults of new chats.
@@ -67,9 +65,16 @@ class ChatSettings:
         unknown = set(changes) - set(FIELD)
         if unknown:
             raise SettingValueError(f"no chat setting named {', '.join(sorted(unknown))}")
-        checked = {name: check(FIELD[name], value) for name, value in changes.items()
-                   if value is not None}
-        return dataclasses.replace(self, **checked)
+        given = {name: value for name, value in changes.items() if value is not None}
+        try:
+            checked = settings_model("ChatSettings", FIELDS, json_number).model_validate(given)
+        except ValidationError as exc:
+            name, problem = first_problem(exc)
+            setting = FIELD[name]
+            expected = ("a text" if setting.kind is str else setting.allowed()
+                        if problem == "range" else f"a number {setting.allowed()}")
+            raise SettingValueError(f"{name} must be {expected}") from None
+        return dataclasses.replace(self, **checked.model_dump(exclude_unset=True))
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,6 +1,7 @@
 """reame.conf <-> frozen dataclasses. The only module that knows the file format.
 
-Every setting is declared once in SETTINGS with its type, default, allowed range and help.
+Every setting is declared once in SETTINGS with its type, default, allowed range and help; the
+pydantic model generated from a section's declarations checks its values.
 Relative paths are resolved against the folder of the config file.
 """
 
@@ -14,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from reame.config.chat_settings import FIELDS, ChatSettings
 from reame.config.files import write_atomically
-from reame.config.setting import Setting
+from reame.config.setting import Setting, settings_model
 
 
 class ConfigError(Exception):
@@ -214,8 +217,7 @@ _SECTIONS = {
 }
 
 
-_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,
-             "false": False, "no": False, "off": False, "0": False}
+_BOOLEANS = configparser.ConfigParser.BOOLEAN_STATES  # 1/0, yes/no, true/false, on/off
 
 
 DATABASE_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
@@ -238,6 +240,9 @@ _TEXT_CHECKS = {("storage", "database_url"): _database_url}
 
 
 def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
+    """The text of a setting as its value: read as configparser reads the kind (int(), float(),
+    its booleans), then checked by the pydantic model generated from the section's declarations
+    (range, choices)."""
     where = f"[{setting.section}] {setting.key}"
     if setting.kind is Path:
         if not raw.strip():
@@ -245,32 +250,31 @@ def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
         path = Path(os.path.expanduser(raw.strip()))
         return path if path.is_absolute() else (base_dir / path)
     if setting.kind is bool:
-        value = raw.strip().lower()
-        if value not in _BOOLEANS:
+        if raw.strip().lower() not in _BOOLEANS:
             raise ConfigError(f"{where} = {raw!r}: expected true or false")
-        return _BOOLEANS[value]
+        return _BOOLEANS[raw.strip().lower()]
     if setting.kind is str:
         check = _TEXT_CHECKS.get((setting.section, setting.key))
-        if check is not None:
-            return check(where, raw)
-        if setting.choices and raw.strip() not in setting.choices:
-            raise ConfigError(f"{where} = {raw!r}: expected one of {', '.join(setting.choices)}")
-        return raw.strip() if setting.choices else raw
+        value = check(where, raw) if check else raw.strip() if setting.choices else raw
+    else:
+        try:
+            value = setting.kind(raw)
+        except ValueError:
+            raise ConfigError(f"{where} = {raw!r}: expected {setting.kind.__name__}") from None
+        if value != value:  # NaN, accepted as before (it compared false with both ends): to
+            # be refused in a change of its own
+            return value
+    section = tuple(item for item in SETTINGS if item.section == setting.section)
     try:
-        value = setting.kind(raw)
-    except ValueError:
-        raise ConfigError(f"{where} = {raw!r}: expected {setting.kind.__name__}") from None
-    check_range(setting, value)
+        settings_model(setting.section, section).model_validate({setting.key: value})
+    except ValidationError:
+        if setting.choices:
+            raise ConfigError(f"{where} = {raw!r}: expected one of "
+                              f"{', '.join(setting.choices)}") from None
+        low, high = setting.minimum, setting.maximum
+        raise ConfigError(f"{where} = {value}: allowed range is {low} to {high}"
+                          + (f", {low} excluded" if setting.low_open else "")) from None
     return value
-
-
-def check_range(setting: Setting, value: float) -> None:
-    """Raise ConfigError naming the allowed range when value is outside it."""
-    low, high = setting.minimum, setting.maximum
-    if not setting.in_range(value):
-        raise ConfigError(
-            f"[{setting.section}] {setting.key} = {value}: allowed range is {low} to {high}"
-            + (f", {low} excluded" if setting.low_open else ""))
 
 
 def setting(section: str, key: str) -> Setting:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Annotated, Any
 
 import gradio as gr
+from pydantic import BeforeValidator, ValidationError, create_model
 
 from reame.admin.live_settings import Settings, SettingsError
 from reame.chats.service import ChatError, ChatNotFound, ChatService
 from reame.chats.store import END_MARK, MARK, Chat, Message, MessageTree
 from reame.config.chat_settings import ChatSettings
+from reame.config.setting import STRICT, WHOLE_NUMBER, first_problem
 from reame.web.turn_updates import turn_updates
 from reame.web.user import user_of
 
@@ -49,54 +50,50 @@ def _user_error(exc: Exception) -> gr.Error:
     return gr.Error(str(exc), print_exception=False)
 
 
-def _argument(name: str, value: Any, kind: str) -> Any:
-    """value as the endpoint's parameter of that annotation wants it, or a gr.Error saying
-    what was expected: a client can send any JSON, and int([]) is not a refusal."""
-    optional = kind.endswith("| None")
-    if value is None and optional:
-        return None
-    kind = kind.removesuffix("| None").strip()
-    if kind == "int":
-        if isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                pass
-        elif isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63:
+def _text_number(value: Any) -> Any:
+    """A whole number as a client may send it also as a text int() reads ("12")."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
             return value
-        expected = "a whole number"
-    elif kind == "float":
-        if (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value)):
-            return float(value)
-        expected = "a number"
-    elif kind == "str":
-        if isinstance(value, str):
-            return value
-        expected = "a text"
-    elif kind == "dict":
-        if isinstance(value, dict):
-            return value
-        expected = "an object"
-    else:
-        return value
-    raise gr.Error(f"{name} must be {expected}{' or null' if optional else ''}",
-                   print_exception=False)
+    return value
+
+
+# An endpoint's parameter annotations -> its pydantic type (strict: true is no number, "0.7" no
+# float) and the words for what it must be.
+KINDS: dict[str, tuple[Any, str]] = {
+    "int": (Annotated[WHOLE_NUMBER, BeforeValidator(_text_number)], "a whole number"),
+    "float": (float, "a number"),
+    "str": (str, "a text"),
+    "dict": (dict, "an object"),
+}
 
 
 def _checked(fn: Callable) -> Callable:
-    """fn with its arguments checked against its annotations (see _argument) first."""
+    """fn with its arguments checked first, by a pydantic model made from its annotations
+    (KINDS): a client can send any JSON, and int([]) is not a refusal. A gr.Error says what the
+    first wrong argument must be."""
     signature = inspect.signature(fn)
-    kinds = {name: str(p.annotation) for name, p in signature.parameters.items()
-             if p.annotation is not inspect.Parameter.empty and "Request" not in str(p.annotation)}
+    fields, words = {}, {}
+    for name, parameter in signature.parameters.items():
+        annotation = str(parameter.annotation)
+        kind, optional = annotation.removesuffix("| None").strip(), annotation.endswith("| None")
+        if kind in KINDS:
+            kind_type, words[name] = KINDS[kind]
+            fields[name] = (kind_type | None if optional else kind_type, None)
+            words[name] += " or null" if optional else ""
+    arguments = create_model(f"{fn.__name__}_arguments", __config__=STRICT, **fields)
 
     def check(args, kwargs):
         bound = signature.bind_partial(*args, **kwargs)
-        for name, value in bound.arguments.items():
-            if name in kinds:
-                bound.arguments[name] = _argument(name, value, kinds[name])
+        given = {name: value for name, value in bound.arguments.items() if name in fields}
+        try:
+            valid = arguments.model_validate(given)
+        except ValidationError as exc:
+            name, _ = first_problem(exc)
+            raise gr.Error(f"{name} must be {words[name]}", print_exception=False) from None
+        bound.arguments.update({name: getattr(valid, name) for name in given})
         return bound.args, bound.kwargs
 
     if inspect.isasyncgenfunction(fn):

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P
 from reame.config.chat_settings import FIELD
 from reame.config.refusals import RETRY_LOADING_S
+from reame.config.setting import field_type
 from reame.inference.prompt import PromptMessage
 
 MAX_STOPS = 4
@@ -66,15 +67,9 @@ Positive = Annotated[int, Field(ge=1)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
-def _chat_setting(name: str) -> Any:
-    """A chat setting's type with its range (chat_settings.FIELD), for pydantic."""
-    setting = FIELD[name]
-    low = {"gt" if setting.low_open else "ge": setting.minimum}
-    return Annotated[setting.kind, Field(**low, le=setting.maximum)]
-
-
-Temperature = _chat_setting("temperature")
-TopP = _chat_setting("top_p")
+# A chat setting's type with its range, as its declaration gives it (chat_settings.FIELD).
+Temperature = field_type(FIELD["temperature"])
+TopP = field_type(FIELD["top_p"])
 
 
 class TextPart(_Body):

@@ -4,15 +4,17 @@ in words for the person who uploaded it."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError, create_model
 
 from reame.chats.titles import DEFAULT_TITLE, MAX_TITLE, checked_title
 from reame.config.chat_settings import FIELD, ChatSettings
 from reame.config.reame_conf import setting
 from reame.config.refusals import ChatError
+from reame.config.setting import STRICT, WHOLE_NUMBER, first_problem
 from reame.inference.turn import TurnStats
 
 FORMAT_CHAT = "reame-chat"
@@ -28,6 +30,11 @@ TYPE_WORDS = {int: "a whole number", float: "a number", str: "a text", bool: "tr
 # The type of each stat shown under a reply (render.stats_text formats them as such).
 STAT_TYPES: dict[str, type] = {f.name: type(f.default) for f in fields(TurnStats)
                                 if type(f.default) in TYPE_WORDS}
+# The stats as pydantic checks them, strict as JSON means its types (a whole number may be
+# written 7.0); stats this server does not know are left out.
+STATS = create_model("Stats", __config__=ConfigDict(STRICT, extra="ignore"), **{
+    key: (WHOLE_NUMBER if kind is int else kind, None) for key, kind in STAT_TYPES.items()})
+_NUMBER = TypeAdapter(float, config=STRICT)  # finite; an int too large for a float is none
 
 
 class BadImport(ChatError):
@@ -165,13 +172,10 @@ def read_settings(value: object) -> dict[str, Any]:
 
 def read_number(value: object) -> float | None:
     """value as a finite float, or None if it is no such number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
     try:
-        number = float(value)
-    except OverflowError:
+        return _NUMBER.validate_python(value)
+    except ValidationError:
         return None
-    return number if math.isfinite(number) else None
 
 
 def read_time(value: object, what: str) -> float | None:
@@ -190,22 +194,13 @@ def read_stats(value: object, name: str) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise BadImport(f"{name}: its stats are {kind_of(value)}, not a JSON object")
-    stats: dict[str, Any] = {}
-    for key, kind in STAT_TYPES.items():
-        if key not in value:
-            continue
-        stat = value[key]
-        if kind is float and read_number(stat) is not None:
-            stats[key] = float(stat)
-        elif kind is int and read_number(stat) is not None and float(stat).is_integer() and (
-                abs(stat) < 1 << 63):
-            stats[key] = int(stat)
-        elif kind in (str, bool) and type(stat) is kind:
-            stats[key] = stat
-        else:
-            raise BadImport(f"{name}: its stat {key} is {kind_of(stat)}, not "
-                            f"{TYPE_WORDS[kind]}")
-    return stats or None
+    try:
+        stats = STATS.model_validate(value)
+    except ValidationError as exc:
+        key, _ = first_problem(exc)
+        raise BadImport(f"{name}: its stat {key} is {kind_of(value[key])}, not "
+                        f"{TYPE_WORDS[STAT_TYPES[key]]}") from None
+    return stats.model_dump(exclude_unset=True) or None
 
 
 # words for what a file holds
