@@ -55,6 +55,14 @@ def test_bad_value_names_section_and_key(tmp_path):
         load_config(write(tmp_path, "[model]\nn_ctx = lots\n"))
 
 
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf"])
+def test_a_number_that_is_not_finite_is_refused(tmp_path, raw):
+    # NaN compares false with both ends of a range: the old check let it through to the
+    # scheduler's share of the slots.
+    with pytest.raises(ConfigError, match=rf"\[server\] user_share = '{raw}': expected a finite"):
+        load_config(write(tmp_path, f"[server]\nuser_share = {raw}\n"))
+
+
 def test_out_of_range_value_gives_the_range(tmp_path):
     with pytest.raises(ConfigError, match=r"\[server\] port = 70000: allowed range is 1 to 65535"):
         load_config(write(tmp_path, "[server]\nport = 70000\n"))
@@ -90,6 +98,7 @@ def test_update_refuses_bad_values_and_writes_nothing(tmp_path):
         ({("cache", "kv_type"): "q4"}, r"expected one of f16, q8_0"),
         ({("model", "n_ctx"): 2048, ("server", "port"): "eighty"}, r"expected int"),
         ({("model", "nope"): 1}, r"no such setting"),
+        ({("server", "user_share"): float("nan")}, r"expected a finite number"),
     ]:
         with pytest.raises(ConfigError, match=message):
             update_config(path, changes)

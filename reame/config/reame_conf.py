@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import math
 import os
 import stat
 from dataclasses import dataclass
@@ -261,9 +262,8 @@ def _convert(setting: Setting, raw: str, base_dir: Path) -> Any:
             value = setting.kind(raw)
         except ValueError:
             raise ConfigError(f"{where} = {raw!r}: expected {setting.kind.__name__}") from None
-        if value != value:  # NaN, accepted as before (it compared false with both ends): to
-            # be refused in a change of its own
-            return value
+        if not math.isfinite(value):  # "nan" and "inf" read as floats: no setting means them
+            raise ConfigError(f"{where} = {raw!r}: expected a finite number")
     section = tuple(item for item in SETTINGS if item.section == setting.section)
     try:
         settings_model(setting.section, section).model_validate({setting.key: value})
