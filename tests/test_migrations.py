@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
 from reame.chats.store import Store, revisions
-from reame.chats.store.migrations import _scripts, enable_wal, migrate, schema_object
+from reame.chats.store.migrations import alembic_config, enable_wal, migrate, schema_object
 
 from .conftest import at_once
 from .postgres import postgres, postgres_url  # noqa: F401 - fixtures
@@ -75,7 +76,8 @@ def made_by_the_old_runner(engine: Engine) -> None:
     """A new database as the old runner made it: step 001 was create_all of the models, 002-004
     found their columns there, 005 ran its search SQL (kept as it was in revision 005), and 006
     had nothing to rebuild; each recorded."""
-    search = _scripts().get_revision("005_search_and_pins").module
+    scripts = ScriptDirectory.from_config(alembic_config())
+    search = scripts.get_revision("005_search_and_pins").module
     with engine.begin() as conn:
         SQLModel.metadata.create_all(conn)
         postgres = conn.dialect.name == "postgresql"
@@ -140,7 +142,7 @@ def test_a_database_the_old_runner_made_is_stamped_not_migrated_again(database):
     store.db.dispose()
 
 
-def test_nodes_starting_together_on_an_old_runner_database_stamp_it_once(postgres_url):  # noqa: F811
+def test_nodes_starting_on_an_old_runner_database_stamp_it_once(postgres_url):  # noqa: F811
     engine = engine_of(postgres_url)
     made_by_the_old_runner(engine)
     chat_id = write_chat(engine, "t", ["hello"])
