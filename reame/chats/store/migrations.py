@@ -62,7 +62,8 @@ def _scripts() -> ScriptDirectory:
 
 
 def revisions() -> list[str]:
-    """The revisions, oldest first (the names the runner before Alembic gave its steps)."""
+    """The revisions' ids, oldest first (001-006: the names the runner before Alembic gave its
+    steps)."""
     return [script.revision for script in reversed(list(_scripts().walk_revisions()))]
 
 
