@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from reame.chats.store import END_MARK, MARK, MIGRATIONS, Store
+from reame.chats.store import END_MARK, MARK, Store, revisions
+from reame.chats.store.migrations import migrate
 from reame.config.refusals import ChatNotFound
 
 from .postgres import postgres, postgres_url  # noqa: F401 - fixtures
@@ -42,27 +43,28 @@ def run_sql(store: Store, *statements: str) -> None:
     store.db.dispose()
 
 
-def test_database_uses_wal_and_records_migrations(tmp_path):
+def test_database_uses_wal_and_records_its_revision(tmp_path):
     store = Store(tmp_path / "db" / "reame.db")
     new_chat(store)
     conn = sqlite3.connect(tmp_path / "db" / "reame.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    names = [row[0] for row in conn.execute("SELECT name FROM migrations")]
-    assert names == [name for name, _ in MIGRATIONS]
+    assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [
+        (revisions()[-1],)]
 
 
 def test_migrations_run_once(database):
     Store(database)
     again = Store(database)
+    assert migrate(again.db) == []
     with again.db.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM migrations")).scalar() == len(MIGRATIONS)
+        assert conn.execute(text("SELECT count(*) FROM alembic_version")).scalar() == 1
 
 
 def test_a_database_from_before_the_window_column_is_upgraded(database):
     store = Store(database)
     chat = new_chat(store)
     run_sql(store, "ALTER TABLE chat DROP COLUMN window_start",  # as the first release made it
-            "DELETE FROM migrations WHERE name = '002_chat_window_start'")
+            "UPDATE alembic_version SET version_num = '001_create_chat_and_message'")
     store = Store(database)
     assert store.get_chat(chat.id).window_start == 0
     assert store.update_chat(chat.id, window_start=4).window_start == 4
@@ -208,7 +210,7 @@ def test_a_database_of_lists_becomes_one_branch_each(database):
     run_sql(store, "DROP INDEX ix_message_parent_id",  # as a database made before the tree
             "ALTER TABLE message DROP COLUMN parent_id", "ALTER TABLE chat DROP COLUMN leaf_id",
             "ALTER TABLE chat DROP COLUMN branched_from",
-            "DELETE FROM migrations WHERE name = '004_message_tree'")
+            "UPDATE alembic_version SET version_num = '003_chat_owner'")
     upgraded = Store(database)
     assert [m.content for m in upgraded.messages(chat.id)] == ["0", "1", "2"]
     assert upgraded.messages(empty.id) == []

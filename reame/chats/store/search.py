@@ -1,6 +1,6 @@
 """Search: the chats whose title or messages hold every word, with a snippet of the newest
 matching message; through FTS5 on SQLite, tsvector columns on PostgreSQL (the tables and
-triggers they read are made by migrations.py)."""
+triggers they read are made by the migrations: alembic/versions/005_search_and_pins.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Result
 
-from reame.chats.store.migrations import TS_CONFIG
 from reame.chats.store.tables import Chat
 
 MARK, END_MARK = "\x02", "\x03"  # around the matches in a search snippet
+# PostgreSQL's text search configuration, made by revision 005 (unaccent, then simple).
+TS_CONFIG = "reame_search"
 
 
 @dataclass
