@@ -28,13 +28,14 @@ FILLER = ("Here are my notes from the garden today: the tomatoes are ripening, t
 QUESTIONS = ["What is the capital city of France? Answer in one word.",
              "What is the capital of Italy?"]
 ANSWERS = ["Paris", "Rome"]
+SMALL_N_CTX = 512  # where a test needs only the window to move, not several overflows
 
 
 class Node:
     """One 'process' over a folder: engine, database, KV files, service."""
 
-    def __init__(self, folder, model_path):
-        self.engine = Engine(model_path, n_ctx=N_CTX, n_threads=THREADS)
+    def __init__(self, folder, model_path, n_ctx=N_CTX):
+        self.engine = Engine(model_path, n_ctx=n_ctx, n_threads=THREADS)
         self.service = service_over(folder, self.engine, SETTINGS)
         self.store, self.kv = self.service.store, self.service.cache.files
 
@@ -127,7 +128,7 @@ def test_gemma3_cannot_shift_and_re_evaluates_the_kept_window(tmp_path, gemma_pa
 
 
 def test_an_edit_before_the_window_starts_the_window_over(tmp_path, model_path):
-    node = Node(tmp_path, model_path)
+    node = Node(tmp_path, model_path, n_ctx=SMALL_N_CTX)  # the window moves in fewer turns
     chat = node.service.new_chat()
     n = 0
     while not node.service.get_chat(chat.id).window_start:
