@@ -188,3 +188,24 @@ def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service
     assert [m.content for m in tree.branch][0] == "Name a fruit."
     assert tree.version(tree.branch[0]) == (2, 2)
     assert tree.version(tree.branch[1]) == (2, 2)
+
+
+def test_a_settings_change_on_a_full_server_stands_without_sharing_the_opening(tmp_path,
+                                                                              model_path):
+    """Sharing the default prompt's opening is maintenance: on a server whose slots and line
+    are full it used to raise ServerBusy out of the settings change (chaos test: a model
+    switch answered "Internal error" although the new model was serving)."""
+    from reame.inference.engine import Engine
+    from reame.runtime import service_over
+
+    engine = Engine(model_path, n_ctx=1024, n_threads=THREADS, slots=1)
+    service = service_over(tmp_path, engine, GREEDY, max_waiting=0)
+    chat = service.new_chat()
+    reply = service.send(chat.id, "Write a long story about a lighthouse.", max_tokens=200)
+    next(reply)  # the only slot is taken, and there is no room to wait
+    try:
+        service.set_defaults(GREEDY.changed(system_prompt="You answer in one short sentence."))
+        assert service.defaults.system_prompt == "You answer in one short sentence."
+    finally:
+        reply.close()
+        engine.close()

@@ -12,6 +12,7 @@ from reame.config.chat_settings import ChatSettings
 from reame.config.refusals import (
     ChatNotFound,
     NoModel,
+    ServerBusy,
 )
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
@@ -138,6 +139,9 @@ class ModelHolder:
                 runtime.scheduler.run(share, scope=SHARED)
         except Replaced:  # switched meanwhile: the next switch shares it for its model
             return
+        except ServerBusy:  # maintenance, not a request: the change it follows stands, and
+            # the first new chat computes the opening (a full line waits for nobody's share)
+            log.info("the default prompt's opening was not shared: every slot is busy")
 
     def close(self) -> None:
         """Stop the turns under way (each keeps what it wrote) and the engine's thread, and
