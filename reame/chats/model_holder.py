@@ -12,7 +12,6 @@ from reame.config.chat_settings import ChatSettings
 from reame.config.refusals import (
     ChatNotFound,
     NoModel,
-    ServerBusy,
 )
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
@@ -136,11 +135,13 @@ class ModelHolder:
                     runtime.cache.share(opening)
                     yield
 
-                runtime.scheduler.run(share, scope=SHARED)
+                # Maintenance, not a request: only on a slot free now (try_run), so that the
+                # change it follows never waits for replies or fails on a full line; else the
+                # first new chat computes the opening.
+                shared, _ = runtime.scheduler.try_run(share, scope=SHARED)
         except Replaced:  # switched meanwhile: the next switch shares it for its model
             return
-        except ServerBusy:  # maintenance, not a request: the change it follows stands, and
-            # the first new chat computes the opening (a full line waits for nobody's share)
+        if not shared:
             log.info("the default prompt's opening was not shared: every slot is busy")
 
     def close(self) -> None:
