@@ -1,8 +1,5 @@
 """001_create_chat_and_message: the chats and their messages, as the first release made them.
 
-Revision ID: 001_create_chat_and_message
-Revises: (none)
-
 Like every revision here it is idempotent (what exists already is left as it is): on SQLite
 DDL is not transactional as pysqlite runs it, so a start cut short may have done part of a
 revision without recording it; the next start runs it again.
@@ -13,8 +10,6 @@ from alembic import op
 
 revision = "001_create_chat_and_message"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 # Ids: SQLite's INTEGER is 64-bit (and must stay INTEGER to be the rowid); PostgreSQL's is
 # 32-bit, so there they are BIGINT (BIGSERIAL for a primary key), the same range.

@@ -1,8 +1,5 @@
 """002_chat_window_start: where the model's window starts in a chat (the messages before it no
 longer fit its context).
-
-Revision ID: 002_chat_window_start
-Revises: 001_create_chat_and_message
 """
 
 import sqlalchemy as sa
@@ -10,8 +7,6 @@ from alembic import op
 
 revision = "002_chat_window_start"
 down_revision = "001_create_chat_and_message"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

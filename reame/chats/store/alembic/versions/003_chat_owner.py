@@ -1,16 +1,10 @@
-"""003_chat_owner: the user a chat belongs to (NULL: made without accounts).
-
-Revision ID: 003_chat_owner
-Revises: 002_chat_window_start
-"""
+"""003_chat_owner: the user a chat belongs to (NULL: made without accounts)."""
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "003_chat_owner"
 down_revision = "002_chat_window_start"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,9 +1,6 @@
 """004_message_tree: messages become a tree (parent_id) and a chat shows one branch of it
 (leaf_id); a chat stored as a list is that list's one branch. branched_from: the chat a
 chat was branched from.
-
-Revision ID: 004_message_tree
-Revises: 003_chat_owner
 """
 
 import sqlalchemy as sa
@@ -11,8 +8,6 @@ from alembic import op
 
 revision = "004_message_tree"
 down_revision = "003_chat_owner"
-branch_labels = None
-depends_on = None
 
 ID = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
 

@@ -1,9 +1,6 @@
 """005_search_and_pins: chats can be pinned and searched, the search filled from what is
 stored. SQLite: FTS5 tables kept up to date by triggers; PostgreSQL: generated tsvector
 columns with GIN indexes.
-
-Revision ID: 005_search_and_pins
-Revises: 004_message_tree
 """
 
 import sqlalchemy as sa
@@ -11,8 +8,6 @@ from alembic import op
 
 revision = "005_search_and_pins"
 down_revision = "004_message_tree"
-branch_labels = None
-depends_on = None
 
 # Full-text search over titles and messages (SQLite's FTS5), kept up to date by triggers: rows
 # are chat and message ids. Diacritics folded: "cafe" finds "café".

@@ -11,9 +11,6 @@ as they are (reflected, plus AUTOINCREMENT), and their indexes and search trigge
 with them, are made again from their saved SQL. (The ids of chats deleted before it left no
 trace and may be given once more; nothing of them outlives it: their KV files went with them,
 and no turn outlives the restart an upgrade takes.)
-
-Revision ID: 006_ids_never_reused
-Revises: 005_search_and_pins
 """
 
 import sqlalchemy as sa
@@ -23,8 +20,6 @@ from sqlalchemy.schema import CreateTable
 
 revision = "006_ids_never_reused"
 down_revision = "005_search_and_pins"
-branch_labels = None
-depends_on = None
 
 TABLES = ("chat", "message")  # chat first: message refers to it
 
