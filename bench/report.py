@@ -415,7 +415,7 @@ def markdown(results: dict, plots: list[str]) -> str:
         f"{info['ram_gb']} GB RAM, {info['os']}  ",
         f"- load average (1/5/15 min) at start: {run['load_start']}; at end: {run['load_end']}  ",
         f"- llama-cpp-python {info['llama_cpp_python']}, Python {info['python']}  ",
-        f"- models: " + "; ".join(f"{m['name']} ({m['bytes'] / MB:,.0f} MB{m.get('note', '')})"
+        "- models: " + "; ".join(f"{m['name']} ({m['bytes'] / MB:,.0f} MB{m.get('note', '')})"
                                   for m in results["models"]) + "  ",
         f"- every system: n_ctx {run['n_ctx']}, n_batch 512, "
         f"{str(run['threads']) + ' llama.cpp thread(s)' if run.get('threads') else 'all cores'}"
@@ -484,8 +484,8 @@ def markdown(results: dict, plots: list[str]) -> str:
                    "like no cache plus its saves."),
         ("s7", "7. Long chat (context shift)", table_s7, _note_s7),
         ("users", "8. Several users (server processes over HTTP)", table_users, note_users),
-        ("batch", "Several replies on one engine: in turn or batched", table_batch,
-         note_batch),
+        ("batch", "Several replies on one engine: decoded together or each on its own",
+         table_batch, note_batch),
     ]
     for key, title, render, note in sections:
         if key in sc:

@@ -87,9 +87,10 @@ class Plan:
     users_n_ctx: int = 2048
     users_stagger_s: float = 0.5  # client i starts i * this into a round
     users_systems: tuple[str, ...] = (REAME_SLOTS, REAME_SERIAL, LLAMA_SERVER)
-    # batch (bench/batching.py): 4 replies in turn vs batched into one decode vs one alone
+    # batch (bench/batching.py): 4 replies decoded together vs each on its own vs one alone
     batch_history: int = 1000
     batch_steps: int = 64
+    batch_rounds: int = 8  # x 4 replies compared with the same replies alone
 
     @classmethod
     def quick_plan(cls) -> "Plan":
@@ -99,7 +100,8 @@ class Plan:
                    day_turns=6, day_chats=3, day_restart_every=3, day_history=(150, 250, 200),
                    day_max_tokens=8, restore_tokens=1000, restore_reps=3,
                    long_n_ctx=512, long_turns=10, long_max_tokens=16,
-                   users=(1, 2, 4), users_requests=1, users_max_tokens=48, batch_steps=24)
+                   users=(1, 2, 4), users_requests=1, users_max_tokens=48, batch_steps=24,
+                   batch_rounds=2)
 
     @classmethod
     def shapes_plan(cls) -> "Plan":

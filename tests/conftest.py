@@ -106,15 +106,17 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
                  max_tokens: int = 24, temperature: float = 0.0, port: int | None = None,
                  host: str = "127.0.0.1", users_file: str = "", extra: str = "",
                  system_prompt: str = SYSTEM_PROMPT, slots: int = 4,
-                 max_waiting: int = 16, server_extra: str = "", warm_up: bool = False) -> Path:
+                 max_waiting: int = 16, server_extra: str = "", warm_up: bool = False,
+                 exact_under_load: bool = False) -> Path:
     """A reame.conf in folder with its sessions beside it; extra goes at the end (after
     [storage]), server_extra into [server]. No warm-up unless asked (tests/test_warmup.py):
-    it costs each server start a few seconds and changes no answer."""
+    it costs each server start a few seconds and changes no answer. exact_under_load: for the
+    tests that compare replies under load with replies alone, bit for bit."""
     path = folder / "reame.conf"
     path.write_text(
         "# test config\n"
         f"[model]\nmodel_path = {model_path}\nn_ctx = {n_ctx}\nn_threads = {THREADS}\n"
-        f"slots = {slots}\n\n"
+        f"slots = {slots}\nexact_under_load = {str(exact_under_load).lower()}\n\n"
         f"[generation]\nsystem_prompt = {system_prompt}\n"
         f"temperature = {temperature}\ntop_p = 1.0\nmax_tokens = {max_tokens}\n\n"
         f"[server]\nhost = {host}\nport = {port or free_port()}\nusers_file = {users_file}\n"

@@ -50,6 +50,14 @@ def engine4(model_path) -> Engine:
 
 
 @pytest.fixture(scope="module")
+def engine4_exact(model_path) -> Engine:
+    """[model] exact_under_load: each reply's tokens decoded on their own, as if alone."""
+    engine = Engine(model_path, n_ctx=2048, slots=4, n_threads=THREADS, exact_under_load=True)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
 def engine2(model_path) -> Engine:
     engine = Engine(model_path, n_ctx=2048, slots=2, n_threads=THREADS)
     yield engine
@@ -77,16 +85,44 @@ def answer_together(service, questions, seed=None):
 
 
 @pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 1234)])
-def test_replies_under_load_equal_replies_alone(services, engine4, temperature, seed):
-    service = services(engine4, GREEDY.changed(temperature=temperature, max_tokens=24))
+def test_with_exact_under_load_replies_under_load_equal_replies_alone(services, engine4_exact,
+                                                                      temperature, seed):
+    service = services(engine4_exact, GREEDY.changed(temperature=temperature, max_tokens=24))
     alone = {q: answer_alone(service, q, seed) for q in QUESTIONS}
     # 8 people on 4 slots: four write at once, four wait in line, all take turns.
+    before = engine4_exact.decoded_together
     together = answer_together(service, QUESTIONS, seed)
     assert together == alone
+    assert engine4_exact.decoded_together == before, "each reply's tokens decoded alone"
 
 
-def test_no_reply_holds_another_chats_words(services, engine4):
+def test_replies_written_at_once_are_decoded_together_and_each_is_its_own(services, engine4):
+    """By default the replies' next tokens go in one llama_decode (as llama-server batches
+    them). A reply alone is the same as ever; under load each reply still answers its own
+    question (the text may differ from the reply alone only at near ties)."""
     service = services(engine4, GREEDY.changed(max_tokens=24))
+    questions = [f"Write a long story about {topic}." for topic in
+                 ("a cat", "a lighthouse", "the rain", "a dragon who learns to sing")]
+
+    def ask(question):
+        return last(service.send(service.new_chat().id, question))
+
+    before = engine4.decoded_together
+    together = at_once([lambda q=q: ask(q) for q in questions])
+    # Four stories of 24 tokens: after each one's prompt, their tokens go together.
+    assert engine4.decoded_together - before >= 4 * 12, "most tokens were decoded together"
+    alone = [ask(q) for q in questions]
+    for under_load, by_itself in zip(together, alone):
+        # Each prompt is evaluated as alone: its first token is sampled from the same logits,
+        # bit for bit; the next ones come from shared decodes.
+        assert under_load.stats.first_logits == by_itself.stats.first_logits
+        assert under_load.text.split()[:1] == by_itself.text.split()[:1]
+
+
+@pytest.mark.parametrize("mode", ["engine4", "engine4_exact"])
+def test_no_reply_holds_another_chats_words(services, request, mode):
+    engine = request.getfixturevalue(mode)
+    service = services(engine, GREEDY.changed(max_tokens=24))
     words = ["PELICAN", "TORNADO", "MARMALADE", "VIOLIN", "GLACIER", "PUMPKIN", "SAXOPHONE",
              "CACTUS"]
     asks = [f"Repeat this word exactly once: {w}" for w in words]

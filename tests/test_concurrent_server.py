@@ -38,9 +38,11 @@ COUNT_TO_500 = "Write the numbers from 1 to 500, separated by commas."
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_path) -> Server:
-    """4 slots (the default), greedy replies of at most 24 tokens."""
+    """4 slots (the default), greedy replies of at most 24 tokens, each reply's tokens
+    decoded as if alone ([model] exact_under_load): replies under load are compared with
+    replies alone, bit for bit (by default they are decoded together, tests/test_concurrent.py)."""
     server = start_server(tmp_path_factory.mktemp("together"), model_path=model_path,
-                          max_tokens=24)
+                          max_tokens=24, exact_under_load=True)
     yield server
     server.stop()
 

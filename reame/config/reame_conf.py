@@ -38,6 +38,9 @@ SETTINGS: tuple[Setting, ...] = (
             "in memory; more people wait in line", 1, 64),
     Setting("model", "kv_ram_mb", int, 2048, "memory the slots' KV may take in MB; fewer "
             "slots are used if they do not fit", 16, 10_000_000),
+    Setting("model", "exact_under_load", bool, False,
+            "decode each reply's next token on its own, as if alone, when several replies are "
+            "written at once (bit-identical replies under load, slower); false = together"),
     # The defaults of new chats: a chat's own settings, declared in chat_settings.py.
     *FIELDS,
     Setting("server", "host", str, "127.0.0.1", "address to listen on"),
@@ -94,6 +97,7 @@ class ModelConfig:
     n_threads: int
     slots: int
     kv_ram_mb: int
+    exact_under_load: bool
 
     @property
     def kv_ram_bytes(self) -> int:

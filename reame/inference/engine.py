@@ -31,7 +31,7 @@ from reame.inference.batches import (
     truncated,
     valid,
 )
-from reame.inference.sampling import Sampler
+from reame.inference.sampling import Pending, Sampler
 from reame.inference.vocab import Vocabulary
 from reame.models.gguf_info import read_gguf_info
 from reame.models.kv_budget import slots_that_fit
@@ -55,6 +55,9 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     batches: list[Batch] = field(default_factory=list)
     logits_for: int = -1
+    # Its reply's next step only decodes the token its caller was given (sampling.py): the
+    # scheduler may take that step before the caller asks for the next token.
+    decode_ahead: bool = False
     evaluated: int = 0  # tokens its decodes evaluated, all told
     decode_s: float = 0.0  # and the time they took
 
@@ -79,7 +82,8 @@ class Engine(Vocabulary, Sampler):
     def __init__(self, model_path: Path, *, n_ctx: int, n_threads: int = 0,
                  kv_type: str = setting("cache", "kv_type").default,
                  models_dir: Path | None = None, n_batch: int = 512, slots: int = 1,
-                 kv_budget_bytes: int | None = None):
+                 kv_budget_bytes: int | None = None,
+                 exact_under_load: bool = setting("model", "exact_under_load").default):
         model_path = Path(model_path)
         check_model_file(model_path, models_dir or model_path.parent)
         if kv_type not in KV_TYPES:
@@ -119,11 +123,16 @@ class Engine(Vocabulary, Sampler):
             llama_cpp.llama_get_memory(self._ctx.ctx))))
         self.sequences = [Sequence(i) for i in range(slots)]
         self.seq = self.sequences[0]  # the sequence the KV methods work on
-        self._last: Sequence | None = None  # whose decode made the live logits
+        # Whose logits the last decode made: sequence id -> row of llama.cpp's logits.
+        self._live: dict[int, int] = {}
         self.evaluated = 0
-        # One decode's tokens (a plan's decodes are at most CHUNK), built here with the
-        # sequence's id.
-        self._batch = llama_cpp.llama_batch_init(CHUNK, 0, 1)
+        # Replies' next tokens (generation.py): decoded together, one llama_decode for all
+        # the replies being written, unless exact_under_load (one decode per reply, as alone).
+        self.together = not exact_under_load
+        self.decoded_together = 0  # tokens decoded in decodes shared by several replies
+        self._pending: list[Pending] = []
+        # One decode's tokens: a plan's chunk (at most CHUNK) or one token per slot.
+        self._batch = llama_cpp.llama_batch_init(max(CHUNK, slots), 0, 1)
         self.load_s = time.perf_counter() - started  # reported by /metrics
         log.info("loaded %s (n_ctx %d, %d slot%s, %d threads) in %.2f s", model_path.name,
                  self.n_ctx, slots, "" if slots == 1 else "s", threads, self.load_s)
@@ -238,9 +247,11 @@ class Engine(Vocabulary, Sampler):
         seq = self.seq
         seq.tokens, seq.batches, seq.logits_for = [], [], -1
 
-    def _decode(self, tokens: list[int], *, kept: bool = False) -> None:
-        """One llama.cpp decode of tokens after the live ones; their KV becomes live."""
-        seq = self.seq
+    def _decode(self, tokens: list[int], *, kept: bool = False,
+                seq: Sequence | None = None) -> None:
+        """One llama.cpp decode of tokens after the live ones of seq (default: the current
+        sequence); their KV becomes live."""
+        seq = seq or self.seq
         if len(seq.tokens) + len(tokens) > self.n_ctx:
             raise ContextOverflow(
                 f"{len(seq.tokens) + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
@@ -254,15 +265,20 @@ class Engine(Vocabulary, Sampler):
             batch.seq_id[i][0] = seq.id
             batch.logits[i] = i == len(tokens) - 1  # only the last token's logits are read
         batch.n_tokens = len(tokens)
-        self._last = None  # a failed decode leaves no sequence's logits live
+        self._live = {}  # a failed decode leaves no sequence's logits live
         started = time.perf_counter()
         status = llama_cpp.llama_decode(self._ctx.ctx, batch)
         seq.decode_s += time.perf_counter() - started
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")
+        self._decoded(seq, tokens, kept, len(tokens) - 1)
+
+    def _decoded(self, seq: Sequence, tokens: list[int], kept: bool, row: int) -> None:
+        """Record a decode of tokens after seq's live ones; its logits are at row."""
+        start = len(seq.tokens)
         seq.tokens.extend(tokens)
         seq.batches.append(Batch(start, len(seq.tokens), kept))
-        seq.logits_for, self._last = len(seq.tokens), seq
+        seq.logits_for, self._live[seq.id] = len(seq.tokens), row
         seq.evaluated += len(tokens)
         self.evaluated += len(tokens)
 
@@ -299,7 +315,7 @@ class Engine(Vocabulary, Sampler):
         """Whether the KV holds exactly prompt and the logits of its last decode are live (no
         other sequence decoded since)."""
         seq = self.seq
-        return (self._last is seq and seq.logits_for == len(prompt) == len(seq.tokens)
+        return (seq.id in self._live and seq.logits_for == len(prompt) == len(seq.tokens)
                 and seq.tokens == prompt)
 
     def prefill_head_steps(self, head: list[int]) -> Iterator[None]:

@@ -1,9 +1,11 @@
 """Sampling: how the next token is chosen (Sampling), and the Engine's sampler, generator and
-logits (a mixin over Engine's context, its current sequence and its last decode)."""
+logits (a mixin over Engine's context, its sequences and their decodes), with the replies' next
+tokens queued and decoded together (decode_pending)."""
 
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,8 +32,19 @@ class Sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(eq=False)
+class Pending:
+    """A reply's sampled token waiting to be decoded, and then the token sampled after it."""
+
+    seq: object  # engine.Sequence
+    token: int
+    sampler: LlamaSampler
+    next: int | None = None
+    error: BaseException | None = None
+
+
 class Sampler:
-    """Engine's sampling (a mixin: Engine's context, sequences and decodes)."""
+    """Engine's sampling and generation (a mixin: Engine's context, sequences and decodes)."""
 
     def sampler(self, sampling: Sampling) -> LlamaSampler:
         sampler = LlamaSampler()
@@ -50,35 +63,117 @@ class Sampler:
         sampler.add_dist(seed)
         return sampler
 
-    def generate(self, sampling: Sampling, max_tokens: int) -> Iterator[int]:
+    def generate(self, sampling: Sampling, max_tokens: int, *,
+                 together: bool = False) -> Iterator[int | None]:
         """Sample after the live tokens; yield each new token (its KV is live once the next is
-        asked for). Each step (decode the last token, sample the next) is done at once, so
-        another sequence may run between two: the sequence and its logits are the ones this
-        generator started with.
+        asked for). The sequence and its logits are the ones this generator started with;
+        another sequence may run between two steps.
+
+        together: each token is queued for decoding (decode_pending decodes the queued tokens
+        of every reply being written in one llama_decode) and None is yielded while it waits;
+        the scheduler calls decode_pending after each round of steps. A token still queued
+        when the generator resumes is decoded then, alone. Otherwise each token is decoded
+        at once, alone.
 
         Stops at an end-of-generation token (not yielded), after max_tokens, or when the context
         is full.
         """
+        if max_tokens <= 0:
+            return
         sampler, seq = self.sampler(sampling), self.seq
-        token = None
-        for _ in range(max_tokens):
-            if self.seq is not seq:
-                raise RuntimeError("generate() resumed on another sequence")
-            if token is not None:
-                if len(seq.tokens) >= self.n_ctx:
+        token = self._sample(sampler, seq)
+        try:
+            for left in range(max_tokens - 1, -1, -1):
+                if self.is_end(token):
                     return
-                self._decode([token], kept=True)  # only when another token is wanted after it
-            if self._last is not seq:
-                raise RuntimeError("generate() found another sequence's logits")
-            token = sampler.sample(self._ctx, -1)
-            if self.is_end(token):
-                return
-            yield token
+                # Only when another token is wanted after it is a token decoded.
+                seq.decode_ahead = together and left > 0 and len(seq.tokens) < self.n_ctx
+                yield token
+                seq.decode_ahead = False
+                if not left or len(seq.tokens) >= self.n_ctx:
+                    return
+                if together:
+                    token = yield from self._next_together(seq, token, sampler)
+                else:
+                    if self.seq is not seq:
+                        raise RuntimeError("generate() resumed on another sequence")
+                    self._decode([token], kept=True)
+                    token = self._sample(sampler, seq)
+        finally:
+            seq.decode_ahead = False
+
+    def _next_together(self, seq, token: int, sampler: LlamaSampler):
+        pending = Pending(seq, token, sampler)
+        self._pending.append(pending)
+        try:
+            yield None
+        finally:
+            if pending in self._pending:  # not decoded (stopped, or nobody decoded it)
+                self._pending.remove(pending)
+        if pending.next is None and pending.error is None:
+            self._decode_alone(pending)
+        if pending.error is not None:
+            raise pending.error
+        return pending.next
+
+    def decode_pending(self) -> None:
+        """Decode the replies' queued tokens and sample each one's next token: in one
+        llama_decode for all of them, or one per reply (exact_under_load, or a reply alone:
+        then the same decode as without a queue)."""
+        pending, self._pending = sorted(self._pending, key=lambda p: p.seq.id), []
+        if not pending:
+            return
+        if len(pending) == 1 or not self.together:
+            for one in pending:
+                self._decode_alone(one)
+            return
+        batch = self._batch
+        for i, one in enumerate(pending):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = one.token, len(one.seq.tokens), 1
+            batch.seq_id[i][0] = one.seq.id
+            batch.logits[i] = True
+        batch.n_tokens = len(pending)
+        self._live = {}
+        started = time.perf_counter()
+        status = llama_cpp.llama_decode(self._ctx.ctx, batch)
+        self.decoded_together += len(pending)
+        share = (time.perf_counter() - started) / len(pending)
+        for row, one in enumerate(pending):
+            if status != 0:
+                one.error = RuntimeError(f"llama_decode returned {status}")
+                continue
+            self._decoded(one.seq, [one.token], True, row)
+            one.seq.decode_s += share
+        for one in pending:
+            if one.error is None:
+                self._sample_into(one)
+
+    def _decode_alone(self, pending: Pending) -> None:
+        try:
+            self._decode([pending.token], kept=True, seq=pending.seq)
+        except Exception as exc:  # the reply that queued it raises it
+            pending.error = exc
+            return
+        self._sample_into(pending)
+
+    def _sample_into(self, pending: Pending) -> None:
+        try:
+            pending.next = self._sample(pending.sampler, pending.seq)
+        except Exception as exc:
+            pending.error = exc
+
+    def _sample(self, sampler: LlamaSampler, seq) -> int:
+        return sampler.sample(self._ctx, self._row(seq))
+
+    def _row(self, seq) -> int:
+        """The row of llama.cpp's logits that holds seq's, from the last decode."""
+        row = self._live.get(seq.id)
+        if row is None:
+            raise RuntimeError("the live logits are another sequence's")
+        return row
 
     def _logits_ptr(self):
-        if self._last is not self.seq:
-            raise RuntimeError("the live logits are another sequence's")
-        return llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
+        return llama_cpp.llama_get_logits_ith(self._ctx.ctx, self._row(self.seq))
 
     def logits_digest(self) -> str:
         """xxh3-64 of the logits after the last evaluated token: the same digest means the

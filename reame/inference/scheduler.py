@@ -2,11 +2,15 @@
 
 Every piece of work that uses the engine (a turn, a restore ahead of a turn, type-ahead) is a
 Task: a generator run on the engine's thread, one step per `next()`. A step is one decode (at
-most batches.CHUNK prompt tokens, or one generated token, with its sampling); whatever a step
-yields besides None is streamed to the task's caller. The active tasks' steps go round in turn,
-so a new message's first token waits for its own prefill plus one step of each other reply,
-never for another reply to end. A task steps on only once its caller has asked for the next
-item (as a plain generator would): a stopped reply has exactly what its caller saw.
+most batches.CHUNK prompt tokens), or a reply's next token: sampled, or queued for decoding;
+whatever a step yields besides None is streamed to the task's caller. The active tasks' steps
+go round in turn, and after each round the tokens the replies queued are decoded together, in
+one llama_decode (Engine.decode_pending; one per reply with [model] exact_under_load), as
+llama-server batches its slots. So a new message's first token waits for its own prefill plus
+one step of each other reply, never for another reply to end. A task steps on only once its
+caller has asked for the next item (as a plain generator would), except to decode the token
+its caller was just given (Sequence.decode_ahead): the next token is computed while the caller
+sends the last one, and a stopped reply has exactly what its caller saw.
 
 However its caller goes away, a task ends: closing its stream, cancel() (a Stop, a client that
 hung up), cancel_chat(), stop(cancel=True) (a shutdown, a model switch), and a caller that
@@ -286,6 +290,8 @@ class Scheduler:
                     self._close(task)
                 else:
                     self._step(task)
+            # The replies' next tokens queued in this round: one decode for all of them.
+            self.engine.decode_pending()
 
     def _drop_cancelled(self) -> None:
         for task in [t for t in self._line if t.cancelled]:

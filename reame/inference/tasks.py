@@ -100,8 +100,8 @@ class Task:
     def runnable(self) -> bool:
         """Whether it has a step to take now: its prelude (the caller need not ask), or its
         work once the caller has asked for an item."""
-        if self.in_work:
-            return self.wants
+        if self.in_work:  # or a reply's next token to decode while its caller is busy
+            return self.wants or (self.slot is not None and self.slot.seq.decode_ahead)
         if self.steps is not None or self.prelude is not None:
             return True
         return self.work is not None and self.wants

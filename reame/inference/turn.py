@@ -124,10 +124,15 @@ class Decoding:
         self.first_logits = ""
         self.finished = False  # ran to its end (not stopped by the caller)
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[str | None]:
+        """The text so far after each token; None while the next token waits to be decoded
+        with the other replies' (a step of its own, scheduler.py)."""
         stream = self.engine.text_stream()
         self.first_logits = self.engine.logits_digest()
-        for token in self.engine.generate(self.sampling, self.max_tokens):
+        for token in self.engine.generate(self.sampling, self.max_tokens, together=True):
+            if token is None:
+                yield None
+                continue
             now = time.perf_counter()
             if self.first_at is None:
                 self.first_at = now
@@ -197,7 +202,8 @@ class TurnRunner:
         kept, message_id = False, None
         try:
             for text in decoding:
-                yield TurnUpdate(text, user_message_id=job.user_message_id, chat_id=job.chat_id)
+                yield None if text is None else TurnUpdate(
+                    text, user_message_id=job.user_message_id, chat_id=job.chat_id)
         finally:
             decoding.record(stats)
             if keeper.alive():
