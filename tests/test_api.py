@@ -3,7 +3,7 @@
 import pytest
 from gradio_client import Client
 
-from reame.inference.batches import CHUNK
+from reame.inference.batches import KEPT_CHUNK
 
 from .conftest import start_server
 from .reference import assert_answers, model_answer
@@ -90,7 +90,7 @@ def test_regenerate_and_edit_through_the_api(server):
     after = client.predict(chat_id, api_name="/get_chat")["messages"]
     assert len(after) == 4 and after[-1]["content"] == regenerated
     # Only the prompt's last decode (at most one chunk) is evaluated again.
-    assert 0 < after[-1]["stats"]["prefilled"] <= CHUNK, "only the prompt's last chunk again"
+    assert 0 < after[-1]["stats"]["prefilled"] <= KEPT_CHUNK, "only the prompt's last chunk again"
 
     second_user = before[2]
     edited = client.predict(chat_id, second_user["id"], "Say goodbye.", api_name="/edit_message")

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from reame.chats.window import turns_of
-from reame.inference.batches import CHUNK
+from reame.inference.batches import CHUNK, KEPT_CHUNK
 from reame.inference.engine import Engine, common_prefix
 from reame.inference.kv.kvstore import BLOCK, TOTALS_NAME, KVStore
 from reame.inference.prompt import PromptMessage
@@ -239,7 +239,11 @@ def test_queued_writes_of_a_file_land_in_order_and_readers_wait_for_them(folder)
 def test_regenerate_recomputes_only_the_reply(folder, model_path):
     node = Node(folder, model_path)
     chat = node.service.new_chat()
-    first = node.say(chat.id, "Which planet do we live on?")
+    # A first message long enough that its prompt holds a whole chunk (64 tokens).
+    first = node.say(chat.id, "I am writing a school report about the solar system: the sun "
+                     "and its eight planets, their moons and rings, how far each one is from "
+                     "the sun, and how long its year and its day last. My teacher asked us "
+                     "to start simply. Which planet do we live on?")
     again = node.finish(node.service.regenerate(chat.id))
     # The prompt's last chunk is evaluated again (the decode that made its logits), no more.
     last_chunk = (again.stats.prompt_tokens - 1) % CHUNK + 1
@@ -547,7 +551,7 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
         typed += service.type_ahead(chat.id, message[:end])
     # The prompt of the message as typed, by the decodes its send makes: typing ahead never
     # changes the reply (test_reproducible), and the send evaluates nothing more.
-    assert typed >= CHUNK, "most of the message was evaluated while it was typed"
+    assert typed >= KEPT_CHUNK, "most of the message was evaluated while it was typed"
     assert service.type_ahead(chat.id, message) == 0, "nothing new: nothing evaluated"
     # The KV typed ahead is the KV of its tokens (to a batched evaluation's rounding).
     cold = Engine(model_path, n_ctx=2048, n_threads=THREADS)
@@ -558,7 +562,7 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     last = later.say(chat.id, message)
     assert last.stats.source == "disk", "the history still counts as restored from disk"
     assert last.stats.reused == len(saved) + last.stats.typed_ahead
-    assert last.stats.typed_ahead >= CHUNK
+    assert last.stats.typed_ahead >= KEPT_CHUNK
     assert last.stats.prefilled == 0, "the typed prompt's logits were live: nothing evaluated"
     assert last.stats.prefilled == last.stats.prompt_tokens - last.stats.reused
     assert_answers(last.text, model_answer("Which planet do we live on?", planet, message),

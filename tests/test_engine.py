@@ -49,7 +49,7 @@ def test_fingerprint_tells_files_apart(tmp_path, model_path):
 
 def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine):
     engine.clear()
-    first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
+    first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 8)
     assert engine.prefill(first) == 0
     # The prompt is evaluated in chunks at absolute multiples of CHUNK.
     assert [(b.start, b.end) for b in engine.batches] == plan(0, len(first))

@@ -16,7 +16,7 @@ import re
 from playwright.sync_api import expect
 
 from reame.chats.service import title_from
-from reame.inference.batches import CHUNK
+from reame.inference.batches import KEPT_CHUNK
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
     BOT,
@@ -161,7 +161,7 @@ def test_retry_keeps_the_old_reply_as_a_version_and_reuses_the_history(page, ser
     assert match, line
     reused = int((match[1] or match[2]).replace(",", ""))
     assert reused == stats["reused"] and reused + stats["prefilled"] == stats["prompt_tokens"]
-    assert stats["prefilled"] <= CHUNK, stats  # the prompt's last decode, evaluated again
+    assert stats["prefilled"] <= KEPT_CHUNK, stats  # the prompt's last decode, evaluated again
 
     reload(page)
     expect(page.locator(USER)).to_have_text([CAPITAL, PLANET])

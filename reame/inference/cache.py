@@ -114,7 +114,8 @@ class KVCache(CacheFigures):
         live_chat, state.chat = state.chat, chat_id
         ahead, state.ahead = state.ahead, None
         missed, state.missed = state.missed, None
-        if ahead is not None and ahead.chat_id == chat_id and live:
+        if ahead is not None and ahead.chat_id == chat_id and (
+                live or engine.ready_for(prompt)):  # (a typed prompt of one decode: ready)
             # Restored when the chat was opened or while the turn built its prompt, or typed
             # ahead: this turn's own work (up to where the prompt differs, after an edit).
             if not ahead.counted:

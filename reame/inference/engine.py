@@ -25,6 +25,7 @@ from reame.inference.batches import (
     CHUNK,
     Batch,
     common_prefix,
+    kept_from,
     plan,
     resume_point,
     shifted,
@@ -287,7 +288,7 @@ class Engine(Vocabulary, Sampler):
         absolute positions; yield between two decodes (a step: scheduler.py may run another
         sequence's there), never after the last, whose logits the caller may sample from."""
         base = len(self.tokens)
-        for i, (a, b) in enumerate(plan(base, base + len(tokens))):
+        for i, (a, b) in enumerate(plan(base, base + len(tokens), kept_from(self.batches))):
             if i:
                 yield
             self._decode(tokens[a - base:b - base])
