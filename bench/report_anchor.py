@@ -143,6 +143,11 @@ def markdown(data: dict) -> str:
         "children (psutil, every 100 ms). *prompt tokens reused*: reame's "
         "usage.prompt_tokens_details.cached_tokens, llama-server's timings.cache_n, summed.\n",
     ]
+    busy = [x for x in (data["load_start"], data.get("load_end", "")) if _busy(x, m["cores"])]
+    if busy:
+        parts.append(f"**The machine was busy** (a 1-minute load average of {busy[0].split()[0]} "
+                     f"on {m['cores']} cores): other work took turns with the servers, unevenly. "
+                     "These timings are not a comparison; run again on an idle machine.\n")
     for model in data["models"]:
         s = model["servers"]
         parts.append(f"## {model['label']} ({model['file']}, {model['bytes'] / MB:,.0f} MB)\n")
@@ -152,6 +157,14 @@ def markdown(data: dict) -> str:
         parts.append(table(model) + "\n")
     parts.append("![ratios](anchor.png)\n")
     return "\n".join(parts)
+
+
+def _busy(load: str, cores: int) -> bool:
+    """Whether a "1 / 5 / 15" load average string says the cores were all taken."""
+    try:
+        return float(load.split("/")[0]) >= cores
+    except ValueError:
+        return False
 
 
 def write(data: dict, out: Path) -> str:
