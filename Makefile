@@ -68,9 +68,10 @@ screenshots: venv model browser ## Retake README's screenshots into docs/screens
 	REAME_SCREENSHOTS=1 $(VENV_PY) -m pytest -q tests/test_page_send.py tests/test_page_chats.py \
 		tests/test_page_history.py tests/test_page_access.py $(PYTEST_ARGS)
 
-bench: venv model ## Run the benchmark (python -m bench; adds requirements-bench.txt)
+bench: venv model ## Run the benchmark (python -m bench, then bench.anchor; adds requirements-bench.txt)
 	$(VENV_PY) -m pip install -r requirements-bench.txt
 	$(VENV_PY) -m bench
+	$(VENV_PY) -m bench.anchor
 
 clean: ## Remove .venv (keeps models/ and sessions/)
 	rm -rf $(VENV)
