@@ -144,6 +144,10 @@ def new_chat(page: Page) -> None:
     expect(page.locator(f"{CURRENT} .reame-title")).to_have_text("New chat")
     expect(page.locator(USER)).to_have_count(0)
     expect(page.locator(BOX)).to_be_focused()
+    # The following of a reply in the chat shown before (a page opened on a chat being
+    # written) ends a moment later: until then the box's Stop shows and Enter keeps the
+    # message in the box (page.js). Known page issue: Enter within that moment is held.
+    expect(page.locator(STOP)).to_be_hidden()
 
 
 def open_panel_and_type(page: Page, panel: str, field: str, value: str) -> None:
