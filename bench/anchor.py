@@ -44,7 +44,7 @@ from pathlib import Path
 from . import llama_server, make_models, report, report_anchor, workload
 from .anchor_servers import LLAMA, SETTLE_S, SYSTEMS, Server, Setup
 from .systems import SYSTEM_PROMPT
-from .users import make_client
+from .users import make_client, stream_completion
 
 log = logging.getLogger("bench.anchor")
 
@@ -54,7 +54,6 @@ MODELS = {"smollm2": ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf",
           **{name: make_models.output_path(shape) for name, shape in make_models.SHAPES.items()}}
 LABELS = {"smollm2": "SmolLM2-135M Q4_1", "qwen2.5-0.5b": "Qwen2.5-0.5B shape Q4_K_M",
           "qwen2.5-1.5b": "Qwen2.5-1.5B shape Q4_K_M"}
-REQUEST_TIMEOUT_S = 900
 SWITCH_BASE = 100  # the switching chats' indices (their own filler, apart from the first 4)
 STORIES = ("a storm at sea", "a lost ship", "a letter from a stranger", "a winter harvest")
 
@@ -80,38 +79,24 @@ def ask(server: Server, messages: list[dict], max_tokens: int) -> dict:
     """One streamed completion: first token, tokens, the reply's text and how much of the
     prompt the server reused (reame: usage.prompt_tokens_details.cached_tokens; llama-server:
     timings.cache_n). An error is recorded, not raised."""
-    from openai import OpenAI
-
-    api = OpenAI(base_url=server.url, api_key="bench", max_retries=0,
-                 timeout=REQUEST_TIMEOUT_S)
     sent = time.perf_counter()
-    first, pieces, usage, timings = None, [], None, {}
     try:
-        stream = api.chat.completions.create(
-            model=server.model_id, messages=messages, stream=True, temperature=0, top_p=1,
-            seed=0, max_tokens=max_tokens, stream_options={"include_usage": True})
-        for chunk in stream:
-            usage = chunk.usage or usage
-            timings = (chunk.model_extra or {}).get("timings") or timings
-            if chunk.choices and chunk.choices[0].delta.content:
-                first = first or time.perf_counter()
-                pieces.append(chunk.choices[0].delta.content)
+        streamed = stream_completion(server.url, server.model_id, messages, max_tokens)
     except Exception as exc:  # a failed request is a result, not the end of the run
         log.error("%s: request failed: %s", server.system, exc)
         return {"sent": sent, "error": str(exc), "text": ""}
-    finally:
-        api.close()
-    end = time.perf_counter()
-    first = first or end
+    usage, end = streamed.usage, streamed.end
+    sent, first = streamed.sent, streamed.first or end
     details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    timings = streamed.extra.get("timings") or {}
     cached = timings.get("cache_n") if server.system == LLAMA else None
     if cached is None and details is not None:
         cached = details.cached_tokens
-    tokens = usage.completion_tokens if usage else len(pieces)
+    tokens = usage.completion_tokens if usage else len(streamed.pieces)
     return {"sent": sent, "first": first, "end": end, "ttft_s": first - sent, "tokens": tokens,
             "tok_s": (tokens - 1) / (end - first) if tokens > 1 and end > first else None,
             "prompt_tokens": usage.prompt_tokens if usage else None, "cached": cached,
-            "text": "".join(pieces)}
+            "text": "".join(streamed.pieces)}
 
 
 class Run:

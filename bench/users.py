@@ -23,7 +23,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import servers, workload
 from .scenarios import Context
@@ -151,32 +151,57 @@ def run_round(server: Server, clients: list[Client], plan) -> tuple[list[dict], 
     return results, time.perf_counter() - started
 
 
-def ask(server: Server, messages: list[dict], max_tokens: int, t0: float) -> dict:
-    """One streamed completion, timed from t0; an error is recorded, not raised."""
+@dataclass
+class Streamed:
+    """What one streamed completion gave: when it was sent, its first content and its end
+    (perf_counter), the content pieces, the usage, and the last chunk's extra fields."""
+
+    sent: float
+    first: float | None = None
+    end: float = 0.0
+    pieces: list[str] = field(default_factory=list)
+    usage: object | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def stream_completion(url: str, model_id: str, messages: list[dict],
+                      max_tokens: int) -> Streamed:
+    """One greedy completion streamed through the openai SDK from the /v1 at url; raises what
+    the request raises (streamed.sent is set before)."""
     from openai import OpenAI
 
-    api = OpenAI(base_url=server.url, api_key="bench", max_retries=0,
-                 timeout=REQUEST_TIMEOUT_S)
-    sent = time.perf_counter()
-    first, chunks, usage, extra = None, 0, None, {}
+    api = OpenAI(base_url=url, api_key="bench", max_retries=0, timeout=REQUEST_TIMEOUT_S)
+    streamed = Streamed(sent=time.perf_counter())
     try:
         stream = api.chat.completions.create(
-            model=server.model_id, messages=messages, stream=True, temperature=0, top_p=1,
+            model=model_id, messages=messages, stream=True, temperature=0, top_p=1,
             seed=0, max_tokens=max_tokens, stream_options={"include_usage": True})
         for chunk in stream:
-            usage = chunk.usage or usage
-            extra = (chunk.model_extra or {}).get("reame") or extra  # reame's own counts
+            streamed.usage = chunk.usage or streamed.usage
+            # a field's last value that is not empty (reame's counts, llama-server's timings)
+            streamed.extra.update((k, v) for k, v in (chunk.model_extra or {}).items() if v)
             if chunk.choices and chunk.choices[0].delta.content:
-                first = first or time.perf_counter()
-                chunks += 1
+                streamed.first = streamed.first or time.perf_counter()
+                streamed.pieces.append(chunk.choices[0].delta.content)
+    finally:
+        api.close()
+        streamed.end = time.perf_counter()
+    return streamed
+
+
+def ask(server: Server, messages: list[dict], max_tokens: int, t0: float) -> dict:
+    """One streamed completion, timed from t0; an error is recorded, not raised."""
+    sent = time.perf_counter()
+    try:
+        streamed = stream_completion(server.url, server.model_id, messages, max_tokens)
     except Exception as exc:  # a failed request is a result, not the end of the run
         log.error("users: %s: request failed: %s", server.kind, exc)
         return {"sent_s": sent - t0, "end_s": time.perf_counter() - t0, "error": str(exc)}
-    finally:
-        api.close()
-    end = time.perf_counter()
-    return {"sent_s": sent - t0, "first_s": (first or end) - t0, "end_s": end - t0,
-            "ttft_s": (first or end) - sent, "tokens": usage.completion_tokens if usage else chunks,
+    usage, extra, end = streamed.usage, streamed.extra.get("reame") or {}, streamed.end
+    first = streamed.first or end
+    return {"sent_s": streamed.sent - t0, "first_s": first - t0, "end_s": end - t0,
+            "ttft_s": first - streamed.sent,
+            "tokens": usage.completion_tokens if usage else len(streamed.pieces),
             "tokens_from": "usage" if usage else "chunks",
             "prompt_tokens": usage.prompt_tokens if usage else None,
             "reused": extra.get("reused"), "source": extra.get("source")}

@@ -127,8 +127,8 @@ class Engine(Vocabulary, Sampler):
         # Whose logits the last decode made: sequence id -> row of llama.cpp's logits.
         self._live: dict[int, int] = {}
         self.evaluated = 0
-        # Replies' next tokens (generation.py): decoded together, one llama_decode for all
-        # the replies being written, unless exact_under_load (one decode per reply, as alone).
+        # Replies' next tokens (sampling.py): decoded together, one llama_decode for all the
+        # replies being written, unless exact_under_load (one decode per reply, as alone).
         self.together = not exact_under_load
         self.decoded_together = 0  # tokens decoded in decodes shared by several replies
         self._pending: list[Pending] = []
@@ -259,29 +259,36 @@ class Engine(Vocabulary, Sampler):
             )
         if len(tokens) > CHUNK:
             raise ValueError(f"a decode of {len(tokens)} tokens: the plan makes at most {CHUNK}")
-        start = len(seq.tokens)
-        batch = self._batch
-        for i, token in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
-            batch.seq_id[i][0] = seq.id
-            batch.logits[i] = i == len(tokens) - 1  # only the last token's logits are read
-        batch.n_tokens = len(tokens)
+        self._decode_rows([(seq, tokens, kept)])
+
+    def _decode_rows(self, rows: list[tuple[Sequence, list[int], bool]]) -> None:
+        """One llama_decode of each (sequence, tokens, kept) after that sequence's live tokens,
+        each sequence's last token's logits read; RuntimeError if llama.cpp refuses it."""
+        batch, i = self._batch, 0
+        for seq, tokens, _ in rows:
+            start = len(seq.tokens)
+            for k, token in enumerate(tokens):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + k, 1
+                batch.seq_id[i][0] = seq.id
+                batch.logits[i] = k == len(tokens) - 1  # only the last token's are read
+                i += 1
+        batch.n_tokens = i
         self._live = {}  # a failed decode leaves no sequence's logits live
         started = time.perf_counter()
         status = llama_cpp.llama_decode(self._ctx.ctx, batch)
-        seq.decode_s += time.perf_counter() - started
+        share = (time.perf_counter() - started) / i
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")
-        self._decoded(seq, tokens, kept, len(tokens) - 1)
-
-    def _decoded(self, seq: Sequence, tokens: list[int], kept: bool, row: int) -> None:
-        """Record a decode of tokens after seq's live ones; its logits are at row."""
-        start = len(seq.tokens)
-        seq.tokens.extend(tokens)
-        seq.batches.append(Batch(start, len(seq.tokens), kept))
-        seq.logits_for, self._live[seq.id] = len(seq.tokens), row
-        seq.evaluated += len(tokens)
-        self.evaluated += len(tokens)
+        row = -1
+        for seq, tokens, kept in rows:
+            row += len(tokens)
+            start = len(seq.tokens)
+            seq.tokens.extend(tokens)
+            seq.batches.append(Batch(start, len(seq.tokens), kept))
+            seq.logits_for, self._live[seq.id] = len(seq.tokens), row
+            seq.evaluated += len(tokens)
+            seq.decode_s += share * len(tokens)
+            self.evaluated += len(tokens)
 
     def extend_steps(self, tokens: list[int]) -> Iterator[None]:
         """Evaluate tokens after the live ones, in the decodes batches.plan() gives for their

@@ -5,7 +5,6 @@ tokens queued and decoded together (decode_pending)."""
 from __future__ import annotations
 
 import ctypes
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -64,13 +63,14 @@ class Sampler:
         return sampler
 
     def generate(self, sampling: Sampling, max_tokens: int, *,
-                 together: bool = False) -> Iterator[int | None]:
+                 queued: bool = False) -> Iterator[int | None]:
         """Sample after the live tokens; yield each new token (its KV is live once the next is
         asked for). The sequence and its logits are the ones this generator started with;
         another sequence may run between two steps.
 
-        together: each token is queued for decoding (decode_pending decodes the queued tokens
-        of every reply being written in one llama_decode) and None is yielded while it waits;
+        queued: each token is queued for decoding (decode_pending decodes the queued tokens of
+        every reply being written, together unless exact_under_load) and None is yielded while
+        it waits;
         the scheduler calls decode_pending after each round of steps. A token still queued
         when the generator resumes is decoded then, alone. Otherwise each token is decoded
         at once, alone.
@@ -87,13 +87,13 @@ class Sampler:
                 if self.is_end(token):
                     return
                 # Only when another token is wanted after it is a token decoded.
-                seq.decode_ahead = together and left > 0 and len(seq.tokens) < self.n_ctx
+                seq.decode_ahead = queued and left > 0 and len(seq.tokens) < self.n_ctx
                 yield token
                 seq.decode_ahead = False
                 if not left or len(seq.tokens) >= self.n_ctx:
                     return
-                if together:
-                    token = yield from self._next_together(seq, token, sampler)
+                if queued:
+                    token = yield from self._next_queued(seq, token, sampler)
                 else:
                     if self.seq is not seq:
                         raise RuntimeError("generate() resumed on another sequence")
@@ -102,7 +102,7 @@ class Sampler:
         finally:
             seq.decode_ahead = False
 
-    def _next_together(self, seq, token: int, sampler: LlamaSampler):
+    def _next_queued(self, seq, token: int, sampler: LlamaSampler):
         pending = Pending(seq, token, sampler)
         self._pending.append(pending)
         try:
@@ -127,26 +127,15 @@ class Sampler:
             for one in pending:
                 self._decode_alone(one)
             return
-        batch = self._batch
-        for i, one in enumerate(pending):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = one.token, len(one.seq.tokens), 1
-            batch.seq_id[i][0] = one.seq.id
-            batch.logits[i] = True
-        batch.n_tokens = len(pending)
-        self._live = {}
-        started = time.perf_counter()
-        status = llama_cpp.llama_decode(self._ctx.ctx, batch)
+        try:
+            self._decode_rows([(one.seq, [one.token], True) for one in pending])
+        except RuntimeError as exc:
+            for one in pending:
+                one.error = exc
+            return
         self.decoded_together += len(pending)
-        share = (time.perf_counter() - started) / len(pending)
-        for row, one in enumerate(pending):
-            if status != 0:
-                one.error = RuntimeError(f"llama_decode returned {status}")
-                continue
-            self._decoded(one.seq, [one.token], True, row)
-            one.seq.decode_s += share
         for one in pending:
-            if one.error is None:
-                self._sample_into(one)
+            self._sample_into(one)
 
     def _decode_alone(self, pending: Pending) -> None:
         try:

@@ -129,7 +129,7 @@ class Decoding:
         with the other replies' (a step of its own, scheduler.py)."""
         stream = self.engine.text_stream()
         self.first_logits = self.engine.logits_digest()
-        for token in self.engine.generate(self.sampling, self.max_tokens, together=True):
+        for token in self.engine.generate(self.sampling, self.max_tokens, queued=True):
             if token is None:
                 yield None
                 continue
