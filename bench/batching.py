@@ -48,10 +48,10 @@ def batched_vs_in_turn(ctx: Context) -> dict:
                 engine.use(seq)
                 engine.clear()
                 engine.extend(HISTORIES[i])
-            alone = [_replies(engine, [i], steps, queued=True) for i in range(SLOTS)]
+            alone = [_replies(engine, [i], steps, together=True) for i in range(SLOTS)]
             rate_alone = SLOTS * steps / sum(seconds for seconds, _ in alone)
             rate_exact, exact = _run(engine, range(SLOTS), steps, together=False)
-            rate_together, together = _run(engine, range(SLOTS), steps, queued=True)
+            rate_together, together = _run(engine, range(SLOTS), steps, together=True)
             if r < runs:
                 best["alone"] = max(best["alone"], rate_alone)
                 best["in turn"] = max(best["in turn"], rate_exact)
