@@ -666,3 +666,30 @@ def test_counting_the_chats_ready_after_a_reply_looks_for_no_chat_s_file(folder,
     assert set(looked) - {"kv"} <= on_disk, "only the folder and its files are looked at"
     node.service.delete_chat(chats[0].id)
     assert node.service.cache_stats()["chats_ready"] == 0
+
+
+def test_an_opening_reused_from_memory_counts_as_one_restored_from_a_file(folder, model_path):
+    """Whether a new chat finds the shared opening still live (another chat's turn left it) or
+    in a file depends on what others did last: the figures count both alike, or a user's own
+    counts would tell them what other users do (tests/test_security.py)."""
+    system = "You are a careful assistant. Answer briefly and politely. " * 8
+    node = Node(folder, model_path)
+    first = node.service.new_chat(system_prompt=system)
+    node.say(first.id, "Which planet do we live on?")
+    base = node.service.cache_stats()
+    second = node.service.new_chat(system_prompt=system)
+    from_memory = node.say(second.id, "Say hello.")
+    assert from_memory.stats.source == "live" and from_memory.stats.reused >= CHUNK
+    memory = node.service.cache_stats()
+    node.kv.flush()
+
+    later = Node(folder, model_path)  # nothing live: the opening comes from a file
+    base_later = later.service.cache_stats()
+    third = later.service.new_chat(system_prompt=system)
+    from_file = later.say(third.id, "Say hello.")
+    assert from_file.stats.source in ("prefix", "disk", "branch")
+    assert from_file.stats.reused == from_memory.stats.reused
+    files = later.service.cache_stats()
+    assert ([memory[k] - base[k] for k in ("lookups", "hits", "tokens_restored")]
+            == [files[k] - base_later[k] for k in ("lookups", "hits", "tokens_restored")]
+            == [1, 1, from_memory.stats.reused])

@@ -102,7 +102,8 @@ def test_a_request_tokenized_before_a_model_switch_is_answered_in_the_new_models
         setup, gemma_path):
     settings, _ = setup
     service = settings.service
-    system = "You are a helpful assistant."
+    # More than one chunk of prompt (batches.CHUNK): a prompt's last chunk is evaluated again.
+    system = "You are a helpful assistant. Answer in one short sentence. " * 8
     turns = [PromptMessage("user", "Which planet do we live on?")]
     on_smol = len(service.prompts.tokens(system, turns, user_scope(None)))
     updates = service.complete(system, turns, max_tokens=8, temperature=0)  # tokenized now

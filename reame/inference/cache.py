@@ -140,8 +140,13 @@ class KVCache(CacheFigures):
             counts.tokens_saved += restored.reused
             restored.restore_ms = ms
             return restored
-        # Nothing better on disk: whatever still matches in the context is reused.
+        # Nothing better on disk: whatever still matches in the context is reused (another
+        # chat's opening). It counts as a hit as a file would: which of the two a turn finds
+        # depends on what other users did last, and the figures a user reads must not.
         live = engine.resume_point(prompt)
+        if live:
+            counts.hits += 1
+            counts.tokens_saved += live
         return Restored(live, "live" if live else "none", ms)
 
     def holds(self, chat_id: int) -> bool:

@@ -17,7 +17,7 @@ FROM_FILES = ("disk", "branch", "prefix")
 class Counts:
     lookups: int = 0
     hits: int = 0
-    tokens_saved: int = 0  # history tokens not recomputed thanks to disk or prefix
+    tokens_saved: int = 0  # history tokens not recomputed: from a file, or another chat's live KV
 
 
 @dataclass

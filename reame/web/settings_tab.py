@@ -87,9 +87,10 @@ def cache_markdown(service: ChatService, user: str | None = None, *,
     rate = (f"at {s['prefill_tokens_per_s']:,.0f} tokens/s, this machine's prefill speed"
             if s["prefill_tokens_per_s"] else "the prefill speed is measured at the first "
             "long enough prompt")
-    details = [f"{restored:,} tokens of history restored from disk instead of recomputed "
+    details = [f"{restored:,} tokens of history restored instead of recomputed "
                f"({rate})",
-               f"{s['hits']:,} of {s['lookups']:,} look-ups on disk found a file"]
+               f"{s['hits']:,} of {s['lookups']:,} look-ups found history to reuse (a file, or an "
+               "opening shared with another chat still in memory)"]
     if "counters" in s:
         c = s["counters"]
         details += [f"{s['files']:,} KV files, {s['disk_bytes'] / 2**20:,.1f} MB of "
