@@ -41,8 +41,11 @@ def test_the_warm_up_runs_the_model_and_leaves_nothing_behind(tmp_path, model_pa
         assert warm_up(service) > 0
         assert engine.evaluated > before, "the model ran"
         assert all(not seq.tokens for seq in engine.sequences), "the slots are empty again"
-        # What Gradio imports at its first API call (its matplotlib backend switch) is there.
-        assert "matplotlib.pyplot" in sys.modules
+        # What Gradio imports at its first API call (its matplotlib backend switch) is there,
+        # and the backend it switches to already set: no pyplot to import then.
+        import matplotlib
+
+        assert "matplotlib" in sys.modules and matplotlib.rcParams["backend"] == "agg"
         assert service.cache.stats()["lookups"] == 0
         assert list((tmp_path / "warm" / "kv").glob("*.kv")) == []
         assert reply_of(service) == expected, "the same reply, from nothing reused"
@@ -82,3 +85,28 @@ def test_health_says_ok_only_once_the_warm_up_is_done(tmp_path, model_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_the_model_loads_and_warms_on_one_thread_then_decodes_on_all(tmp_path, model_path):
+    """While the app imports and builds its page, the engine decodes on one thread (the other
+    core is the import's); once warm, on every thread it was configured with."""
+    import llama_cpp
+
+    from reame.config.reame_conf import load_config
+    from reame.runtime import build_service_soon
+
+    config = load_config(write_config(tmp_path, model_path=model_path, warm_up=True))
+    service = build_service_soon(config, warm_up=True).result(timeout=60)
+    try:
+        engine = service.runtime.engine
+        deadline, seen = time.monotonic() + 60, []
+        while service.warming:  # (it warms for a tenth of a second at least)
+            seen.append(llama_cpp.llama_n_threads(engine.context))
+            assert time.monotonic() < deadline, "never warm"
+            time.sleep(0.005)
+        assert seen[0] == 1 and set(seen) <= {1, engine.n_threads}, seen
+        assert llama_cpp.llama_n_threads(engine.context) == engine.n_threads == (
+            THREADS or os.cpu_count())
+        assert engine.evaluated > 0, "the model ran"
+    finally:
+        service.close()

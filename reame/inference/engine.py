@@ -89,7 +89,7 @@ class Engine(Vocabulary, Sampler):
         check_model_file(model_path, models_dir or model_path.parent)
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type {kv_type!r}: expected one of {', '.join(KV_TYPES)}")
-        threads = n_threads or os.cpu_count() or 1
+        threads = self.n_threads = n_threads or os.cpu_count() or 1
         self.kv_bytes_per_token = _kv_bytes_per_token(model_path, kv_type)
         self.slots_wanted = slots
         slots = slots_that_fit(slots, n_ctx, self.kv_bytes_per_token, kv_budget_bytes)
@@ -156,6 +156,12 @@ class Engine(Vocabulary, Sampler):
     @property
     def n_params(self) -> int:
         return self._model.n_params()
+
+    def set_threads(self, n: int | None = None) -> None:
+        """Decode with n threads from the next decode on (None: the engine's own count).
+        llama.cpp reads the count as each decode starts."""
+        n = n or self.n_threads
+        llama_cpp.llama_set_n_threads(self._ctx.ctx, n, n)
 
     def close(self) -> None:
         """Free the model and its context now rather than at garbage collection."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 
 import gradio as gr
 import uvicorn
@@ -16,6 +15,7 @@ from reame.accounts.users import Accounts
 from reame.admin.live_settings import Settings
 from reame.chats.service import ChatService
 from reame.config.reame_conf import Config
+from reame.inference.warmup import settle_objects, warm_request_path
 from reame.web.connections import limited_protocol
 from reame.web.guard import Guard
 from reame.web.health import build_health_router
@@ -92,29 +92,16 @@ def finish_writes_on_sigterm(service: ChatService) -> None:
     signal.signal(signal.SIGTERM, end_after_writes)
 
 
-def start_warm_up(service: ChatService) -> None:
-    """Run the model and Gradio's first-call imports once while the server starts; /health
-    says warming_up until it is done (reame/inference/warmup.py)."""
-    from reame.inference.warmup import warm_up
-
-    def warm() -> None:
-        try:
-            log.info("warmed up in %.2f s", warm_up(service))
-        finally:
-            service.warming = False
-
-    service.warming = True  # before the server can answer /health
-    threading.Thread(target=warm, name="warm-up", daemon=True).start()
-
-
 def serve(config: Config, service: ChatService, accounts: Accounts | None) -> None:
-    """Serve build_app's app until SIGTERM or Ctrl-C; the warm-up runs meanwhile if asked."""
+    """Serve build_app's app until SIGTERM or Ctrl-C (the model's warm-up, if asked, may still
+    be running: /health says so)."""
     app = build_app(config, service, accounts)
     log.info("Reame on http://%s:%d%s", config.server.host, config.server.port,
              " (accounts on)" if accounts is not None else "")
     finish_writes_on_sigterm(service)
     if config.server.warm_up:
-        start_warm_up(service)
+        warm_request_path()
+    settle_objects()  # the collector, off while the app started, on from here
     # A proxy's X-Forwarded-For/-Proto (the client's address, https) only from the proxies
     # named: otherwise anyone could name any address (login limits) or claim https.
     proxies = config.server.trusted_proxies.replace(" ", "")
