@@ -27,7 +27,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -47,6 +46,7 @@ from reame.config.refusals import RETRY_LOADING_S, RETRY_NO_MODEL_S
 from reame.inference.turn_stream import TurnStream
 from reame.web.guard import MAX_V1_BODY_BYTES
 from reame.web.openai_request import ApiError, CompletionRequest, error_response, parse_request
+from reame.web.turn_updates import UpdateFeed
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +119,11 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
             start = _starter(service, parsed, chat_id, user)
-            updates = await run_in_threadpool(start)
+            updates = UpdateFeed(await run_in_threadpool(start))
+            gone.add_done_callback(lambda _: updates.interrupt())
             # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
             # (too long, empty, no model, full) raise here, before any byte is sent.
-            first = await _next_update(updates, gone)
+            first = await updates.next()
         except ApiError as exc:
             return _refused(gone, exc.response())
         except ChatNotFound as exc:
@@ -157,10 +158,10 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
         try:
             done = first
             while done is not None and not done.done:
-                done = await _next_update(updates, gone)
+                done = await updates.next()
         finally:
             gone.cancel()
-            updates.cancel()
+            updates.interrupt()
         if done is None:
             if gone.done():
                 return Response(status_code=499)  # the client hung up
@@ -185,26 +186,6 @@ async def _client_gone(request: Request) -> None:
     """Return once the client has hung up (the ASGI server says http.disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _next_update(updates: TurnStream, gone: asyncio.Future) -> TurnUpdate | None:
-    """The turn's next update (None at its end), waited for in a worker thread; or None at
-    once if the client hangs up meanwhile, and then the turn is stopped (its slot free within
-    one decode). What the turn raises is raised here."""
-    step = asyncio.ensure_future(anyio.to_thread.run_sync(next, updates, None,
-                                                          abandon_on_cancel=True))
-    await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if step.done():
-        return step.result()
-    updates.cancel()  # the worker's next() ends with the turn
-    step.cancel()
-    step.add_done_callback(_forget)  # what it raises after this, nobody is waiting for
-    return None
-
-
-def _forget(step: asyncio.Future) -> None:
-    if not step.cancelled():
-        step.exception()
 
 
 async def _read_json(request: Request) -> Any:
@@ -279,7 +260,7 @@ def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest) -> J
     })
 
 
-async def _sse(updates: TurnStream, first: TurnUpdate, gone: asyncio.Future,
+async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
                completion_id: str, parsed: CompletionRequest) -> AsyncIterator[str]:
     """The turn as server-sent events, from its first update; the turn is stopped when the
     client hangs up (gone) or this stream is closed."""
@@ -308,7 +289,7 @@ async def _sse(updates: TurnStream, first: TurnUpdate, gone: asyncio.Future,
                         "created": created, "model": parsed.model, "choices": [],
                         "usage": _usage(update)}) + "\n\n")
                 break
-            update = await _next_update(updates, gone)
+            update = await updates.next()
         else:
             if gone.done():
                 return  # the client hung up: nobody reads the rest
@@ -322,7 +303,7 @@ async def _sse(updates: TurnStream, first: TurnUpdate, gone: asyncio.Future,
         yield _sse_error(INTERNAL_ERROR, "internal_error")
     finally:
         gone.cancel()
-        updates.cancel()
+        updates.interrupt()
     yield "data: [DONE]\n\n"
 
 
