@@ -18,7 +18,6 @@ from pathlib import Path
 
 import llama_cpp
 from llama_cpp._internals import LlamaContext, LlamaModel
-from llama_cpp._logger import set_verbose
 
 from reame.config.reame_conf import setting
 from reame.inference.batches import (
@@ -32,6 +31,7 @@ from reame.inference.batches import (
     truncated,
     valid,
 )
+from reame.inference.llama_params import KV_TYPES, context_params, init_backend
 from reame.inference.sampling import Pending, Sampler
 from reame.inference.vocab import Vocabulary
 from reame.models.gguf_info import read_gguf_info
@@ -39,8 +39,6 @@ from reame.models.kv_budget import slots_that_fit
 from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
 
 log = logging.getLogger(__name__)
-
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 
 
 class ContextOverflow(ValueError):
@@ -96,12 +94,12 @@ class Engine(Vocabulary, Sampler):
         # A quantized V cache needs flash attention in llama.cpp.
         self.kv_type, self.flash_attn = kv_type, kv_type != "f16"
         started = time.perf_counter()
-        _init_backend()
+        init_backend()
         try:
             self._model = LlamaModel(path_model=str(model_path),
                                      params=llama_cpp.llama_model_default_params(),
                                      verbose=False)
-            self._ctx = LlamaContext(model=self._model, params=_context_params(
+            self._ctx = LlamaContext(model=self._model, params=context_params(
                 n_ctx, slots, n_batch, threads, kv_type, self.flash_attn), verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {model_path}: {exc}") from None
@@ -370,27 +368,3 @@ def _kv_bytes_per_token(path: Path, kv_type: str) -> int | None:
         return read_gguf_info(path).kv_bytes_per_token(kv_type)
     except (OSError, ValueError):
         return None  # llama.cpp says why it cannot load it
-
-
-def _context_params(n_ctx: int, slots: int, n_batch: int, threads: int, kv_type: str,
-                    flash_attn: bool) -> "llama_cpp.llama_context_params":
-    """A context of `slots` sequences of n_ctx tokens each, in cells of their own."""
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * slots, slots, False
-    params.n_batch = params.n_ubatch = n_batch
-    params.n_threads = params.n_threads_batch = threads
-    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
-                              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-    params.type_k = params.type_v = KV_TYPES[kv_type]
-    return params
-
-
-_backend_ready = False
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
-    set_verbose(False)  # llama.cpp's own log: errors only (as Llama(verbose=False))
