@@ -42,9 +42,10 @@ from pathlib import Path
 import psutil
 
 from reame.config.reame_conf import SETTINGS
-from reame.models.catalog import cpu_repacks, memory_needed
+from reame.models.catalog import memory_needed
 from reame.models.gguf_info import GGUFInfo, read_gguf_info
 from reame.models.kv_budget import slots_that_fit
+from reame.models.repack import Weights, cpu_features, cpu_repacks, plan_weights
 
 from . import make_models, servers, users, workload
 
@@ -82,11 +83,16 @@ def info_from(row: dict) -> GGUFInfo:
     return GGUFInfo(path=Path(row["file"]), **row["header"])
 
 
-def estimate(row: dict, repack: bool) -> int:
-    """memory_needed for a row, as on the machine that measured it (repack: whether its
-    llama.cpp repacked Q4_0 / Q4_K / IQ4_NL weights, catalog.cpu_repacks())."""
+def weights_of(row: dict, features: dict) -> Weights:
+    """How the row's server held its weights: its [model] mmap on the machine that measured
+    it (features: its llama.cpp's CPU features, repack.cpu_features())."""
+    return plan_weights(info_from(row), row.get("mmap", "auto"), features)
+
+
+def estimate(row: dict, features: dict) -> int:
+    """memory_needed for a row, as on the machine that measured it."""
     return memory_needed(info_from(row), row["n_ctx"], row["kv_type"], row["slots"],
-                         repack=repack)
+                         weights=weights_of(row, features))
 
 
 # measuring
@@ -204,13 +210,13 @@ def measure(name: str, model: Path, n_ctx: int, kv_type: str, *, slots: int, kv_
         log.warning("%s: no \"loaded\" line in %s; %d slots reckoned", name, server.log_path,
                     used)
     row = {"model": name, "label": LABELS.get(name, name), "file": model.name,
-           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": kv_type,
+           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": kv_type, "mmap": "true",
            "slots_wanted": slots, "kv_ram_mb": kv_ram_mb, "slots": used,
            "prompt_tokens": answer["prompt_tokens"], "completion_tokens": answer["tokens"],
            "answer_s": answer["end_s"] - answer["sent_s"],
            "idle": idle, "peak": peak, "after": after,
            "peak_rss": max(peak["rss"], peak["hwm"] or 0)}
-    needed = estimate(row, cpu_repacks())
+    needed = estimate(row, cpu_features())
     log.info("%s, n_ctx %d, %s: %s slots, idle %.0f MB, peak %.0f MB (%d prompt tokens); "
              "estimate %.0f MB (%+.1f%%)", name, n_ctx, kv_type, used, idle["rss"] / MB,
              row["peak_rss"] / MB, row["prompt_tokens"], needed / MB,
@@ -230,36 +236,37 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(),
             "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
             "python": platform.python_version(), "llama_cpp_python": llama_cpp.__version__,
-            "platform": platform.platform(), "repack": cpu_repacks()}
+            "platform": platform.platform(), "repack": cpu_repacks(),
+            "cpu_features": cpu_features()}
 
 
 # reporting
 
 
-def with_estimates(rows: list[dict], repack: bool) -> list[dict]:
+def with_estimates(rows: list[dict], features: dict) -> list[dict]:
     """Each row with the estimate of the current arithmetic and its error against the peak."""
     out = []
     for row in rows:
-        needed = estimate(row, repack)
+        needed = estimate(row, features)
         out.append({**row, "estimate": needed,
                     "error": (needed - row["peak_rss"]) / row["peak_rss"]})
     return out
 
 
-def server_part(row: dict, repack: bool) -> int:
-    """Idle RSS less the model file, its repacked matrices and the slots' KV."""
+def server_part(row: dict, features: dict) -> int:
+    """Idle RSS less the weights as held (the file, its matrices repacked) and the slots' KV."""
     info = info_from(row)
     kv = (info.kv_bytes_per_token(row["kv_type"]) or 0) * row["n_ctx"] * row["slots"]
-    return row["idle"]["rss"] - info.size - (info.repackable_bytes if repack else 0) - kv
+    return row["idle"]["rss"] - weights_of(row, features).resident(info.size) - kv
 
 
-def table(rows: list[dict], repack: bool) -> str:
+def table(rows: list[dict], features: dict) -> str:
     head = ["model", "n_ctx", "KV", "slots", "weights (file + repacked)", "KV of the slots",
             "idle RSS", "peak RSS answering", "estimate", "error"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in rows:
-        info = info_from(r)
-        repacked = info.repackable_bytes if repack else 0
+        info, held = info_from(r), weights_of(r, features)
+        repacked = held.resident(info.size) - info.size
         weights = f"{info.size / MB:,.0f}" + (f" + {repacked / MB:,.0f}" if repacked else "")
         kv = (info.kv_bytes_per_token(r["kv_type"]) or 0) * r["n_ctx"] * r["slots"]
         lines.append("| " + " | ".join([
@@ -271,13 +278,14 @@ def table(rows: list[dict], repack: bool) -> str:
 
 
 def report(data: dict, out: Path) -> str:
-    repack = data["machine"]["repack"]
-    rows = with_estimates(data["rows"], repack)
-    text = table(rows, repack)
+    repack, features = data["machine"]["repack"], data["machine"]["cpu_features"]
+    rows = with_estimates(data["rows"], features)
+    text = table(rows, features)
     worst = max(abs(r["error"]) for r in rows)
     prompts = sorted({f"{r['prompt_tokens']:,}" for r in rows})
-    parts = [server_part(r, repack) for r in rows]
-    most_repacked = max(info_from(r).repackable_bytes if repack else 0 for r in rows)
+    parts = [server_part(r, features) for r in rows]
+    most_repacked = max(weights_of(r, features).repacked for r in rows)
+    ways = sorted({r.get("mmap", "auto") for r in rows})
     out.mkdir(parents=True, exist_ok=True)
     _plot(rows, out / "memory.png")
     m = data["machine"]
@@ -285,10 +293,12 @@ def report(data: dict, out: Path) -> str:
         "# Memory of a server, measured against the Settings tab's estimate\n\n"
         f"`{data['command']}` on {data['date']}: {m['cpu']}, {m['cores']} cores, "
         f"{m['ram_gb']} GB RAM; llama-cpp-python {m['llama_cpp_python']}, Python {m['python']}"
-        f"; llama.cpp {'repacks' if repack else 'does not repack'} Q4_0 / Q4_K / IQ4_NL "
-        "weights on this CPU. MB = 2^20 bytes.\n\n"
+        f"; llama.cpp {'repacks' if repack else 'does not repack'} some quantized "
+        "weights on this CPU (reame/models/repack.py). MB = 2^20 bytes.\n\n"
         "Each configuration is one `python app.py` process with reame.conf's default `slots` "
-        f"({data['slots']}) and `kv_ram_mb` ({data['kv_ram_mb']}), `n_threads = 1`; `slots` "
+        f"({data['slots']}) and `kv_ram_mb` ({data['kv_ram_mb']}), `n_threads = 1`, "
+        f"`[model] mmap = {' / '.join(ways)}` (true: the model file mapped, as every server "
+        "was before `auto`); `slots` "
         "is what the server log says it took. **idle RSS**: the process's resident memory after "
         f"GET /health answers 200 and {SETTLE_S:.0f} s more. **peak RSS answering**: the most "
         "of psutil's RSS sampled every 50 ms and the kernel's peak (VmHWM, reset before the "
@@ -296,10 +306,10 @@ def report(data: dict, out: Path) -> str:
         f"n_ctx with filler ({' / '.join(prompts)} prompt tokens) and max_tokens {MAX_TOKENS}, "
         f"until {TAIL_S:.0f} s after the reply. One run per configuration: memory does not "
         "vary with the machine's load as timings do.\n\n"
-        "What the figures are made of: idle RSS = the model file (mapped, and all of it read "
-        "in at load) + the copy llama.cpp's CPU backend makes of the Q4_0 / Q4_K / IQ4_NL "
-        "matrices in its interleaved layout (the file stays mapped: those weights count "
-        f"twice; up to {most_repacked / MB:,.0f} MB here) + the slots' KV (allocated and "
+        "What the figures are made of: idle RSS = the model file (all of it read in at load) "
+        "+ where the file is mapped, the copy llama.cpp's CPU backend makes of the matrices it "
+        "repacks into its interleaved layout (those weights count twice; up to "
+        f"{most_repacked / MB:,.0f} MB here) + the slots' KV (allocated and "
         "cleared at load) + the server itself (Python, Gradio, llama.cpp's library and "
         f"vocabulary: idle RSS less the rest, {min(parts) / MB:,.0f} to {max(parts) / MB:,.0f} "
         "MB here). "
@@ -308,9 +318,9 @@ def report(data: dict, out: Path) -> str:
         "compute buffers (decodes of 16 tokens).\n\n"
         "**estimate**: `reame.models.catalog.memory_needed` from the file's header facts (recorded "
         "in results.json), as the Settings tab checks a model before loading it: the file + "
-        "the repacked matrices + the slots' KV + one full window's KV copied out + 200 MB for "
-        "the server. It is for a full window, so it sits a little above these half-window "
-        "peaks. **error**: (estimate - peak) / peak; the target is within "
+        "the repacked matrices where it is mapped + the slots' KV + one full window's KV "
+        "copied out + 200 MB for the server. It is for a full window, so it sits a little "
+        "above these half-window peaks. **error**: (estimate - peak) / peak; the target is within "
         f"±{TOLERANCE:.0%} for every row (tests/test_memory_estimate.py). "
         f"Worst here: {worst:.1%}.\n\n"
         + text + "\n\n![memory](memory.png)\n", encoding="utf-8")
