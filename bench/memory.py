@@ -210,7 +210,7 @@ def measure(name: str, model: Path, n_ctx: int, kv_type: str, *, slots: int, kv_
         log.warning("%s: no \"loaded\" line in %s; %d slots reckoned", name, server.log_path,
                     used)
     row = {"model": name, "label": LABELS.get(name, name), "file": model.name,
-           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": kv_type, "mmap": "true",
+           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": kv_type, "mmap": "auto",
            "slots_wanted": slots, "kv_ram_mb": kv_ram_mb, "slots": used,
            "prompt_tokens": answer["prompt_tokens"], "completion_tokens": answer["tokens"],
            "answer_s": answer["end_s"] - answer["sent_s"],

@@ -1,9 +1,12 @@
-"""Which weights llama.cpp repacks on this CPU (reame/models/repack.py), against its own load
-log (real loads, each in a fresh process), and the rule on other CPUs' features."""
+"""How the engine loads a model's weights ([model] mmap, reame/models/repack.py): read into
+memory where llama.cpp repacks some of them on this CPU, so that they are held once, and mapped
+where it repacks none. Real llama.cpp loads, each in a fresh process: resident memory (RSS,
+read with psutil) is a whole process's."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -23,6 +26,17 @@ BUFFERS = """
 import sys, llama_cpp
 from llama_cpp._internals import LlamaModel
 LlamaModel(path_model=sys.argv[1], params=llama_cpp.llama_model_default_params(), verbose=True)
+"""
+
+LOAD = """
+import json, sys, psutil
+from reame.inference.engine import Engine
+process = psutil.Process()
+before = process.memory_info()
+engine = Engine(sys.argv[1], n_ctx=256, mmap=sys.argv[2], n_threads=1)
+after = process.memory_info()
+print(json.dumps({"mapped": engine.weights.mapped, "grown": after.rss - before.rss,
+                  "file": after.shared - before.shared, "weight_bytes": engine.weight_bytes}))
 """
 
 
@@ -49,6 +63,27 @@ def test_the_weights_reckoned_repacked_here_are_those_llama_cpp_repacks(model):
     extra = sum(size for name, size in buffers.items() if name not in ("CPU", "CPU_Mapped"))
     weights = plan_weights(read_gguf_info(model))
     assert abs(extra - (weights.repacked + weights.copied)) <= 0.01 * MB, buffers
+
+
+def test_repacked_weights_are_held_once_and_a_model_without_any_stays_mapped(model):
+    info = read_gguf_info(model)
+    weights = plan_weights(info)  # as the engine's default, auto, loads it here
+    auto, mapped = (json.loads(run(LOAD, model, mmap).stdout.splitlines()[-1])
+                    for mmap in ("auto", "true"))
+    assert mapped["mapped"] and mapped["file"] >= 0.95 * info.size  # all of the file read in
+    assert auto["weight_bytes"] == weights.resident(info.size)
+    if weights.repacked:
+        # Read into memory: the repacked matrices' pages of the file are not held besides
+        # their repacked copy. The process holds the file's bytes once, in its own memory.
+        assert not auto["mapped"] and auto["file"] < 0.05 * info.size
+        saved = mapped["grown"] - auto["grown"]
+        assert 0.8 * weights.repacked <= saved <= weights.repacked + 8 * MB, (
+            saved / MB, weights.repacked / MB)
+        assert auto["grown"] >= 0.95 * info.size
+    else:
+        # Nothing repacked: the file stays mapped, held once, its pages shareable.
+        assert auto["mapped"] and auto["file"] >= 0.95 * info.size
+        assert abs(mapped["grown"] - auto["grown"]) <= 8 * MB
 
 
 # the rule on other CPUs: their features as llama.cpp reports them

@@ -1,11 +1,22 @@
-"""The parameters llama.cpp makes a context with, and its one-time set-up."""
+"""The parameters llama.cpp loads a model and makes a context with, and its one-time set-up."""
 
 from __future__ import annotations
 
 import llama_cpp
 from llama_cpp._logger import set_verbose
 
+from reame.models.repack import Weights
+
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
+
+def model_params(weights: Weights) -> llama_cpp.llama_model_params:
+    """llama.cpp's defaults, the file mapped or read as weights says (repack.plan_weights).
+    Mapped is llama.cpp's AUTO: mapped unless a device cannot map."""
+    params = llama_cpp.llama_model_default_params()
+    params.load_mode = (llama_cpp.LLAMA_LOAD_MODE_AUTO if weights.mapped
+                        else llama_cpp.LLAMA_LOAD_MODE_NONE)
+    return params
 
 
 def context_params(n_ctx: int, slots: int, n_batch: int, threads: int, kv_type: str,

@@ -91,14 +91,14 @@ def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str, slots: int = 1, *,
                   weights: Weights | None = None) -> int:
     """The resident memory (RSS) of a server running this model, answering at full context.
 
-    The weights as loaded (weights: default the file mapped, as the engine loads it, with the
-    matrices llama.cpp repacks here, repack.py): the model file, read in whole at load, and
-    the matrices llama.cpp repacks a second time where the file stays mapped; the slots' KV, n_ctx tokens each; one full window's KV copied out
+    The weights as loaded (weights: default as the engine loads them here, repack.py): the
+    model file, read in whole at load, and the matrices llama.cpp repacks a second time where
+    the file stays mapped; the slots' KV, n_ctx tokens each; one full window's KV copied out
     of llama.cpp to be written to its file after a reply; and the server itself (BASE_BYTES).
     Checked against measured servers by tests/test_memory_estimate.py (within 15 %).
     """
     per_token = info.kv_bytes_per_token(kv_type) or 0
-    weights = weights or plan_weights(info, "true")  # the engine maps the file
+    weights = weights or plan_weights(info)
     return BASE_BYTES + weights.resident(info.size) + per_token * n_ctx * (slots + 1)
 
 
@@ -114,11 +114,13 @@ def _supported(path: Path) -> bool:
 
 
 def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
-                slots: int = 1, kv_budget_bytes: int | None = None) -> GGUFInfo:
+                slots: int = 1, kv_budget_bytes: int | None = None,
+                mmap: str = setting("model", "mmap").default) -> GGUFInfo:
     """Everything that can be checked before loading; ModelCheckError names the problem.
 
     freed_bytes: memory that loading will free (the model being replaced). slots and
-    kv_budget_bytes: as the engine will take them (kv_budget.slots_that_fit).
+    kv_budget_bytes: as the engine will take them (kv_budget.slots_that_fit); mmap: [model]
+    mmap, how it will load the weights (repack.plan_weights).
     """
     path = Path(path)
     if not path.exists():
@@ -145,7 +147,7 @@ def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
         slots = slots_that_fit(slots, n_ctx, info.kv_bytes_per_token(kv_type), kv_budget_bytes)
     except ModelLoadError as exc:
         raise ModelCheckError(str(exc)) from None
-    weights = plan_weights(info, "true")
+    weights = plan_weights(info, mmap)
     needed = memory_needed(info, n_ctx, kv_type, slots, weights=weights)
     available = psutil.virtual_memory().available + freed_bytes
     # The server asking is running: its own part (BASE_BYTES) is in memory already.

@@ -28,7 +28,7 @@ from reame.models.gguf_info import GGUFInfo
 Q4_0, Q4_1, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K = 2, 3, 8, 10, 12, 13, 14
 IQ4_NL, IQ4_XS, MXFP4, Q1_0 = 20, 23, 39, 41
 
-MODES = ("auto", "true", "false")  # map the file where nothing repacks, always, never
+MODES = ("auto", "true", "false")  # [model] mmap
 
 
 @functools.cache
@@ -97,7 +97,7 @@ class Weights:
 
 def plan_weights(info: GGUFInfo, mmap: str = "auto",
                  features: dict[str, str] | None = None) -> Weights:
-    """How to load info's model (mmap): "auto" reads it into memory where llama.cpp
+    """How to load info's model ([model] mmap): "auto" reads it into memory where llama.cpp
     repacks some of the file's matrices on this CPU (features: llama.cpp's, default this
     one's), and maps it otherwise: cheaper to start, its pages shared with the page cache and
     other processes, and dropped and read again under memory pressure rather than swapped."""
@@ -109,7 +109,7 @@ def plan_weights(info: GGUFInfo, mmap: str = "auto",
     mb = f"{repacked / 2**20:,.0f} MB of its {info.size / 2**20:,.0f} MB"
     if mmap != "auto":
         mapped = mmap == "true"
-        why = f"mmap = {mmap}; llama.cpp repacks {mb}"
+        why = f"[model] mmap = {mmap}; llama.cpp repacks {mb}"
     elif repacked:
         mapped = False
         why = f"llama.cpp repacks {mb} on this CPU: a mapped file would hold them twice"
