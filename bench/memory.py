@@ -2,6 +2,7 @@
 
     python -m bench.memory [--models smollm2,qwen2.5-0.5b,qwen2.5-1.5b] [--n-ctx 4096,8192]
                            [--kv-types f16,q8_0] [--out bench/results/memory]
+    python -m bench.memory --load-modes [--models smollm2,qwen2.5-1.5b]
     python -m bench.memory --report-only bench/results/memory/results.json
 
 For each model, n_ctx and KV type, starts `python app.py` (bench/servers.py) with reame.conf's
@@ -13,6 +14,11 @@ stateless /v1/chat/completions whose prompt fills half of n_ctx with filler, max
 vary with the machine's load as timings do. The estimate, and its error against the peak, are
 computed from the model file's header facts recorded in results.json, so --report-only (and
 tests/test_memory_estimate.py) recompute them without the files.
+
+--load-modes measures only each model's idle server in both of [model] mmap's ways of loading
+the weights, mapped (true) and read into memory (false), and how long the engine takes to load
+it each way (the median of LOAD_RUNS loads in fresh processes, the file in the page cache); it
+keeps the other rows of the results.json it writes into.
 
 Models: the default SmolLM2-135M (models/) and the random-weight Qwen2.5 shapes of
 bench/make_models.py (bench/cache/, gitignored; made there if missing).
@@ -30,6 +36,8 @@ import platform
 import random
 import re
 import shlex
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -63,6 +71,8 @@ SETTLE_S = 2.0  # after /health answers, before the idle reading
 TAIL_S = 2.0  # after the reply: the KV file is copied out of llama.cpp and written
 MAX_TOKENS = 64
 TOLERANCE = 0.15  # the estimate must be within this of the measured peak
+LOAD_RUNS = 5  # engine loads per model and way of loading (--load-modes), the median kept
+LOAD_MODES = ("true", "false")  # [model] mmap: mapped, read into memory
 SYSTEM = "You are a helpful assistant."
 
 
@@ -186,13 +196,14 @@ def slots_used(log_path: Path) -> int | None:
 
 
 def measure(name: str, model: Path, n_ctx: int, kv_type: str, *, slots: int, kv_ram_mb: int,
-            folder: Path, count: Callable[[str], int]) -> dict:
+            folder: Path, count: Callable[[str], int], mmap: str = "auto") -> dict:
     info = read_gguf_info(model)
     prompt = long_prompt(count, n_ctx // 2 - 32, n_ctx)  # the template's tokens fill the rest
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
     log.info("%s, n_ctx %d, %s: starting the server", name, n_ctx, kv_type)
     with servers.start(servers.REAME_SLOTS, folder, model, n_ctx=n_ctx, slots=slots, threads=1,
-                       max_tokens=MAX_TOKENS, kv_type=kv_type, kv_ram_mb=kv_ram_mb) as server:
+                       max_tokens=MAX_TOKENS, kv_type=kv_type, kv_ram_mb=kv_ram_mb,
+                       mmap=mmap) as server:
         process = psutil.Process(server.pid)
         wait_healthy(server)
         time.sleep(SETTLE_S)
@@ -210,7 +221,7 @@ def measure(name: str, model: Path, n_ctx: int, kv_type: str, *, slots: int, kv_
         log.warning("%s: no \"loaded\" line in %s; %d slots reckoned", name, server.log_path,
                     used)
     row = {"model": name, "label": LABELS.get(name, name), "file": model.name,
-           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": kv_type, "mmap": "auto",
+           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": kv_type, "mmap": mmap,
            "slots_wanted": slots, "kv_ram_mb": kv_ram_mb, "slots": used,
            "prompt_tokens": answer["prompt_tokens"], "completion_tokens": answer["tokens"],
            "answer_s": answer["end_s"] - answer["sent_s"],
@@ -238,6 +249,74 @@ def machine() -> dict:
             "python": platform.python_version(), "llama_cpp_python": llama_cpp.__version__,
             "platform": platform.platform(), "repack": cpu_repacks(),
             "cpu_features": cpu_features()}
+
+
+LOAD = """
+import json, sys, time
+from reame.inference.engine import Engine
+started = time.perf_counter()
+engine = Engine(sys.argv[1], n_ctx=int(sys.argv[2]), slots=int(sys.argv[3]), mmap=sys.argv[4],
+                n_threads=1)
+print(json.dumps({"load_s": time.perf_counter() - started, "mapped": engine.weights.mapped}))
+"""
+
+
+def load_time(model: Path, n_ctx: int, slots: int, mmap: str) -> float:
+    """The median time an Engine takes to load model, each load in a fresh process."""
+    times = []
+    for _ in range(LOAD_RUNS):
+        done = subprocess.run([sys.executable, "-c", LOAD, str(model), str(n_ctx), str(slots),
+                               mmap], cwd=ROOT, capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        times.append(json.loads(done.stdout.strip().splitlines()[-1])["load_s"])
+    return statistics.median(times)
+
+
+def measure_load_mode(name: str, model: Path, mmap: str, *, n_ctx: int, slots: int,
+                      kv_ram_mb: int, folder: Path) -> dict:
+    """A server's idle RSS with [model] mmap, and the engine's load time that way."""
+    info = read_gguf_info(model)
+    with servers.start(servers.REAME_SLOTS, folder, model, n_ctx=n_ctx, slots=slots, threads=1,
+                       kv_type="f16", kv_ram_mb=kv_ram_mb, mmap=mmap) as server:
+        wait_healthy(server)
+        time.sleep(SETTLE_S)
+        idle = rss(psutil.Process(server.pid))
+        said = re.findall(r"(mapped|read into memory) \S+: (.*)",
+                          server.log_path.read_text(errors="replace"))
+    row = {"model": name, "label": LABELS.get(name, name), "file": model.name,
+           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": "f16", "mmap": mmap,
+           "said": ": ".join(said[-1]) if said else None, "idle": idle,
+           "load_s": load_time(model, n_ctx, slots, mmap)}
+    log.info("%s, mmap = %s: idle %.0f MB (%.0f MB file-backed), load %.2f s", name, mmap,
+             idle["rss"] / MB, idle["file"] / MB, row["load_s"])
+    return row
+
+
+def load_modes_section(data: dict) -> str:
+    """results.md's table of idle servers with the model file mapped and read (--load-modes)."""
+    rows = data.get("load_modes")
+    if not rows:
+        return ""
+    features = data["machine"]["cpu_features"]
+    lines = ["| model | [model] mmap | weights held | repacked | idle RSS | of which "
+             "file-backed | engine load |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        info, held = info_from(r), weights_of(r, features)
+        lines.append("| " + " | ".join([
+            r["label"], f"`{r['mmap']}` ({'mapped' if held.mapped else 'read'})",
+            f"{held.resident(info.size) / MB:,.0f} MB", f"{held.repacked / MB:,.0f} MB",
+            f"{r['idle']['rss'] / MB:,.0f} MB", f"{r['idle']['file'] / MB:,.0f} MB",
+            f"{r['load_s']:.2f} s"]) + " |")
+    return ("\n## The model file mapped or read into memory\n\n"
+            f"`{data.get('load_modes_command', '')}` on {data.get('load_modes_date', '')}. One "
+            f"idle server (n_ctx {rows[0]['n_ctx']:,}, f16 KV, reame.conf's default slots) per "
+            "model and `[model] mmap`: `true` maps the file (llama.cpp's default), `false` "
+            "reads it into memory; `auto`, the default, reads it where llama.cpp repacks some "
+            "of its matrices on this CPU. **weights held**: the estimate's weights (the file, "
+            "plus the repacked matrices again where it is mapped). **engine load**: the median "
+            f"of {LOAD_RUNS} `Engine(...)` loads, each in a fresh process, with the file in the "
+            "page cache (a cold start reads it from disk either way).\n\n"
+            + "\n".join(lines) + "\n")
 
 
 # reporting
@@ -323,7 +402,7 @@ def report(data: dict, out: Path) -> str:
         "above these half-window peaks. **error**: (estimate - peak) / peak; the target is within "
         f"±{TOLERANCE:.0%} for every row (tests/test_memory_estimate.py). "
         f"Worst here: {worst:.1%}.\n\n"
-        + text + "\n\n![memory](memory.png)\n", encoding="utf-8")
+        + text + "\n\n![memory](memory.png)\n" + load_modes_section(data), encoding="utf-8")
     (out / "results.json").write_text(json.dumps({**data, "rows": rows}, indent=1) + "\n",
                                       encoding="utf-8")
     return text
@@ -365,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                         help="only recompute the estimates and rewrite results.md, "
                              "results.json and the plot from a results.json")
+    parser.add_argument("--load-modes", action="store_true",
+                        help="only measure idle servers with the model file mapped and read "
+                             "(at the first --n-ctx), into the results.json in --out")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -390,8 +472,13 @@ def main(argv: list[str] | None = None) -> int:
     slots, kv_ram_mb = default("model", "slots"), default("model", "kv_ram_mb")
     command = "python -m bench.memory" + "".join(f" {shlex.quote(a)}"
                                                  for a in (argv or sys.argv[1:]))
+    before = args.out / "results.json"
+    kept = json.loads(before.read_text(encoding="utf-8")) if before.exists() else {}
+    if args.load_modes:
+        return measure_load_modes(names, kept, command, int(args.n_ctx.split(",")[0]), args.out)
     data = {"command": command, "date": dt.date.today().isoformat(), "machine": machine(),
-            "slots": slots, "kv_ram_mb": kv_ram_mb, "max_tokens": MAX_TOKENS, "rows": []}
+            "slots": slots, "kv_ram_mb": kv_ram_mb, "max_tokens": MAX_TOKENS, "rows": [],
+            **{k: v for k, v in kept.items() if k.startswith("load_modes")}}
     with tempfile.TemporaryDirectory(prefix="reame-memory-") as work:
         for name in names:
             for n_ctx in (int(n) for n in args.n_ctx.split(",")):
@@ -400,6 +487,30 @@ def main(argv: list[str] | None = None) -> int:
                     data["rows"].append(measure(name, MODELS[name], n_ctx, kv_type, slots=slots,
                                                 kv_ram_mb=kv_ram_mb, folder=folder, count=count))
     print(report(data, args.out))
+    return 0
+
+
+def measure_load_modes(names: list[str], data: dict, command: str, n_ctx: int,
+                       out: Path) -> int:
+    """--load-modes: each model's idle server mapped and read, into data (results.json)."""
+    if not data.get("rows"):
+        log.error("no results.json with the servers' rows in %s: run the full bench first", out)
+        return 2
+    if data["machine"].get("cpu_features") != cpu_features():
+        log.error("%s was measured with other CPU features than here", out / "results.json")
+        return 2
+    slots, kv_ram_mb = default("model", "slots"), default("model", "kv_ram_mb")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="reame-memory-") as work:
+        for name in names:
+            for mmap in LOAD_MODES:
+                rows.append(measure_load_mode(name, MODELS[name], mmap, n_ctx=n_ctx, slots=slots,
+                                              kv_ram_mb=kv_ram_mb,
+                                              folder=Path(work) / f"{name}-{mmap}"))
+    data.update(load_modes=rows, load_modes_command=command,
+                load_modes_date=dt.date.today().isoformat())
+    report(data, out)
+    print(load_modes_section(data))
     return 0
 
 
