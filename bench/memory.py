@@ -2,6 +2,7 @@
 
     python -m bench.memory [--models smollm2,qwen2.5-0.5b,qwen2.5-1.5b] [--n-ctx 4096,8192]
                            [--kv-types f16,q8_0] [--out bench/results/memory]
+    python -m bench.memory --load-modes [--models smollm2,qwen2.5-1.5b]
     python -m bench.memory --report-only bench/results/memory/results.json
 
 For each model, n_ctx and KV type, starts `python app.py` (bench/servers.py) with reame.conf's
@@ -13,6 +14,11 @@ stateless /v1/chat/completions whose prompt fills half of n_ctx with filler, max
 vary with the machine's load as timings do. The estimate, and its error against the peak, are
 computed from the model file's header facts recorded in results.json, so --report-only (and
 tests/test_memory_estimate.py) recompute them without the files.
+
+--load-modes measures only each model's idle server in both of [model] mmap's ways of loading
+the weights, mapped (true) and read into memory (false), and how long the engine takes to load
+it each way (the median of LOAD_RUNS loads in fresh processes, the file in the page cache); it
+keeps the other rows of the results.json it writes into.
 
 Models: the default SmolLM2-135M (models/) and the random-weight Qwen2.5 shapes of
 bench/make_models.py (bench/cache/, gitignored; made there if missing).
@@ -30,6 +36,8 @@ import platform
 import random
 import re
 import shlex
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -42,9 +50,10 @@ from pathlib import Path
 import psutil
 
 from reame.config.reame_conf import SETTINGS
-from reame.models.catalog import cpu_repacks, memory_needed
+from reame.models.catalog import memory_needed
 from reame.models.gguf_info import GGUFInfo, read_gguf_info
 from reame.models.kv_budget import slots_that_fit
+from reame.models.repack import Weights, cpu_features, cpu_repacks, plan_weights
 
 from . import make_models, servers, users, workload
 
@@ -62,6 +71,8 @@ SETTLE_S = 2.0  # after /health answers, before the idle reading
 TAIL_S = 2.0  # after the reply: the KV file is copied out of llama.cpp and written
 MAX_TOKENS = 64
 TOLERANCE = 0.15  # the estimate must be within this of the measured peak
+LOAD_RUNS = 5  # engine loads per model and way of loading (--load-modes), the median kept
+LOAD_MODES = ("true", "false")  # [model] mmap: mapped, read into memory
 SYSTEM = "You are a helpful assistant."
 
 
@@ -82,11 +93,16 @@ def info_from(row: dict) -> GGUFInfo:
     return GGUFInfo(path=Path(row["file"]), **row["header"])
 
 
-def estimate(row: dict, repack: bool) -> int:
-    """memory_needed for a row, as on the machine that measured it (repack: whether its
-    llama.cpp repacked Q4_0 / Q4_K / IQ4_NL weights, catalog.cpu_repacks())."""
+def weights_of(row: dict, features: dict) -> Weights:
+    """How the row's server held its weights: its [model] mmap on the machine that measured
+    it (features: its llama.cpp's CPU features, repack.cpu_features())."""
+    return plan_weights(info_from(row), row.get("mmap", "auto"), features)
+
+
+def estimate(row: dict, features: dict) -> int:
+    """memory_needed for a row, as on the machine that measured it."""
     return memory_needed(info_from(row), row["n_ctx"], row["kv_type"], row["slots"],
-                         repack=repack)
+                         weights=weights_of(row, features))
 
 
 # measuring
@@ -180,13 +196,14 @@ def slots_used(log_path: Path) -> int | None:
 
 
 def measure(name: str, model: Path, n_ctx: int, kv_type: str, *, slots: int, kv_ram_mb: int,
-            folder: Path, count: Callable[[str], int]) -> dict:
+            folder: Path, count: Callable[[str], int], mmap: str = "auto") -> dict:
     info = read_gguf_info(model)
     prompt = long_prompt(count, n_ctx // 2 - 32, n_ctx)  # the template's tokens fill the rest
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
     log.info("%s, n_ctx %d, %s: starting the server", name, n_ctx, kv_type)
     with servers.start(servers.REAME_SLOTS, folder, model, n_ctx=n_ctx, slots=slots, threads=1,
-                       max_tokens=MAX_TOKENS, kv_type=kv_type, kv_ram_mb=kv_ram_mb) as server:
+                       max_tokens=MAX_TOKENS, kv_type=kv_type, kv_ram_mb=kv_ram_mb,
+                       mmap=mmap) as server:
         process = psutil.Process(server.pid)
         wait_healthy(server)
         time.sleep(SETTLE_S)
@@ -204,13 +221,13 @@ def measure(name: str, model: Path, n_ctx: int, kv_type: str, *, slots: int, kv_
         log.warning("%s: no \"loaded\" line in %s; %d slots reckoned", name, server.log_path,
                     used)
     row = {"model": name, "label": LABELS.get(name, name), "file": model.name,
-           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": kv_type,
+           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": kv_type, "mmap": mmap,
            "slots_wanted": slots, "kv_ram_mb": kv_ram_mb, "slots": used,
            "prompt_tokens": answer["prompt_tokens"], "completion_tokens": answer["tokens"],
            "answer_s": answer["end_s"] - answer["sent_s"],
            "idle": idle, "peak": peak, "after": after,
            "peak_rss": max(peak["rss"], peak["hwm"] or 0)}
-    needed = estimate(row, cpu_repacks())
+    needed = estimate(row, cpu_features())
     log.info("%s, n_ctx %d, %s: %s slots, idle %.0f MB, peak %.0f MB (%d prompt tokens); "
              "estimate %.0f MB (%+.1f%%)", name, n_ctx, kv_type, used, idle["rss"] / MB,
              row["peak_rss"] / MB, row["prompt_tokens"], needed / MB,
@@ -230,36 +247,105 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(),
             "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
             "python": platform.python_version(), "llama_cpp_python": llama_cpp.__version__,
-            "platform": platform.platform(), "repack": cpu_repacks()}
+            "platform": platform.platform(), "repack": cpu_repacks(),
+            "cpu_features": cpu_features()}
+
+
+LOAD = """
+import json, sys, time
+from reame.inference.engine import Engine
+started = time.perf_counter()
+engine = Engine(sys.argv[1], n_ctx=int(sys.argv[2]), slots=int(sys.argv[3]), mmap=sys.argv[4],
+                n_threads=1)
+print(json.dumps({"load_s": time.perf_counter() - started, "mapped": engine.weights.mapped}))
+"""
+
+
+def load_time(model: Path, n_ctx: int, slots: int, mmap: str) -> float:
+    """The median time an Engine takes to load model, each load in a fresh process."""
+    times = []
+    for _ in range(LOAD_RUNS):
+        done = subprocess.run([sys.executable, "-c", LOAD, str(model), str(n_ctx), str(slots),
+                               mmap], cwd=ROOT, capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        times.append(json.loads(done.stdout.strip().splitlines()[-1])["load_s"])
+    return statistics.median(times)
+
+
+def measure_load_mode(name: str, model: Path, mmap: str, *, n_ctx: int, slots: int,
+                      kv_ram_mb: int, folder: Path) -> dict:
+    """A server's idle RSS with [model] mmap, and the engine's load time that way."""
+    info = read_gguf_info(model)
+    with servers.start(servers.REAME_SLOTS, folder, model, n_ctx=n_ctx, slots=slots, threads=1,
+                       kv_type="f16", kv_ram_mb=kv_ram_mb, mmap=mmap) as server:
+        wait_healthy(server)
+        time.sleep(SETTLE_S)
+        idle = rss(psutil.Process(server.pid))
+        said = re.findall(r"(mapped|read into memory) \S+: (.*)",
+                          server.log_path.read_text(errors="replace"))
+    row = {"model": name, "label": LABELS.get(name, name), "file": model.name,
+           "header": header_facts(info), "n_ctx": n_ctx, "kv_type": "f16", "mmap": mmap,
+           "said": ": ".join(said[-1]) if said else None, "idle": idle,
+           "load_s": load_time(model, n_ctx, slots, mmap)}
+    log.info("%s, mmap = %s: idle %.0f MB (%.0f MB file-backed), load %.2f s", name, mmap,
+             idle["rss"] / MB, idle["file"] / MB, row["load_s"])
+    return row
+
+
+def load_modes_section(data: dict) -> str:
+    """results.md's table of idle servers with the model file mapped and read (--load-modes)."""
+    rows = data.get("load_modes")
+    if not rows:
+        return ""
+    features = data["machine"]["cpu_features"]
+    lines = ["| model | [model] mmap | weights held | repacked | idle RSS | of which "
+             "file-backed | engine load |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        info, held = info_from(r), weights_of(r, features)
+        lines.append("| " + " | ".join([
+            r["label"], f"`{r['mmap']}` ({'mapped' if held.mapped else 'read'})",
+            f"{held.resident(info.size) / MB:,.0f} MB", f"{held.repacked / MB:,.0f} MB",
+            f"{r['idle']['rss'] / MB:,.0f} MB", f"{r['idle']['file'] / MB:,.0f} MB",
+            f"{r['load_s']:.2f} s"]) + " |")
+    return ("\n## The model file mapped or read into memory\n\n"
+            f"`{data.get('load_modes_command', '')}` on {data.get('load_modes_date', '')}. One "
+            f"idle server (n_ctx {rows[0]['n_ctx']:,}, f16 KV, reame.conf's default slots) per "
+            "model and `[model] mmap`: `true` maps the file (llama.cpp's default), `false` "
+            "reads it into memory; `auto`, the default, reads it where llama.cpp repacks some "
+            "of its matrices on this CPU. **weights held**: the estimate's weights (the file, "
+            "plus the repacked matrices again where it is mapped). **engine load**: the median "
+            f"of {LOAD_RUNS} `Engine(...)` loads, each in a fresh process, with the file in the "
+            "page cache (a cold start reads it from disk either way).\n\n"
+            + "\n".join(lines) + "\n")
 
 
 # reporting
 
 
-def with_estimates(rows: list[dict], repack: bool) -> list[dict]:
+def with_estimates(rows: list[dict], features: dict) -> list[dict]:
     """Each row with the estimate of the current arithmetic and its error against the peak."""
     out = []
     for row in rows:
-        needed = estimate(row, repack)
+        needed = estimate(row, features)
         out.append({**row, "estimate": needed,
                     "error": (needed - row["peak_rss"]) / row["peak_rss"]})
     return out
 
 
-def server_part(row: dict, repack: bool) -> int:
-    """Idle RSS less the model file, its repacked matrices and the slots' KV."""
+def server_part(row: dict, features: dict) -> int:
+    """Idle RSS less the weights as held (the file, its matrices repacked) and the slots' KV."""
     info = info_from(row)
     kv = (info.kv_bytes_per_token(row["kv_type"]) or 0) * row["n_ctx"] * row["slots"]
-    return row["idle"]["rss"] - info.size - (info.repackable_bytes if repack else 0) - kv
+    return row["idle"]["rss"] - weights_of(row, features).resident(info.size) - kv
 
 
-def table(rows: list[dict], repack: bool) -> str:
+def table(rows: list[dict], features: dict) -> str:
     head = ["model", "n_ctx", "KV", "slots", "weights (file + repacked)", "KV of the slots",
             "idle RSS", "peak RSS answering", "estimate", "error"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in rows:
-        info = info_from(r)
-        repacked = info.repackable_bytes if repack else 0
+        info, held = info_from(r), weights_of(r, features)
+        repacked = held.resident(info.size) - info.size
         weights = f"{info.size / MB:,.0f}" + (f" + {repacked / MB:,.0f}" if repacked else "")
         kv = (info.kv_bytes_per_token(r["kv_type"]) or 0) * r["n_ctx"] * r["slots"]
         lines.append("| " + " | ".join([
@@ -271,13 +357,14 @@ def table(rows: list[dict], repack: bool) -> str:
 
 
 def report(data: dict, out: Path) -> str:
-    repack = data["machine"]["repack"]
-    rows = with_estimates(data["rows"], repack)
-    text = table(rows, repack)
+    repack, features = data["machine"]["repack"], data["machine"]["cpu_features"]
+    rows = with_estimates(data["rows"], features)
+    text = table(rows, features)
     worst = max(abs(r["error"]) for r in rows)
     prompts = sorted({f"{r['prompt_tokens']:,}" for r in rows})
-    parts = [server_part(r, repack) for r in rows]
-    most_repacked = max(info_from(r).repackable_bytes if repack else 0 for r in rows)
+    parts = [server_part(r, features) for r in rows]
+    most_repacked = max(weights_of(r, features).repacked for r in rows)
+    ways = sorted({r.get("mmap", "auto") for r in rows})
     out.mkdir(parents=True, exist_ok=True)
     _plot(rows, out / "memory.png")
     m = data["machine"]
@@ -285,10 +372,12 @@ def report(data: dict, out: Path) -> str:
         "# Memory of a server, measured against the Settings tab's estimate\n\n"
         f"`{data['command']}` on {data['date']}: {m['cpu']}, {m['cores']} cores, "
         f"{m['ram_gb']} GB RAM; llama-cpp-python {m['llama_cpp_python']}, Python {m['python']}"
-        f"; llama.cpp {'repacks' if repack else 'does not repack'} Q4_0 / Q4_K / IQ4_NL "
-        "weights on this CPU. MB = 2^20 bytes.\n\n"
+        f"; llama.cpp {'repacks' if repack else 'does not repack'} some quantized "
+        "weights on this CPU (reame/models/repack.py). MB = 2^20 bytes.\n\n"
         "Each configuration is one `python app.py` process with reame.conf's default `slots` "
-        f"({data['slots']}) and `kv_ram_mb` ({data['kv_ram_mb']}), `n_threads = 1`; `slots` "
+        f"({data['slots']}) and `kv_ram_mb` ({data['kv_ram_mb']}), `n_threads = 1`, "
+        f"`[model] mmap = {' / '.join(ways)}` (true: the model file mapped, as every server "
+        "was before `auto`); `slots` "
         "is what the server log says it took. **idle RSS**: the process's resident memory after "
         f"GET /health answers 200 and {SETTLE_S:.0f} s more. **peak RSS answering**: the most "
         "of psutil's RSS sampled every 50 ms and the kernel's peak (VmHWM, reset before the "
@@ -296,10 +385,10 @@ def report(data: dict, out: Path) -> str:
         f"n_ctx with filler ({' / '.join(prompts)} prompt tokens) and max_tokens {MAX_TOKENS}, "
         f"until {TAIL_S:.0f} s after the reply. One run per configuration: memory does not "
         "vary with the machine's load as timings do.\n\n"
-        "What the figures are made of: idle RSS = the model file (mapped, and all of it read "
-        "in at load) + the copy llama.cpp's CPU backend makes of the Q4_0 / Q4_K / IQ4_NL "
-        "matrices in its interleaved layout (the file stays mapped: those weights count "
-        f"twice; up to {most_repacked / MB:,.0f} MB here) + the slots' KV (allocated and "
+        "What the figures are made of: idle RSS = the model file (all of it read in at load) "
+        "+ where the file is mapped, the copy llama.cpp's CPU backend makes of the matrices it "
+        "repacks into its interleaved layout (those weights count twice; up to "
+        f"{most_repacked / MB:,.0f} MB here) + the slots' KV (allocated and "
         "cleared at load) + the server itself (Python, Gradio, llama.cpp's library and "
         f"vocabulary: idle RSS less the rest, {min(parts) / MB:,.0f} to {max(parts) / MB:,.0f} "
         "MB here). "
@@ -308,12 +397,12 @@ def report(data: dict, out: Path) -> str:
         "compute buffers (decodes of 16 tokens).\n\n"
         "**estimate**: `reame.models.catalog.memory_needed` from the file's header facts (recorded "
         "in results.json), as the Settings tab checks a model before loading it: the file + "
-        "the repacked matrices + the slots' KV + one full window's KV copied out + 200 MB for "
-        "the server. It is for a full window, so it sits a little above these half-window "
-        "peaks. **error**: (estimate - peak) / peak; the target is within "
+        "the repacked matrices where it is mapped + the slots' KV + one full window's KV "
+        "copied out + 200 MB for the server. It is for a full window, so it sits a little "
+        "above these half-window peaks. **error**: (estimate - peak) / peak; the target is within "
         f"±{TOLERANCE:.0%} for every row (tests/test_memory_estimate.py). "
         f"Worst here: {worst:.1%}.\n\n"
-        + text + "\n\n![memory](memory.png)\n", encoding="utf-8")
+        + text + "\n\n![memory](memory.png)\n" + load_modes_section(data), encoding="utf-8")
     (out / "results.json").write_text(json.dumps({**data, "rows": rows}, indent=1) + "\n",
                                       encoding="utf-8")
     return text
@@ -355,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                         help="only recompute the estimates and rewrite results.md, "
                              "results.json and the plot from a results.json")
+    parser.add_argument("--load-modes", action="store_true",
+                        help="only measure idle servers with the model file mapped and read "
+                             "(at the first --n-ctx), into the results.json in --out")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -380,8 +472,13 @@ def main(argv: list[str] | None = None) -> int:
     slots, kv_ram_mb = default("model", "slots"), default("model", "kv_ram_mb")
     command = "python -m bench.memory" + "".join(f" {shlex.quote(a)}"
                                                  for a in (argv or sys.argv[1:]))
+    before = args.out / "results.json"
+    kept = json.loads(before.read_text(encoding="utf-8")) if before.exists() else {}
+    if args.load_modes:
+        return measure_load_modes(names, kept, command, int(args.n_ctx.split(",")[0]), args.out)
     data = {"command": command, "date": dt.date.today().isoformat(), "machine": machine(),
-            "slots": slots, "kv_ram_mb": kv_ram_mb, "max_tokens": MAX_TOKENS, "rows": []}
+            "slots": slots, "kv_ram_mb": kv_ram_mb, "max_tokens": MAX_TOKENS, "rows": [],
+            **{k: v for k, v in kept.items() if k.startswith("load_modes")}}
     with tempfile.TemporaryDirectory(prefix="reame-memory-") as work:
         for name in names:
             for n_ctx in (int(n) for n in args.n_ctx.split(",")):
@@ -390,6 +487,30 @@ def main(argv: list[str] | None = None) -> int:
                     data["rows"].append(measure(name, MODELS[name], n_ctx, kv_type, slots=slots,
                                                 kv_ram_mb=kv_ram_mb, folder=folder, count=count))
     print(report(data, args.out))
+    return 0
+
+
+def measure_load_modes(names: list[str], data: dict, command: str, n_ctx: int,
+                       out: Path) -> int:
+    """--load-modes: each model's idle server mapped and read, into data (results.json)."""
+    if not data.get("rows"):
+        log.error("no results.json with the servers' rows in %s: run the full bench first", out)
+        return 2
+    if data["machine"].get("cpu_features") != cpu_features():
+        log.error("%s was measured with other CPU features than here", out / "results.json")
+        return 2
+    slots, kv_ram_mb = default("model", "slots"), default("model", "kv_ram_mb")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="reame-memory-") as work:
+        for name in names:
+            for mmap in LOAD_MODES:
+                rows.append(measure_load_mode(name, MODELS[name], mmap, n_ctx=n_ctx, slots=slots,
+                                              kv_ram_mb=kv_ram_mb,
+                                              folder=Path(work) / f"{name}-{mmap}"))
+    data.update(load_modes=rows, load_modes_command=command,
+                load_modes_date=dt.date.today().isoformat())
+    report(data, out)
+    print(load_modes_section(data))
     return 0
 
 

@@ -71,9 +71,10 @@ def reame_knows_slots() -> bool:
 @contextlib.contextmanager
 def start(kind: str, folder: Path, model: Path, *, n_ctx: int, slots: int, threads: int = 0,
           max_tokens: int = 200, kv_type: str = "f16",
-          kv_ram_mb: int = 1000000) -> Iterator[Server]:
-    """The server of that kind over folder, ended on exit. threads 0: all cores. kv_type and
-    kv_ram_mb: reame's [cache] kv_type and [model] kv_ram_mb (the default lets every slot in)."""
+          kv_ram_mb: int = 1000000, mmap: str | None = None) -> Iterator[Server]:
+    """The server of that kind over folder, ended on exit. threads 0: all cores. kv_type,
+    kv_ram_mb and mmap: reame's [cache] kv_type, [model] kv_ram_mb (the default lets every slot
+    in) and [model] mmap (None: not written, the checkout's default)."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     if kind == LLAMA_SERVER:
@@ -81,7 +82,7 @@ def start(kind: str, folder: Path, model: Path, *, n_ctx: int, slots: int, threa
     else:
         config = _reame_config(folder, model, n_ctx=n_ctx, threads=threads, max_tokens=max_tokens,
                                slots=1 if kind == REAME_SERIAL else slots, kv_type=kv_type,
-                               kv_ram_mb=kv_ram_mb)
+                               kv_ram_mb=kv_ram_mb, mmap=mmap)
         command = [sys.executable, str(ROOT / "app.py"), "--config", str(config),
                    "--port", str(port)]
     log_path = folder / "server.log"
@@ -108,14 +109,16 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def _reame_config(folder: Path, model: Path, *, n_ctx: int, threads: int, max_tokens: int,
-                  slots: int, kv_type: str = "f16", kv_ram_mb: int = 1000000) -> Path:
+                  slots: int, kv_type: str = "f16", kv_ram_mb: int = 1000000,
+                  mmap: str | None = None) -> Path:
     sessions = folder / "sessions"
     config = folder / "reame.conf"
     # By default kv_ram_mb and max_waiting high enough that every slot is used and no client
     # is refused (a checkout without slots ignores the three keys).
     config.write_text(
         f"[model]\nmodel_path = {model.resolve()}\nn_ctx = {n_ctx}\nn_threads = {threads}\n"
-        f"slots = {slots}\nkv_ram_mb = {kv_ram_mb}\n\n"
+        f"slots = {slots}\nkv_ram_mb = {kv_ram_mb}\n" + (f"mmap = {mmap}\n" if mmap else "")
+        + "\n"
         f"[generation]\ntemperature = 0\ntop_p = 1\nmax_tokens = {max_tokens}\n\n"
         f"[server]\nusers_file =\nmax_waiting = 1000\n\n"
         f"[storage]\nsessions_dir = {sessions}\n\n"

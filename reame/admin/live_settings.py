@@ -153,12 +153,12 @@ class Settings:
 
     def _check(self, config: Config) -> None:
         engine = self.service.engine
-        freed = engine.model_path.stat().st_size if engine else 0
+        freed = engine.weight_bytes if engine else 0
         try:
             model = config.model
             check_model(model.model_path, n_ctx=model.n_ctx, kv_type=config.cache.kv_type,
                         freed_bytes=freed, slots=model.slots,
-                        kv_budget_bytes=model.kv_ram_bytes)
+                        kv_budget_bytes=model.kv_ram_bytes, mmap=model.mmap)
         except ModelCheckError as exc:
             raise SettingsError(str(exc)) from None
 

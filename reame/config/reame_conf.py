@@ -41,6 +41,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("model", "exact_under_load", bool, False,
             "decode each reply's next token on its own, as if alone, when several replies are "
             "written at once (bit-identical replies under load, slower); false = together"),
+    Setting("model", "mmap", str, "auto",
+            "map the model file (true) or read it into memory (false); auto = read it where "
+            "llama.cpp repacks some of its weights for this CPU, which a mapped file would hold "
+            "twice, map it otherwise", choices=("auto", "true", "false")),
     # The defaults of new chats: a chat's own settings, declared in chat_settings.py.
     *FIELDS,
     Setting("server", "host", str, "127.0.0.1", "address to listen on"),
@@ -98,6 +102,7 @@ class ModelConfig:
     slots: int
     kv_ram_mb: int
     exact_under_load: bool
+    mmap: str
 
     @property
     def kv_ram_bytes(self) -> int:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import llama_cpp
 from llama_cpp._internals import LlamaContext, LlamaModel
-from llama_cpp._logger import set_verbose
 
 from reame.config.reame_conf import setting
 from reame.inference.batches import (
@@ -32,15 +31,15 @@ from reame.inference.batches import (
     truncated,
     valid,
 )
+from reame.inference.llama_params import KV_TYPES, context_params, init_backend, model_params
 from reame.inference.sampling import Pending, Sampler
 from reame.inference.vocab import Vocabulary
-from reame.models.gguf_info import read_gguf_info
+from reame.models.gguf_info import GGUFInfo, read_gguf_info
 from reame.models.kv_budget import slots_that_fit
 from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
+from reame.models.repack import Weights, plan_weights
 
 log = logging.getLogger(__name__)
-
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
 
 
 class ContextOverflow(ValueError):
@@ -84,24 +83,28 @@ class Engine(Vocabulary, Sampler):
                  kv_type: str = setting("cache", "kv_type").default,
                  models_dir: Path | None = None, n_batch: int = 512, slots: int = 1,
                  kv_budget_bytes: int | None = None,
-                 exact_under_load: bool = setting("model", "exact_under_load").default):
+                 exact_under_load: bool = setting("model", "exact_under_load").default,
+                 mmap: str = setting("model", "mmap").default):
         model_path = Path(model_path)
         check_model_file(model_path, models_dir or model_path.parent)
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type {kv_type!r}: expected one of {', '.join(KV_TYPES)}")
         threads = self.n_threads = n_threads or os.cpu_count() or 1
-        self.kv_bytes_per_token = _kv_bytes_per_token(model_path, kv_type)
+        info = _header(model_path)
+        self.kv_bytes_per_token = info.kv_bytes_per_token(kv_type) if info else None
+        # Mapped, or read into memory where llama.cpp repacks weights (repack.py).
+        self.weights = (plan_weights(info, mmap) if info else
+                        Weights(mmap != "false", 0, 0, "its header is unreadable"))
         self.slots_wanted = slots
         slots = slots_that_fit(slots, n_ctx, self.kv_bytes_per_token, kv_budget_bytes)
         # A quantized V cache needs flash attention in llama.cpp.
         self.kv_type, self.flash_attn = kv_type, kv_type != "f16"
         started = time.perf_counter()
-        _init_backend()
+        init_backend()
         try:
             self._model = LlamaModel(path_model=str(model_path),
-                                     params=llama_cpp.llama_model_default_params(),
-                                     verbose=False)
-            self._ctx = LlamaContext(model=self._model, params=_context_params(
+                                     params=model_params(self.weights), verbose=False)
+            self._ctx = LlamaContext(model=self._model, params=context_params(
                 n_ctx, slots, n_batch, threads, kv_type, self.flash_attn), verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {model_path}: {exc}") from None
@@ -135,8 +138,12 @@ class Engine(Vocabulary, Sampler):
         # One decode's tokens: a plan's chunk (at most CHUNK) or one token per slot.
         self._batch = llama_cpp.llama_batch_init(max(CHUNK, slots), 0, 1)
         self.load_s = time.perf_counter() - started  # reported by /metrics
+        # What the weights hold in memory, the catalog's memory check reckons with.
+        self.weight_bytes = self.weights.resident(model_path.stat().st_size)
         log.info("loaded %s (n_ctx %d, %d slot%s, %d threads) in %.2f s", model_path.name,
                  self.n_ctx, slots, "" if slots == 1 else "s", threads, self.load_s)
+        log.info("%s %s: %s", "mapped" if self.weights.mapped else "read into memory",
+                 model_path.name, self.weights.reason)
 
     @property
     def name(self) -> str:
@@ -371,32 +378,8 @@ class Engine(Vocabulary, Sampler):
         return True
 
 
-def _kv_bytes_per_token(path: Path, kv_type: str) -> int | None:
+def _header(path: Path) -> GGUFInfo | None:
     try:
-        return read_gguf_info(path).kv_bytes_per_token(kv_type)
+        return read_gguf_info(path)
     except (OSError, ValueError):
         return None  # llama.cpp says why it cannot load it
-
-
-def _context_params(n_ctx: int, slots: int, n_batch: int, threads: int, kv_type: str,
-                    flash_attn: bool) -> "llama_cpp.llama_context_params":
-    """A context of `slots` sequences of n_ctx tokens each, in cells of their own."""
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * slots, slots, False
-    params.n_batch = params.n_ubatch = n_batch
-    params.n_threads = params.n_threads_batch = threads
-    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
-                              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-    params.type_k = params.type_v = KV_TYPES[kv_type]
-    return params
-
-
-_backend_ready = False
-
-
-def _init_backend() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
-    set_verbose(False)  # llama.cpp's own log: errors only (as Llama(verbose=False))

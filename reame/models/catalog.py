@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from reame.config.reame_conf import setting
 from reame.models.gguf_info import GGUFInfo, NotGGUF, read_gguf_info
 from reame.models.kv_budget import slots_that_fit
 from reame.models.model_file import ModelLoadError, gguf_files
+from reame.models.repack import Weights, plan_weights
 
 log = logging.getLogger(__name__)
 
@@ -87,31 +87,19 @@ def list_models(models_dir: Path, *, current: Path | None = None) -> list[ModelC
     return out
 
 
-@functools.cache
-def cpu_repacks() -> bool:
-    """Whether the installed llama.cpp repacks Q4_0 / Q4_K / IQ4_NL weights on this CPU: its
-    CPU_REPACK buffer is built in, and the CPU has the kernels' instructions (AVX2 on x86,
-    dotprod, int8 matmul or SVE on ARM)."""
-    features = llama_cpp.llama_print_system_info().decode(errors="replace")
-    has = lambda name: f"{name} = 1" in features  # noqa: E731
-    return has("REPACK") and any(has(f) for f in ("AVX2", "DOTPROD", "MATMUL_INT8", "SVE"))
-
-
 def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str, slots: int = 1, *,
-                  repack: bool | None = None) -> int:
+                  weights: Weights | None = None) -> int:
     """The resident memory (RSS) of a server running this model, answering at full context.
 
-    The model file, mapped and read in whole at load; the repacked copy of its Q4_0 / Q4_K /
-    IQ4_NL matrices (repack None: if this CPU repacks, cpu_repacks()), while the file stays
-    mapped; the slots' KV, n_ctx tokens each; one full window's KV copied out of llama.cpp to
-    be written to its file after a reply; and the server itself (BASE_BYTES). Checked against
-    measured servers by tests/test_memory_estimate.py (within 15 %).
+    The weights as loaded (weights: default as the engine loads them here, repack.py): the
+    model file, read in whole at load, and the matrices llama.cpp repacks a second time where
+    the file stays mapped; the slots' KV, n_ctx tokens each; one full window's KV copied out
+    of llama.cpp to be written to its file after a reply; and the server itself (BASE_BYTES).
+    Checked against measured servers by tests/test_memory_estimate.py (within 15 %).
     """
     per_token = info.kv_bytes_per_token(kv_type) or 0
-    if repack is None:
-        repack = cpu_repacks()
-    weights = info.size + (info.repackable_bytes if repack else 0)
-    return BASE_BYTES + weights + per_token * n_ctx * (slots + 1)
+    weights = weights or plan_weights(info)
+    return BASE_BYTES + weights.resident(info.size) + per_token * n_ctx * (slots + 1)
 
 
 def _supported(path: Path) -> bool:
@@ -126,11 +114,13 @@ def _supported(path: Path) -> bool:
 
 
 def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
-                slots: int = 1, kv_budget_bytes: int | None = None) -> GGUFInfo:
+                slots: int = 1, kv_budget_bytes: int | None = None,
+                mmap: str = setting("model", "mmap").default) -> GGUFInfo:
     """Everything that can be checked before loading; ModelCheckError names the problem.
 
     freed_bytes: memory that loading will free (the model being replaced). slots and
-    kv_budget_bytes: as the engine will take them (kv_budget.slots_that_fit).
+    kv_budget_bytes: as the engine will take them (kv_budget.slots_that_fit); mmap: [model]
+    mmap, how it will load the weights (repack.plan_weights).
     """
     path = Path(path)
     if not path.exists():
@@ -157,14 +147,15 @@ def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
         slots = slots_that_fit(slots, n_ctx, info.kv_bytes_per_token(kv_type), kv_budget_bytes)
     except ModelLoadError as exc:
         raise ModelCheckError(str(exc)) from None
-    needed = memory_needed(info, n_ctx, kv_type, slots)
+    weights = plan_weights(info, mmap)
+    needed = memory_needed(info, n_ctx, kv_type, slots, weights=weights)
     available = psutil.virtual_memory().available + freed_bytes
     # The server asking is running: its own part (BASE_BYTES) is in memory already.
     if needed - BASE_BYTES > available:
         raise ModelCheckError(
             f"{path.name} with a {n_ctx:,}-token context in {slots} slot"
             f"{'' if slots == 1 else 's'} needs about {needed / 2**30:.1f} GB in all (weights "
-            f"{info.size / 2**30:.1f} GB + KV cache + the server); "
+            f"{weights.resident(info.size) / 2**30:.1f} GB + KV cache + the server); "
             f"{available / 2**30:.1f} GB is available. "
             "Choose a smaller n_ctx, fewer slots, q8_0 KV, or a smaller model.")
     return info

@@ -27,10 +27,15 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
               25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS",
               31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4"}
 
-# ggml tensor types that llama.cpp's CPU backend copies, at load, into an interleaved layout
-# for its matrix kernels (the CPU_REPACK buffer: AVX2 on x86, dotprod/i8mm on ARM), as
-# (values per block, bytes per block): Q4_0, Q4_K, IQ4_NL. The mapped file stays resident too.
-REPACKED_TYPES = {2: (32, 18), 12: (256, 144), 20: (32, 18)}
+# A matrix's rows are recorded by the largest of these that divides them: llama.cpp repacks a
+# matrix only if its rows are a multiple of its kernel's (repack.py).
+ROW_MULTIPLES = (32, 16, 8, 4)
+
+# ggml type -> (values per block, bytes per block), for the types a matrix may have
+_BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22),
+           7: (32, 24), 8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144),
+           13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136), 39: (32, 17),
+           41: (128, 18)}
 
 
 class NotGGUF(ValueError):
@@ -51,9 +56,13 @@ class GGUFInfo:
     kv_heads: int | None
     head_dim: int | None
     sliding_window: int | None
-    # Bytes of the matrix weights llama.cpp's CPU backend repacks at load (REPACKED_TYPES;
-    # not the token embedding, which is looked up, not multiplied): held twice in memory.
-    repackable_bytes: int = 0
+    # The weights llama.cpp multiplies by (not the token embedding, which is looked up), as
+    # (ggml type, row multiple, bytes) summed by type and multiple (ROW_MULTIPLES; 1: none):
+    # what its CPU backend may repack at load, by this CPU's rule (repack.py).
+    matrices: tuple[tuple[int, int, int], ...] = ()
+    # The token embedding, likewise, when it is the output matrix too (no output.weight):
+    # llama.cpp then multiplies by it as well, and a repacked copy of it is an extra copy.
+    tied_output: tuple[int, int, int] | None = None
 
     def kv_bytes_per_token(self, kv_type: str) -> int | None:
         """K and V for every layer, at 2 bytes (f16) or 34/32 bytes (q8_0) per value."""
@@ -116,7 +125,7 @@ def read_gguf_info(path: Path) -> GGUFInfo:
             meta[key] = _value(f, kind, keep=key != "tokenizer.chat_template")
             if key == "tokenizer.chat_template":
                 meta[key] = True
-        parameters = repackable = 0
+        parameters, matrices, names, embedding = 0, {}, set(), None
         for _ in range(n_tensors):
             name = _string(f)
             dims = [_read(f, "<Q") for _ in range(_read(f, "<I"))]
@@ -126,10 +135,15 @@ def read_gguf_info(path: Path) -> GGUFInfo:
             for d in dims:
                 count *= d
             parameters += count
-            if (kind in REPACKED_TYPES and len(dims) == 2 and dims[1] % 8 == 0
-                    and name != "token_embd.weight"):
-                block, size = REPACKED_TYPES[kind]
-                repackable += count // block * size
+            names.add(name)
+            if len(dims) in (2, 3) and kind in _BLOCKS:  # a matrix, or a stack of experts'
+                block, size = _BLOCKS[kind]
+                multiple = next((m for m in ROW_MULTIPLES if dims[1] % m == 0), 1)
+                key = (kind, multiple)
+                if name == "token_embd.weight":
+                    embedding = (*key, count // block * size)
+                elif "embd" not in name:  # position and per-layer embeddings: looked up too
+                    matrices[key] = matrices.get(key, 0) + count // block * size
     arch = str(meta.get("general.architecture", "unknown"))
 
     def arch_int(key: str) -> int | None:
@@ -148,5 +162,7 @@ def read_gguf_info(path: Path) -> GGUFInfo:
         context_length=arch_int("context_length"),
         has_chat_template=bool(meta.get("tokenizer.chat_template")),
         layers=arch_int("block_count"), kv_heads=kv_heads or heads, head_dim=head_dim,
-        sliding_window=arch_int("attention.sliding_window"), repackable_bytes=repackable,
+        sliding_window=arch_int("attention.sliding_window"),
+        matrices=tuple((*key, size) for key, size in sorted(matrices.items())),
+        tied_output=embedding if "output.weight" not in names else None,
     )

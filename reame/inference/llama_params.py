@@ -1,0 +1,43 @@
+"""The parameters llama.cpp loads a model and makes a context with, and its one-time set-up."""
+
+from __future__ import annotations
+
+import llama_cpp
+from llama_cpp._logger import set_verbose
+
+from reame.models.repack import Weights
+
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+
+
+def model_params(weights: Weights) -> llama_cpp.llama_model_params:
+    """llama.cpp's defaults, the file mapped or read as weights says (repack.plan_weights).
+    Mapped is llama.cpp's AUTO: mapped unless a device cannot map."""
+    params = llama_cpp.llama_model_default_params()
+    params.load_mode = (llama_cpp.LLAMA_LOAD_MODE_AUTO if weights.mapped
+                        else llama_cpp.LLAMA_LOAD_MODE_NONE)
+    return params
+
+
+def context_params(n_ctx: int, slots: int, n_batch: int, threads: int, kv_type: str,
+                   flash_attn: bool) -> llama_cpp.llama_context_params:
+    """A context of `slots` sequences of n_ctx tokens each, in cells of their own."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * slots, slots, False
+    params.n_batch = params.n_ubatch = n_batch
+    params.n_threads = params.n_threads_batch = threads
+    params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                              else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    params.type_k = params.type_v = KV_TYPES[kv_type]
+    return params
+
+
+_backend_ready = False
+
+
+def init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+    set_verbose(False)  # llama.cpp's own log: errors only (as Llama(verbose=False))
