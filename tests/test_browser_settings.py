@@ -143,7 +143,9 @@ def test_a_model_picked_in_settings_is_loaded_live_and_answers(page, server, mod
     # The server serves Gemma and no longer holds the old model; reame.conf names the new one.
     settings = api(server).predict(api_name="/get_settings")
     assert settings["loaded_model"].endswith(f"/models/{GEMMA}") and not settings["loading"]
-    assert mapped_models(server) == {GEMMA}, "the old model was not freed"
+    # The old model's file is let go; Gemma's is mapped, or read into memory where llama.cpp
+    # repacks its Q4_K matrices on this CPU ([model] mmap = auto).
+    assert mapped_models(server) <= {GEMMA}, "the old model was not freed"
     assert f"model_path = models/{GEMMA}" in Path(server.config).read_text()
 
     # The chat uses it: the model line says so, and a question gets a sensible answer.

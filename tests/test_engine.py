@@ -1,6 +1,6 @@
 import pytest
 
-from reame.inference.batches import CHUNK, plan
+from reame.inference.batches import CHUNK, plan, whole_chunks
 from reame.inference.engine import Engine
 from reame.inference.sampling import Sampling
 from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
@@ -51,15 +51,15 @@ def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine
     engine.clear()
     first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 8)
     assert engine.prefill(first) == 0
-    # The prompt is evaluated in chunks at absolute multiples of CHUNK.
+    # The prompt is evaluated in chunks at absolute chunk boundaries (16, 32, then CHUNK's).
     assert [(b.start, b.end) for b in engine.batches] == plan(0, len(first))
-    assert all(b.start % CHUNK == 0 and not b.kept for b in engine.batches)
+    assert all(whole_chunks(b.start) == b.start and not b.kept for b in engine.batches)
     # Another prompt sharing its start reuses only the whole chunks: the KV it gets is the
     # one a fresh evaluation makes.
     before = engine.evaluated
     longer = first + engine.tokenize(" And then it ran away.")
     reused = engine.prefill(longer)
-    assert reused == (len(first) // CHUNK) * CHUNK and reused > 0
+    assert reused == whole_chunks(len(first)) and reused > 0
     assert engine.evaluated - before == len(longer) - reused
     assert [(b.start, b.end) for b in engine.batches] == plan(0, len(longer))
     # The same prompt again right away: its last decode's logits are still live.
@@ -69,7 +69,7 @@ def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine
     # Once the KV moved on, all but its last chunk (evaluated again, as before).
     engine.truncate(len(longer) - 2)
     assert not engine.ready_for(longer)
-    assert engine.prefill(longer) == (len(longer) - 1) // CHUNK * CHUNK
+    assert engine.prefill(longer) == whole_chunks(len(longer) - 1)
     # After generated tokens, a prompt that continues them reuses the whole KV.
     for _ in zip(range(3), engine.generate(Sampling(temperature=0), 3)):
         pass
@@ -88,3 +88,22 @@ def test_html_is_inert_outside_code_and_untouched_inside():
     assert "<script>" not in out and "&lt;script>" in out
     assert "`<b>x</b>`" in out and "<i>y</i>" in out
     assert "**bold**" in out and "> quote" in out
+
+
+def test_chunks_ramp_up_so_that_a_short_shared_opening_is_reused(engine):
+    """Chunk boundaries at 16, 32, then every CHUNK: a prompt sharing only a short opening
+    with the live KV (a template's header, a short system prompt) still reuses its whole
+    chunks, as llama-server reuses such a prefix."""
+    assert plan(0, 200) == [(0, 16), (16, 32), (32, 64), (64, 128), (128, 192), (192, 200)]
+    assert plan(20, 70) == [(20, 32), (32, 64), (64, 70)]
+    assert plan(0, 40, kept_from=0) == [(0, 16), (16, 32), (32, 40)]
+    opening = engine.tokenize("You are a helpful assistant of the town library. Answer clearly "
+                              "and briefly, and in plain words, please.")
+    assert 16 <= len(opening) < CHUNK
+    engine.clear()
+    engine.prefill(opening + engine.tokenize(" What is the capital of France?"))
+    before = engine.evaluated
+    other = opening + engine.tokenize(" Name three colours of the rainbow.")
+    reused = engine.prefill(other)
+    assert reused == whole_chunks(len(opening)) >= 16
+    assert engine.evaluated - before == len(other) - reused

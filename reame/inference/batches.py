@@ -6,17 +6,20 @@ of a batch in groups). A token's KV and logits therefore depend on which decode 
 and greedy decoding flips at near ties. So that the cache changes the speed and never the
 answer, every prompt is evaluated by the same plan, whatever part of it was reused:
 
-- the prompt's tokens are split at absolute positions that are multiples of CHUNK up to the
-  conversation's first kept token (its opening and first message: what a cold start or
-  another conversation can share), and of KEPT_CHUNK after it (a conversation's later
-  messages: a message typed ahead is reused but for its last KEPT_CHUNK tokens); a batch that
-  starts after a reused prefix runs to the next multiple;
+- the prompt's tokens are split at the chunk boundaries 16, 32, 64, 128, 192, ... (every
+  CHUNK, after a ramp) up to the conversation's first kept token (its opening and first
+  message: what a cold start or another conversation can share), and at multiples of
+  KEPT_CHUNK after it (a conversation's later messages: a message typed ahead is reused but
+  for its last KEPT_CHUNK tokens); a batch that starts after a reused prefix runs to the next
+  boundary;
 - generated tokens are evaluated one by one, as they are sampled (or, when several replies
   are written at once, one token of each in one decode: Engine.decode_pending).
 
 Prompt evaluation gains up to chunks of 64 (SmolLM2 on this machine: 255 / 298 / 300 tokens/s
-at 16 / 64 / 128); after the first reply 16 stays, because a conversation's later messages are
-short and typing ahead reuses only whole chunks of them.
+at 16 / 64 / 128). The ramp keeps a short opening that many prompts share (a template's header,
+a short system prompt: llama-server reuses such a prefix from any slot) whole chunks, for a few
+milliseconds per cold prompt. After the first reply 16 stays, because a conversation's later
+messages are short and typing ahead reuses only whole chunks of them.
 
 (Evaluating the prompt's last token alone as well would let the same prompt reuse all but that
 token, but costs every turn a decode, about 20 ms here: the prompt's last chunk is evaluated
@@ -44,6 +47,9 @@ from typing import NamedTuple
 # evaluation nearly stops gaining, see the module's doc), and after it.
 CHUNK = 64
 KEPT_CHUNK = 16
+# Below CHUNK the chunks ramp up, so that a short shared opening (a chat template's header, a
+# short system prompt) is still whole chunks: boundaries at 16, 32, then every 64.
+RAMP = (16, 32)
 
 
 class Batch(NamedTuple):
@@ -57,15 +63,32 @@ class Batch(NamedTuple):
 
 
 def plan(start: int, end: int, kept_from: int | None = None) -> list[tuple[int, int]]:
-    """The decodes that evaluate tokens [start, end) of a prompt: split at multiples of CHUNK
-    before kept_from (the position of the conversation's first kept token; None: none yet),
-    at multiples of KEPT_CHUNK from it on."""
+    """The decodes that evaluate tokens [start, end) of a prompt: split at the chunk
+    boundaries (next_boundary) before kept_from (the position of the conversation's first
+    kept token; None: none yet), at multiples of KEPT_CHUNK from it on."""
     bounds, at = [start], start
     while at < end:
-        size = CHUNK if kept_from is None or at < kept_from else KEPT_CHUNK
-        at = min(end, (at // size + 1) * size)
+        if kept_from is None or at < kept_from:
+            at = min(end, next_boundary(at))
+        else:
+            at = min(end, (at // KEPT_CHUNK + 1) * KEPT_CHUNK)
         bounds.append(at)
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def next_boundary(at: int) -> int:
+    """The first chunk boundary after position at: 16, 32, 64, then every CHUNK."""
+    if at < CHUNK:
+        return next((b for b in RAMP if b > at), CHUNK)
+    return (at // CHUNK + 1) * CHUNK
+
+
+def whole_chunks(n: int) -> int:
+    """The last chunk boundary at or before n (0: none): how much of n tokens a plan from
+    position 0 evaluates in whole chunks."""
+    if n < CHUNK:
+        return max((b for b in RAMP if b <= n), default=0)
+    return n - n % CHUNK
 
 
 def kept_from(batches: Sequence[Batch]) -> int | None:
@@ -76,7 +99,8 @@ def kept_from(batches: Sequence[Batch]) -> int | None:
 def _cold(batch: Batch) -> bool:
     """Whether a fresh evaluation from position 0 of any prompt that holds this batch's tokens
     (and more) makes this very batch: a whole chunk."""
-    return not batch.kept and batch.start % CHUNK == 0 and batch.end == batch.start + CHUNK
+    return (not batch.kept and whole_chunks(batch.start) == batch.start
+            and batch.end == next_boundary(batch.start))
 
 
 def resume_point(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int], *,
@@ -106,7 +130,7 @@ def cold_prefix(batches: Sequence[Batch]) -> int:
     starting with them would get from a fresh evaluation."""
     at = 0
     for batch in batches:
-        if batch.kept or batch.start != at or batch.start % CHUNK or batch.end != at + CHUNK:
+        if batch.start != at or not _cold(batch):
             break
         at = batch.end
     return at

@@ -23,7 +23,7 @@ import logging
 import time
 from pathlib import Path
 
-from reame.inference.batches import CHUNK, cold_prefix, resume_point
+from reame.inference.batches import cold_prefix, resume_point, whole_chunks
 from reame.inference.cache_figures import CacheFigures
 from reame.inference.cache_state import FROM_FILES, Ahead, Counts, Drop, Live, Restored
 from reame.inference.engine import Engine, Sequence, common_prefix
@@ -237,7 +237,7 @@ class KVCache(CacheFigures):
         """Where a shared-prefix snapshot of prompt ends: the whole chunks of prefix that
         prompt shares (a chunk boundary is a batch boundary of every prompt's plan)."""
         shared = min(common_prefix(prefix, prompt), len(prompt) - 1)
-        return shared - shared % CHUNK
+        return whole_chunks(shared)
 
     def restorable(self, n_tokens: int) -> bool:
         limit = self.engine.restore_limit
@@ -275,7 +275,7 @@ class KVCache(CacheFigures):
         """Make sure the KV of opening (the default system prompt's, as whole chunks) is on
         disk as the SHARED snapshot every user may reuse, and keep it from eviction: made when
         the model loads, so that whether it is there never depends on what users did."""
-        head = opening[:len(opening) - len(opening) % CHUNK]
+        head = opening[:whole_chunks(len(opening))]
         if self.pin_shared(head):
             return
         self.serve(SHARED)

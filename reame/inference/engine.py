@@ -30,6 +30,7 @@ from reame.inference.batches import (
     shifted,
     truncated,
     valid,
+    whole_chunks,
 )
 from reame.inference.llama_params import KV_TYPES, context_params, init_backend, model_params
 from reame.inference.sampling import Pending, Sampler
@@ -342,8 +343,8 @@ class Engine(Vocabulary, Sampler):
     def prefill_head_steps(self, head: list[int]) -> Iterator[None]:
         """Make the KV hold head, whole chunks of a longer prompt (a shared-prefix snapshot),
         in the decodes that prompt's own plan makes."""
-        if len(head) % CHUNK:
-            raise ValueError(f"a head of {len(head)} tokens is not whole chunks of {CHUNK}")
+        if whole_chunks(len(head)) != len(head):
+            raise ValueError(f"a head of {len(head)} tokens is not whole chunks")
         self.truncate(self.resume_point(head, complete=False))
         yield from self.extend_steps(head[len(self.tokens):])
 
