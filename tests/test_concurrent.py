@@ -8,6 +8,7 @@ at once, a recent chat's KV still live.
 
 from __future__ import annotations
 
+import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -117,6 +118,29 @@ def test_replies_written_at_once_are_decoded_together_and_each_is_its_own(servic
         # bit for bit; the next ones come from shared decodes.
         assert under_load.stats.first_logits == by_itself.stats.first_logits
         assert under_load.text.split()[:1] == by_itself.text.split()[:1]
+
+
+def test_replies_that_start_in_different_rounds_stay_in_step(services, engine4):
+    """Prompts end their evaluation in different rounds of the engine's thread; from then on
+    each reply queues its next token in every round (the one its caller was given is decoded
+    ahead), so that the replies are decoded together, not each in the others' off rounds."""
+    service = services(engine4, GREEDY)
+    rng = random.Random(7)
+    words = ["apple", "river", "stone", "cloud", "green", "music", "paper", "light"]
+    asks = [" ".join(rng.choice(words) for _ in range(45)) + " Please explain."
+            for _ in range(4)]
+    rounds = []
+    for _ in range(3):
+        before = engine4.decoded_together
+        replies = at_once([lambda a=a: last(service.complete(
+            "You are a helpful assistant.", [PromptMessage("user", a)], max_tokens=48,
+            temperature=0)) for a in asks])
+        generated = sum(reply.stats.generated for reply in replies)
+        rounds.append((engine4.decoded_together - before) / generated)
+        asks = [a + " Thanks." for a in asks]  # new prompts: nothing reused from the last
+    # Alone: a reply's tokens while the others' prompts are still evaluated, and the tail of
+    # the longest.
+    assert min(rounds) >= 0.85, rounds
 
 
 @pytest.mark.parametrize("mode", ["engine4", "engine4_exact"])

@@ -370,6 +370,12 @@ class Scheduler:
             if item is not None and task.in_work:
                 with self._cond:
                     self._give(task, item)
+                # A reply's token was given: queue its next one in this same round, so that
+                # the replies being written stay in step and are decoded together (otherwise a
+                # reply that came in a round out of step queued in the others' off rounds and
+                # was decoded alone: measured, 4 replies at once 0.8x slower).
+                if task.slot.seq.decode_ahead and not task.cancelled:
+                    self._step(task)
 
     def _close(self, task: Task) -> None:
         """Stop a cancelled task: its generator's finally blocks run here (a reply keeps what
