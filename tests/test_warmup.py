@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 from reame.inference.engine import Engine
-from reame.inference.warmup import warm_up
+from reame.inference.warmup import warm_model, warm_request_path
 from reame.runtime import service_over
 
 from .conftest import GREEDY, ROOT, THREADS, free_port, write_config
@@ -38,7 +38,9 @@ def test_the_warm_up_runs_the_model_and_leaves_nothing_behind(tmp_path, model_pa
 
         service = service_over(tmp_path / "warm", engine, GREEDY)
         before = engine.evaluated
-        assert warm_up(service) > 0
+        # What the app runs at start (runtime.build_service_soon, web.server.serve).
+        warm_request_path()
+        assert warm_model(service) > 0
         assert engine.evaluated > before, "the model ran"
         assert all(not seq.tokens for seq in engine.sequences), "the slots are empty again"
         # What Gradio imports at its first API call (its matplotlib backend switch) is there,

@@ -36,15 +36,6 @@ WARM_MESSAGE = "Hello! Please say hello back."
 WARM_TOKENS = 4  # sampled per slot
 
 
-def warm_up(service) -> float:
-    """Both warm-ups, then the start-up's objects set aside; the seconds it took."""
-    started = time.perf_counter()
-    warm_request_path()
-    warm_model(service)
-    settle_objects()
-    return time.perf_counter() - started
-
-
 def settle_objects() -> None:
     """Collect once, freeze what is left out of later collections' reach (it lives as long as
     the process), and turn the collector on (the app starts with it off)."""
