@@ -129,12 +129,16 @@ def test_replies_that_start_in_different_rounds_stay_in_step(services, engine4):
     words = ["apple", "river", "stone", "cloud", "green", "music", "paper", "light"]
     asks = [" ".join(rng.choice(words) for _ in range(45)) + " Please explain."
             for _ in range(4)]
+    # End tokens banned: every reply runs its 48 tokens whatever the CPU makes of it (a
+    # reply that ended early would leave the others' tails alone).
+    no_end = tuple((t, -100.0) for t in range(engine4.n_vocab) if engine4.is_end(t))
     rounds = []
     for _ in range(3):
         before = engine4.decoded_together
         replies = at_once([lambda a=a: last(service.complete(
             "You are a helpful assistant.", [PromptMessage("user", a)], max_tokens=48,
-            temperature=0)) for a in asks])
+            temperature=0, logit_bias=no_end)) for a in asks])
+        assert all(reply.stats.generated == 48 for reply in replies)
         generated = sum(reply.stats.generated for reply in replies)
         rounds.append((engine4.decoded_together - before) / generated)
         asks = [a + " Thanks." for a in asks]  # new prompts: nothing reused from the last
