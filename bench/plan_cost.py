@@ -1,6 +1,6 @@
 """Scenario "plan": what the batch plan (reame/inference/batches.py) costs, side by side in one run.
 
-Every prompt is evaluated in chunks of CHUNK tokens at absolute positions, so that the reply
+Every prompt is evaluated in chunks at absolute positions (batches.plan), so that the reply
 never depends on what the cache held. Before, the new tokens of a turn
 went in one decode. Measured on the same engine, alternating the two ways, for:
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import statistics
 import time
+
+import llama_cpp
 
 from reame.inference.batches import CHUNK
 from reame.inference.engine import Engine
@@ -61,10 +63,26 @@ def _alternate(engine: Engine, runs: int, prepare, tokens: list[int]) -> tuple[f
             else:
                 _one_way(engine, tokens)
             seconds.append(time.perf_counter() - started)
+            if way != "plan":  # the engine does not know of these decodes: undo them
+                llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(engine.context),
+                                              engine.seq.id, len(engine.tokens), -1)
     return statistics.median(times["one decode"]), statistics.median(times["plan"])
 
 
 def _one_way(engine: Engine, tokens: list[int]) -> None:
-    """The evaluation before the plan: up to OLD_BATCH tokens per decode."""
-    for start in range(0, len(tokens), OLD_BATCH):
-        engine._decode(tokens[start:start + OLD_BATCH])
+    """The evaluation before the plan: up to OLD_BATCH tokens per decode, straight through
+    llama.cpp (the engine's own decodes take at most a plan's chunk)."""
+    batch = llama_cpp.llama_batch_init(OLD_BATCH, 0, 1)
+    try:
+        base = len(engine.tokens)
+        for start in range(0, len(tokens), OLD_BATCH):
+            part = tokens[start:start + OLD_BATCH]
+            for i, token in enumerate(part):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, base + start + i, 1
+                batch.seq_id[i][0] = engine.seq.id
+                batch.logits[i] = i == len(part) - 1
+            batch.n_tokens = len(part)
+            if llama_cpp.llama_decode(engine.context, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+    finally:
+        llama_cpp.llama_batch_free(batch)
