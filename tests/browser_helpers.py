@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
-from gradio_client import Client
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from reame.inference.turn import TurnStats
 from reame.web.render import stats_text
 
 from .conftest import ROOT, Server
+from .gradio_api import ApiClient
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking",
@@ -110,8 +110,8 @@ def server(page_server) -> Server:
 # helpers
 
 
-def api(server: Server) -> Client:
-    return Client(server.url, verbose=False)
+def api(server: Server) -> ApiClient:
+    return ApiClient(server.url, verbose=False)
 
 
 def open_app(page: Page, server: Server) -> None:

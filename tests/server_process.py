@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from multiprocessing import forkserver
 import signal
 import subprocess
 import sys
+from multiprocessing import forkserver
 from pathlib import Path
 
 # What a server imports before it serves (app.py and build_app's web layer).

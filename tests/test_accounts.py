@@ -12,12 +12,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from gradio_client import Client
 
 from reame.accounts.users import AccountError, Accounts
 from reame.chats.store import Store
 
 from .conftest import ROOT, Server, write_config
+from .gradio_api import ApiClient
 from .reference import assert_answers, model_answer
 
 CAPITAL = "What is the capital city of France? Answer in one word."
@@ -74,8 +74,8 @@ def guarded(tmp_path_factory, model_path):
     server.stop()
 
 
-def as_user(server: Server, name: str) -> Client:
-    return Client(server.url, auth=(name, PASSWORDS[name]), verbose=False)
+def as_user(server: Server, name: str) -> ApiClient:
+    return ApiClient(server.url, auth=(name, PASSWORDS[name]), verbose=False)
 
 
 def v1(server: Server, path: str, *, key: str | None = None, body=None, headers=None):
@@ -93,9 +93,9 @@ def v1(server: Server, path: str, *, key: str | None = None, body=None, headers=
 def test_the_page_and_gradio_client_need_a_login(guarded):
     server, _ = guarded
     with pytest.raises(Exception):
-        Client(server.url, verbose=False)
+        ApiClient(server.url, verbose=False)
     with pytest.raises(Exception):
-        Client(server.url, auth=("alice", "wrong password"), verbose=False)
+        ApiClient(server.url, auth=("alice", "wrong password"), verbose=False)
     alice = as_user(server, "alice")
     chat = alice.predict(api_name="/new_chat")
     assert_answers(alice.predict(chat, CAPITAL, api_name="/send"), model_answer(CAPITAL))

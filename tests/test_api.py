@@ -1,11 +1,11 @@
 """The named API endpoints, through gradio_client against a real server process."""
 
 import pytest
-from gradio_client import Client
 
 from reame.inference.batches import KEPT_CHUNK
 
 from .conftest import start_server
+from .gradio_api import ApiClient
 from .reference import assert_answers, model_answer
 
 
@@ -18,8 +18,8 @@ def server(tmp_path_factory, model_path):
     server.stop()
 
 
-def client_for(server) -> Client:
-    return Client(server.url, verbose=False)
+def client_for(server) -> ApiClient:
+    return ApiClient(server.url, verbose=False)
 
 
 def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server_factory):

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from gradio_client import Client
 
 from reame.accounts.users import Accounts
 from reame.admin.backup import (
@@ -37,6 +36,7 @@ from reame.inference.kv.kvfile import TMP_PREFIX
 from reame.inference.kv.kvstore import TOTALS_NAME, KVStore
 
 from .conftest import ROOT, Server, start_server, write_config
+from .gradio_api import ApiClient
 
 FINGERPRINT = "model=test;kv=f16;flash_attn=0"
 PASSWORD = "alice-secret-1"
@@ -425,7 +425,7 @@ def test_a_chat_backed_up_while_the_server_answers_continues_from_disk(tmp_path,
     old = start_server(tmp_path / "old", model_path=model_path)
     busy = None
     try:
-        client = Client(old.url, verbose=False)
+        client = ApiClient(old.url, verbose=False)
         chat_id = client.predict("Geography", "You are a terse assistant.", api_name="/new_chat")
         client.predict(chat_id, "Which planet do we live on?", api_name="/send")
         writes = settled_kv_writes(client)
@@ -455,7 +455,7 @@ def test_a_chat_backed_up_while_the_server_answers_continues_from_disk(tmp_path,
     assert put_back.returncode == 0, put_back.stderr
     new = Server(new_config, tmp_path / "new" / "server.log").start()
     try:
-        client = Client(new.url, verbose=False)
+        client = ApiClient(new.url, verbose=False)
         assert busy.chat_id in [c["id"] for c in client.predict(api_name="/list_chats")]
         assert client.predict(chat_id, api_name="/get_chat")["messages"] == before
         client.predict(chat_id, "Say hello.", api_name="/send")
@@ -475,7 +475,7 @@ def app_command(*args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def settled_kv_writes(client: Client, *, more_than: int = -1, timeout: float = 60) -> int:
+def settled_kv_writes(client: ApiClient, *, more_than: int = -1, timeout: float = 60) -> int:
     """The server's count of KV files written, once it is above more_than and has not moved
     for a second (the background writer is idle)."""
     deadline, last, still_since = time.monotonic() + timeout, None, time.monotonic()
@@ -493,7 +493,7 @@ class Answering:
     """Another chat on the server, answering one message after another until stopped."""
 
     def __init__(self, url: str):
-        self.client = Client(url, verbose=False)
+        self.client = ApiClient(url, verbose=False)
         self.chat_id = self.client.predict("Busy", None, api_name="/new_chat")
         self.replies = 0
         self._stop = threading.Event()

@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
-from gradio_client import Client
 from playwright.sync_api import Error as PlaywrightError
 
 from reame.inference.kv import kvfile
 
 from .browser_helpers import BOX, CHATS, browser, open_app  # noqa: F401 - browser: a fixture
 from .conftest import FULL, start_server
+from .gradio_api import ApiClient
 from .test_disconnect import LONG, LONG_PROMPT, metric, read_until
 
 CHAOS_S = 60 if FULL else 20  # seconds of chaos; the model switch comes halfway
@@ -122,7 +122,7 @@ class Chaos:
             raise AssertionError(f"a whole request got {status}")
 
     def named(self, cancel: bool) -> None:
-        client = Client(self.url, verbose=False)
+        client = ApiClient(self.url, verbose=False)
         try:
             chat = client.predict(api_name="/new_chat")
             job = client.submit(chat, self.pick([LONG, LONG_PROMPT]), api_name="/send")
@@ -211,7 +211,7 @@ def test_chaos_leaves_the_server_whole(tmp_path, model_path, gemma_path, browser
 
         def switch_model() -> None:
             time.sleep(CHAOS_S / 2)
-            Client(server.url, verbose=False).predict(
+            ApiClient(server.url, verbose=False).predict(
                 {"model": {"model_path": str(gemma_path)}}, api_name="/update_settings")
             chaos.count("model_switch")
 

@@ -12,7 +12,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-from gradio_client import Client
 from playwright.sync_api import expect
 
 from .browser_helpers import (  # noqa: F401 - browser is a fixture
@@ -27,6 +26,7 @@ from .browser_helpers import (  # noqa: F401 - browser is a fixture
     without_stats,
 )
 from .conftest import Server, at_once, start_server
+from .gradio_api import ApiClient
 from .reference import assert_answers, model_answer
 from .test_openai import model_id, sdk
 
@@ -55,7 +55,7 @@ def ask_v1(server: Server, text: str, max_tokens: int = 24) -> str:
 
 
 def ask_named(server: Server, text: str) -> str:
-    client = Client(server.url, verbose=False)
+    client = ApiClient(server.url, verbose=False)
     chat = client.predict(api_name="/new_chat")
     return client.predict(chat, text, api_name="/send")
 
@@ -102,7 +102,7 @@ def test_beyond_the_line_v1_answers_429_and_the_api_says_full(tmp_path, model_pa
         assert int(refused.value.headers["Retry-After"]) > 0
         error = json.loads(refused.value.read())["error"]
         assert error["code"] == "server_full" and "full" in error["message"]
-        client = Client(server.url, verbose=False)
+        client = ApiClient(server.url, verbose=False)
         chat = client.predict(api_name="/new_chat")
         with pytest.raises(Exception, match="full"):
             client.predict(chat, "Hi", api_name="/send")

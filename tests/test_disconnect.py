@@ -17,13 +17,13 @@ import socket
 import time
 
 import pytest
-from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from reame.inference.engine import Engine
 from reame.runtime import service_over
 
 from .conftest import GREEDY, THREADS, Server, start_server
+from .gradio_api import ApiClient
 
 LONG = "Write a very long story about a dragon who learns to sing, with many chapters."
 # About 1,500 tokens of prompt: 6-10 s to evaluate on 2 cores, in about a hundred decodes.
@@ -190,7 +190,7 @@ def test_a_client_that_stops_reading_does_not_keep_the_slot(server, no_end):
 
 
 def test_a_cancelled_gradio_client_job_frees_the_slot(server):
-    client = Client(server.url, verbose=False)
+    client = ApiClient(server.url, verbose=False)
     chat = client.predict(api_name="/new_chat")
     before = outcomes(server, "chat")
     job = client.submit(chat, LONG_PROMPT, api_name="/send")
@@ -208,7 +208,7 @@ def test_a_stop_does_not_wait_for_open_pages_or_streamed_replies(server, no_end)
     """An open page or API client always holds a stream (Gradio's heartbeat), and a reply
     may be streaming: SIGTERM ends them as hang-ups and the server stops at once, not after
     uvicorn's graceful timeout (5 s, logged as exceeded). The module's last use of `server`."""
-    client = Client(server.url, verbose=False)
+    client = ApiClient(server.url, verbose=False)
     client.predict(api_name="/new_chat")  # its heartbeat stream is open
     sock = open_v1(server, LONG, logit_bias=no_end)
     read_until(sock, b"data: ")  # the reply is streaming

@@ -8,9 +8,8 @@ import time
 import urllib.error
 import urllib.request
 
-from gradio_client import Client
-
 from .conftest import start_server
+from .gradio_api import ApiClient
 from .test_accounts import guarded  # noqa: F401 - a fixture: a server with accounts
 
 
@@ -43,7 +42,7 @@ def test_health_says_loading_while_a_model_switch_loads(tmp_path, model_path, ge
     server = start_server(tmp_path, model_path=model_path, max_tokens=400)
     try:
         assert health(server)[:2] == (200, {"status": "ok"})
-        gradio = Client(server.url, verbose=False)
+        gradio = ApiClient(server.url, verbose=False)
         # A long reply holds the model, so the switch waits, loading all the while.
         chat = gradio.predict(api_name="/new_chat")
         story = gradio.submit(chat, "Write a long story about a lighthouse keeper.",

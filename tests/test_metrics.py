@@ -8,11 +8,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gradio_client import Client
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import start_server
+from .gradio_api import ApiClient
 from .test_accounts import guarded  # noqa: F401 - a fixture: a server with accounts
 
 
@@ -52,7 +52,7 @@ def test_metrics_count_turns_tokens_latency_cache_and_files(tmp_path, model_path
         assert value(before, "reame_turns_waiting") == 0
         assert value(before, "reame_slots") == 4
 
-        gradio = Client(server.url, verbose=False)
+        gradio = ApiClient(server.url, verbose=False)
         kept = gradio.predict(api_name="/new_chat")
         gradio.predict(kept, "Name three colours of the rainbow.", api_name="/send")
         gradio.predict(kept, "And two more.", api_name="/send")  # its KV is live
@@ -85,7 +85,7 @@ def test_metrics_count_turns_tokens_latency_cache_and_files(tmp_path, model_path
         on_disk = kv_files(tmp_path)
         assert value(at_start, "reame_kv_files") == len(on_disk) >= 2
         assert value(at_start, "reame_kv_disk_bytes") == sum(p.stat().st_size for p in on_disk)
-        gradio = Client(server.url, verbose=False)
+        gradio = ApiClient(server.url, verbose=False)
         gradio.predict(kept, "One last colour?", api_name="/send")  # restored from its file
         gradio.predict(lost, "Who keeps it?", api_name="/send")  # its file is rejected
         restarted = scrape(server)

@@ -12,12 +12,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from gradio_client import Client
 from openai import APIError, APIStatusError, OpenAI
 
 from reame.inference.engine import Engine
 
 from .conftest import THREADS, Server, start_server
+from .gradio_api import ApiClient
 from .reference import assert_answers, model_answer
 
 CAPITAL = "What is the capital city of France? Answer in one word."
@@ -197,7 +197,7 @@ def test_logit_bias_favours_and_bans_tokens(server, model_path):
                          ({"1": 101}, "logit_bias"), ({"999999999": 1}, "vocabulary")):
         got, answer = post(server, {"model": model, "messages": hi, "logit_bias": bias})
         assert got == 400 and needle in answer["error"]["message"], answer
-    chat = Client(server.url, verbose=False).predict(api_name="/new_chat")
+    chat = ApiClient(server.url, verbose=False).predict(api_name="/new_chat")
     got, answer = post(server, {"model": model, "messages": hi, "logit_bias": {"1": 1}},
                        headers={"X-Reame-Chat": str(chat)})
     assert got == 400 and answer["error"]["param"] == "logit_bias", answer
@@ -302,7 +302,7 @@ def test_malformed_and_oversized_bodies_are_refused(server):
 
 
 def test_a_request_can_be_a_turn_of_a_stored_chat(server):
-    gradio = Client(server.url, verbose=False)
+    gradio = ApiClient(server.url, verbose=False)
     chat_id = gradio.predict(api_name="/new_chat")
     reply = sdk(server).chat.completions.with_raw_response.create(
         model=model_id(server), messages=[{"role": "user", "content": CAPITAL}],
@@ -331,7 +331,7 @@ INTERNALS = ("Traceback", "File \"", ".py", "sqlite", "sqlalchemy", "INSERT", "l
 def test_an_unexpected_error_says_so_without_internals_and_the_server_keeps_serving(server):
     """A real fault from outside: another process holds SQLite's write lock (a backup tool,
     say), so the server's writes fail after its 5 s busy timeout."""
-    gradio = Client(server.url, verbose=False)
+    gradio = ApiClient(server.url, verbose=False)
     chat_id = gradio.predict(api_name="/new_chat")
     database = sqlite3.connect(server.config.parent / "sessions" / "reame.db")
     database.execute("BEGIN EXCLUSIVE")
@@ -381,7 +381,7 @@ def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_pat
         while len(chunks) < 3:
             assert time.monotonic() < deadline and teller.is_alive(), "no story"
             time.sleep(0.02)
-        gradio = Client(server.url, verbose=False)
+        gradio = ApiClient(server.url, verbose=False)
         switch = gradio.submit({"model": {"model_path": str(gemma_path)}},
                                api_name="/update_settings")
         while not gradio.predict(api_name="/get_settings")["loading"]:

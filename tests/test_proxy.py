@@ -10,11 +10,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from gradio_client import Client
 from openai import OpenAI
 
 from .browser_helpers import BOT, browser, open_app, page, send  # noqa: F401 - fixtures
 from .conftest import ROOT, Server, write_config
+from .gradio_api import ApiClient
 from .nginx import Nginx
 
 LOCATION = ROOT / "deploy" / "nginx-reame.conf"
@@ -70,7 +70,7 @@ def test_the_page_works_under_the_path(proxied, page):  # noqa: F811
 
 
 def test_a_streamed_send_through_gradio_client(proxied):
-    client = Client(proxied.url, verbose=False)
+    client = ApiClient(proxied.url, verbose=False)
     chat_id = client.predict(api_name="/new_chat")
     job = client.submit(chat_id, "Name three colours of the rainbow.", api_name="/send")
     job.result(timeout=120)

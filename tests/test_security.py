@@ -23,13 +23,13 @@ from email.message import Message
 from pathlib import Path
 
 import pytest
-from gradio_client import Client
 from playwright.sync_api import expect
 
 from reame.inference.prompt import PromptMessage
 
 from .browser_helpers import browser  # noqa: F401 - the Chromium fixture, shared
 from .conftest import Server, start_server, write_config
+from .gradio_api import ApiClient
 from .page_events import PageSession, file_data
 from .test_accounts import cli, v1
 
@@ -63,8 +63,8 @@ def bank(tmp_path_factory, model_path):
     server.stop()
 
 
-def login(server: Server, name: str) -> Client:
-    return Client(server.url, auth=(name, USERS[name]), verbose=False)
+def login(server: Server, name: str) -> ApiClient:
+    return ApiClient(server.url, auth=(name, USERS[name]), verbose=False)
 
 
 def ask(server: Server, key: str, *texts: str, max_tokens: int = 8) -> dict:
@@ -87,7 +87,7 @@ def observed(answer: dict) -> tuple:
             extra["reused"], extra["source"], extra["prefilled"])
 
 
-def type_ahead(client: Client, chat_id: int, draft: str) -> int:
+def type_ahead(client: ApiClient, chat_id: int, draft: str) -> int:
     """The tokens /type_ahead evaluated for draft. It never waits for the model: while the
     end of another turn holds it (saving its file), it does nothing and says 0, so ask again."""
     for _ in range(100):
@@ -98,7 +98,7 @@ def type_ahead(client: Client, chat_id: int, draft: str) -> int:
     raise AssertionError(f"type-ahead of {draft!r} never got the model")
 
 
-def turn_stats(client: Client, chat_id: int) -> tuple:
+def turn_stats(client: ApiClient, chat_id: int) -> tuple:
     stats = client.predict(chat_id, api_name="/get_chat")["messages"][-1]["stats"]
     return stats["prompt_tokens"], stats["reused"], stats["source"], stats["prefilled"]
 
@@ -258,7 +258,7 @@ def attack_from(browser, evil_site, target: Server, login: str | None = None) ->
 def test_a_page_of_another_origin_cannot_read_the_chats(browser, evil_site, open_server,
                                                         bank):
     title = "Planning the garden"
-    Client(open_server.url, verbose=False).predict(title, api_name="/new_chat")
+    ApiClient(open_server.url, verbose=False).predict(title, api_name="/new_chat")
     outcome = attack_from(browser, evil_site, open_server)
     assert outcome.startswith("blocked") and title not in outcome, outcome
     # With accounts, the victim logged in: the page does not get the session either.
@@ -387,7 +387,7 @@ def test_a_message_cannot_forge_roles_or_break_the_prompt(open_server, engine):
         assert status == 200, (text, answer)
         assert answer["usage"]["prompt_tokens"] == len(
             prompts.tokens(text, [PromptMessage("user", text)]))
-    client = Client(open_server.url, verbose=False)
+    client = ApiClient(open_server.url, verbose=False)
     chat = client.predict(api_name="/new_chat")
     client.predict(chat, "a \x1eREAME-7\x1e b", api_name="/send")
     assert client.predict(chat, api_name="/get_chat")["messages"][0]["content"] == (
@@ -403,7 +403,7 @@ def adduser(server: Server, name: str, password: str) -> str:
     return made.stdout.split("API key (shown once): ")[1].split()[0]
 
 
-def still_in(client: Client) -> bool:
+def still_in(client: ApiClient) -> bool:
     try:
         client.predict(api_name="/list_chats")
         return True
@@ -414,21 +414,21 @@ def still_in(client: Client) -> bool:
 def test_passwd_revokekey_and_deluser_end_open_sessions_at_once(bank):
     server, _ = bank
     adduser(server, "dave", "dave-secret-4")
-    page, script = (Client(server.url, auth=("dave", "dave-secret-4"), verbose=False)
+    page, script = (ApiClient(server.url, auth=("dave", "dave-secret-4"), verbose=False)
                     for _ in range(2))
     assert still_in(page) and still_in(script)
     assert cli(server.config, "passwd", "dave", password="dave-secret-5").returncode == 0
     assert not still_in(page) and not still_in(script)
-    again = Client(server.url, auth=("dave", "dave-secret-5"), verbose=False)
+    again = ApiClient(server.url, auth=("dave", "dave-secret-5"), verbose=False)
     assert still_in(again)
     key_id = cli(server.config, "users").stdout.split("dave: ")[1].split()[0].strip(",")
     assert cli(server.config, "revokekey", "dave", key_id).returncode == 0
     assert not still_in(again)
-    last = Client(server.url, auth=("dave", "dave-secret-5"), verbose=False)
+    last = ApiClient(server.url, auth=("dave", "dave-secret-5"), verbose=False)
     assert cli(server.config, "deluser", "dave").returncode == 0
     assert not still_in(last)
     with pytest.raises(Exception):
-        Client(server.url, auth=("dave", "dave-secret-5"), verbose=False)
+        ApiClient(server.url, auth=("dave", "dave-secret-5"), verbose=False)
 
 
 DIARY = "My diary: today I met Frank at the harbour and we talked about boats for an hour."
@@ -437,7 +437,7 @@ DIARY = "My diary: today I met Frank at the harbour and we talked about boats fo
 def test_a_new_user_with_a_removed_users_name_starts_empty(bank):
     server, _ = bank
     key = adduser(server, "erin", "erin-secret-6")
-    erin = Client(server.url, auth=("erin", "erin-secret-6"), verbose=False)
+    erin = ApiClient(server.url, auth=("erin", "erin-secret-6"), verbose=False)
     chat = erin.predict("Erin's diary", api_name="/new_chat")
     erin.predict(chat, SECRET.format(TRUTH), api_name="/send")
     opening = ask(server, key, DIARY)  # a stateless conversation
@@ -446,7 +446,7 @@ def test_a_new_user_with_a_removed_users_name_starts_empty(bank):
     old_id = re.search(r"owned by (u:\w+)", removed.stdout)[1]
 
     new_key = adduser(server, "erin", "another-erin-7")
-    new_erin = Client(server.url, auth=("erin", "another-erin-7"), verbose=False)
+    new_erin = ApiClient(server.url, auth=("erin", "another-erin-7"), verbose=False)
     assert new_erin.predict(api_name="/list_chats") == []
     with pytest.raises(Exception, match="does not exist"):
         new_erin.predict(chat, api_name="/get_chat")
@@ -532,7 +532,7 @@ def test_chats_per_user_are_limited_each_user_counting_their_own(tmp_path, model
         assert cli(config, "adduser", name, password=f"{name}-secret-8").returncode == 0
     server = Server(config, tmp_path / "server.log").start()
     try:
-        gina, hugo = (Client(server.url, auth=(name, f"{name}-secret-8"), verbose=False)
+        gina, hugo = (ApiClient(server.url, auth=(name, f"{name}-secret-8"), verbose=False)
                       for name in ("gina", "hugo"))
         first = gina.predict("One", api_name="/new_chat")
         gina.predict("Two", api_name="/new_chat")
@@ -597,7 +597,7 @@ def test_oversized_and_malformed_requests_get_a_4xx_not_a_500(open_server):
         pass  # the server may answer and close before the last chunk
     assert connection.getresponse().status == 413
     connection.close()
-    client = Client(url, verbose=False)
+    client = ApiClient(url, verbose=False)
     with pytest.raises(Exception, match="at most 200 characters"):
         client.predict("t" * 201, api_name="/new_chat")
     chat = client.predict(api_name="/new_chat")

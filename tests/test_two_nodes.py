@@ -22,9 +22,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from gradio_client import Client
 
 from .conftest import ROOT, Server, write_config
+from .gradio_api import ApiClient
 from .nginx import Nginx
 from .postgres import postgres  # noqa: F401 - fixture
 
@@ -206,7 +206,7 @@ def cluster(tmp_path, postgres, model_path):  # noqa: F811
             node.stop()
 
 
-def last_stats(client: Client, chat_id: int) -> dict:
+def last_stats(client: ApiClient, chat_id: int) -> dict:
     return client.predict(chat_id, api_name="/get_chat")["messages"][-1]["stats"]
 
 
@@ -238,7 +238,7 @@ def test_a_chat_started_through_one_node_continues_through_the_other(cluster):
     ports = [node.port for node in cluster.nodes]
 
     # Started by a new client through nginx: its cookie puts it on one node, for good.
-    first = Client(cluster.url, verbose=False)
+    first = ApiClient(cluster.url, verbose=False)
     first_key = first.cookies[COOKIE]
     chat_id = first.predict("Geography", api_name="/new_chat")
     first.predict(chat_id, "Which planet do we live on?", api_name="/send")
@@ -250,7 +250,7 @@ def test_a_chat_started_through_one_node_continues_through_the_other(cluster):
     # node wrote in the shared folder, not a recomputed history.
     away = next(port for port in ports if port != home)
     away_key = nginx.key_for(away)
-    second = Client(cluster.url, verbose=False, httpx_kwargs={"cookies": {COOKIE: away_key}})
+    second = ApiClient(cluster.url, verbose=False, httpx_kwargs={"cookies": {COOKIE: away_key}})
     second.predict(chat_id, "Say hello.", api_name="/send")
     assert nginx.nodes_of(away_key) == {away}
     moved = last_stats(second, chat_id)
@@ -269,7 +269,7 @@ def test_a_chat_started_through_one_node_continues_through_the_other(cluster):
     assert answer["reame"]["reused"] >= started["prompt_tokens"], answer["reame"]
 
     # Both nodes, asked directly, show the same history.
-    histories = [Client(node.url, verbose=False).predict(chat_id, api_name="/get_chat")
+    histories = [ApiClient(node.url, verbose=False).predict(chat_id, api_name="/get_chat")
                  ["messages"] for node in cluster.nodes]
     assert histories[0] == histories[1]
     assert [m["role"] for m in histories[0]] == ["user", "assistant"] * 3
@@ -279,7 +279,7 @@ def test_a_chat_started_through_one_node_continues_through_the_other(cluster):
     # The node the second client is on dies: nginx sends that client to the other node,
     # which continues the chat from the database and its KV (live or from the folder).
     cluster.nodes[ports.index(away)].stop()
-    rescued = Client(cluster.url, verbose=False, httpx_kwargs={"cookies": {COOKIE: away_key}})
+    rescued = ApiClient(cluster.url, verbose=False, httpx_kwargs={"cookies": {COOKIE: away_key}})
     rescued.predict(chat_id, "Thank you.", api_name="/send")
     after = last_stats(rescued, chat_id)
     assert after["source"] in ("live", "disk"), after
