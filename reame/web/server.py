@@ -25,6 +25,7 @@ from reame.web.named_api import register_api
 from reame.web.openai_api import build_router, internal_error
 from reame.web.page import build_page
 from reame.web.page_parts import CSS, PAGE_JS
+from reame.web.queue_polling import poll_gently
 from reame.web.uploads import Uploads
 
 log = logging.getLogger("reame")
@@ -48,6 +49,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
                    name_of=accounts.name_of if accounts is not None else lambda user: None,
                    uploads=uploads, unwatched_s=config.server.stalled_reply_s)
     demo.queue(default_concurrency_limit=8)
+    poll_gently(demo._queue)  # not Gradio's 1 ms polling: it takes from the decodes
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
     if accounts is not None:
         WebLogins(accounts).install(app)  # before Gradio's own /login is mounted
