@@ -49,9 +49,9 @@ def test_fingerprint_tells_files_apart(tmp_path, model_path):
 
 def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine):
     engine.clear()
-    first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 8)
+    first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 16)
     assert engine.prefill(first) == 0
-    # The prompt is evaluated in chunks at absolute chunk boundaries (16, 32, then CHUNK's).
+    # The prompt is evaluated in chunks at absolute chunk boundaries (16, 32, 64, then CHUNK's).
     assert [(b.start, b.end) for b in engine.batches] == plan(0, len(first))
     assert all(whole_chunks(b.start) == b.start and not b.kept for b in engine.batches)
     # Another prompt sharing its start reuses only the whole chunks: the KV it gets is the
@@ -91,10 +91,10 @@ def test_html_is_inert_outside_code_and_untouched_inside():
 
 
 def test_chunks_ramp_up_so_that_a_short_shared_opening_is_reused(engine):
-    """Chunk boundaries at 16, 32, then every CHUNK: a prompt sharing only a short opening
+    """Chunk boundaries at 16, 32, 64, then every CHUNK: a prompt sharing only a short opening
     with the live KV (a template's header, a short system prompt) still reuses its whole
     chunks, as llama-server reuses such a prefix."""
-    assert plan(0, 200) == [(0, 16), (16, 32), (32, 64), (64, 128), (128, 192), (192, 200)]
+    assert plan(0, 300) == [(0, 16), (16, 32), (32, 64), (64, 128), (128, 256), (256, 300)]
     assert plan(20, 70) == [(20, 32), (32, 64), (64, 70)]
     assert plan(0, 40, kept_from=0) == [(0, 16), (16, 32), (32, 40)]
     opening = engine.tokenize("You are a helpful assistant of the town library. Answer clearly "

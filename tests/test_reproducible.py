@@ -186,7 +186,12 @@ def test_a_continued_conversation_gives_the_uninterrupted_reply(
     # The same turn with its message typed ahead first (a copy of the folder: a twin server).
     shutil.copytree(tmp_path / "chats", tmp_path / "twin")
     plain, typed = Node(tmp_path / "chats", model), Node(tmp_path / "twin", model)
-    message = PROMPTS[4] + " Please answer in one short sentence, without any list."
+    # Long enough to cross a chunk boundary where the prompt is evaluated in whole CHUNKs
+    # (Gemma 3's template renders a reply otherwise than it was generated: no kept KV).
+    message = (PROMPTS[4] + " We would like to know what to expect before we go, because my "
+               "two children love animals and old bones, and they will ask me many questions. We "
+               "will arrive by bus at about two o'clock and stay until the museum closes. "
+               "Please answer in one short sentence, without any list.")
     evaluated = 0
     for end in range(6, len(message), 6):
         evaluated += typed.service.type_ahead(chat.id, message[:end])
