@@ -78,7 +78,8 @@ part = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]) | a
                              optional={"text": text | anything})
 message = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"]) | anything},
-    optional={"content": text | st.lists(part, max_size=3) | anything, "name": anything})
+    optional={"content": text | st.lists(part, max_size=3) | anything, "name": anything,
+              "tool_calls": anything, "tool_call_id": anything})
 # A request that is valid: every field in its range, the last message the user's.
 valid_completion = st.fixed_dictionaries(
     {"model": st.just(MODEL),
@@ -97,11 +98,18 @@ valid_completion = st.fixed_dictionaries(
               "stop": st.text(min_size=1, max_size=4) | st.lists(
                   st.text(min_size=1, max_size=4), max_size=4),
               "stream": st.booleans(),
-              "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()})})
+              "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+              "frequency_penalty": st.floats(-2, 2), "presence_penalty": st.floats(-2, 2),
+              "user": st.text(max_size=8), "logprobs": st.just(False),
+              "tools": st.just([]), "response_format": st.just({"type": "text"})})
 # ... with one field replaced by anything, or one more field of any name and value.
 broken_completion = st.tuples(valid_completion, st.sampled_from(
     ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-     "seed", "stop", "stream", "stream_options", "n", "tools", "response_format"])
+     "seed", "stop", "stream", "stream_options", "n", "tools", "response_format",
+     "frequency_penalty", "presence_penalty", "logprobs", "top_logprobs", "tool_choice",
+     "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "prediction",
+     "reasoning_effort", "verbosity", "web_search_options", "store", "metadata",
+     "service_tier", "user", "safety_identifier", "prompt_cache_key"])
     | st.text(max_size=12), anything).map(lambda b: {**b[0], b[1]: b[2]})
 # ... or with messages of any shape.
 odd_messages = st.tuples(valid_completion, st.lists(message, max_size=5)).map(

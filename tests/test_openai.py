@@ -218,7 +218,7 @@ def test_logit_bias_favours_and_bans_tokens(server, model_path):
     ({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
      400, "max_tokens"),
     ({"model": "M", "messages": [{"role": "user", "content": "hi"}], "stop": [1]}, 400, "stop"),
-    ({"model": "M", "messages": [{"role": "user", "content": "word " * 4000}]}, 413,
+    ({"model": "M", "messages": [{"role": "user", "content": "word " * 4000}]}, 400,
      "context holds 2,048 tokens"),
     ([1, 2, 3], 400, "JSON object"),
 ], ids=["no-model", "unknown-model", "null-model", "empty-messages", "messages-not-array",
@@ -254,7 +254,10 @@ HI = {"role": "user", "content": "hi"}
     ({"stream": "true"}, "stream"),
     ({"stream": None}, "stream"),
     ({"stream_options": []}, "stream_options"),
-    ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": "1"}, "presence_penalty"),
     ({"stop": ["a", ""]}, "stop"),
     ({"stop": ""}, "stop"),
     ({"messages": ["hi"]}, "messages[0]"),
@@ -264,7 +267,8 @@ HI = {"role": "user", "content": "hi"}
     ({"messages": [HI, {"role": "system", "content": "Be brief."}, HI]}, "messages[1]"),
 ], ids=["max-tokens-bool", "max-completion-tokens-string", "temperature-bool", "top-p-zero",
         "seed-float", "n-bool", "n-two", "stream-string", "stream-null", "stream-options-array",
-        "include-usage-int", "stop-empty", "stop-empty-string", "message-not-object", "role",
+        "include-usage-int", "stream-options-without-stream", "penalty-out-of-range",
+        "penalty-string", "stop-empty", "stop-empty-string", "message-not-object", "role",
         "image-part", "system-late"])
 def test_a_refusal_names_the_field_by_its_path_and_types_are_strict(server, change, param):
     """JSON's types as they are (true is not 1, "5" is not 5), and a refusal that says which
@@ -278,16 +282,107 @@ def test_a_refusal_names_the_field_by_its_path_and_types_are_strict(server, chan
                                   "StreamOptions", "list[") if word in message], message
 
 
-def test_fields_this_server_does_not_read_are_ignored_and_null_means_the_default(server):
-    """OpenAI's clients send many fields, some of them null."""
-    status, answer = post(server, {
-        "model": model_id(server), "max_tokens": 2, "temperature": None, "top_p": None,
-        "seed": None, "stop": None, "stream_options": None, "frequency_penalty": 0,
-        "logit_bias": {}, "user": "someone", "tools": [], "response_format": {"type": "text"},
-        "messages": [{"role": "developer", "content": "Be brief.", "name": "rules"},
-                     {"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}]}]})
+# Every parameter of OpenAI's chat completions (its API reference, 2026) with a value that
+# asks for something: honoured (200), or refused by name (400, param set). README's table.
+HONOURED = {
+    "max_tokens": 2, "max_completion_tokens": 2, "temperature": 0.5, "top_p": 0.9,
+    "stop": ["zzz"], "seed": 7, "logit_bias": {"1": 1}, "n": 1, "stream": True,
+    "stream_options": {"include_usage": True}, "frequency_penalty": 1.0,
+    "presence_penalty": 1.0, "user": "someone", "safety_identifier": "someone",
+    "prompt_cache_key": "a-conversation",
+}
+REFUSED = {
+    "logprobs": True, "top_logprobs": 3, "response_format": {"type": "json_object"},
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "tool_choice": "required", "functions": [{"name": "f", "parameters": {}}],
+    "function_call": {"name": "f"}, "modalities": ["text", "audio"],
+    "audio": {"voice": "alloy", "format": "wav"},
+    "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "low",
+    "verbosity": "low", "web_search_options": {}, "store": True, "metadata": {"k": "v"},
+    "service_tier": "flex",
+}
+# ... and what many clients send when nothing is asked for: accepted.
+NEUTRAL = {
+    "temperature": None, "top_p": None, "seed": None, "stop": None, "stream_options": None,
+    "frequency_penalty": 0, "presence_penalty": None, "logit_bias": {}, "logprobs": False,
+    "top_logprobs": None, "response_format": {"type": "text"}, "tools": [],
+    "tool_choice": "none", "parallel_tool_calls": True, "functions": None,
+    "function_call": None, "modalities": ["text"], "store": False, "metadata": None,
+    "service_tier": "auto", "user": None,
+}
+
+
+def test_every_openai_parameter_is_honoured_or_refused_by_name(server):
+    """Silently ignoring a parameter is the worst answer: a client believes it got JSON, a
+    tool call or log-probabilities. Each of OpenAI's parameters, asking for something, is
+    answered or refused naming it; neutral values and nulls are accepted."""
+    model, hi = model_id(server), [{"role": "user", "content": "Say hi."}]
+    for param, value in HONOURED.items():
+        streamed = {"stream": True} if param == "stream_options" else {}
+        status, answer = post(server, {"model": model, "messages": hi, "max_tokens": 2,
+                                       param: value, **streamed})
+        assert status == 200, (param, answer)
+    for param, value in REFUSED.items():
+        status, answer = post(server, {"model": model, "messages": hi, param: value})
+        assert status == 400, (param, answer)
+        error = answer["error"]
+        assert (error["param"], error["code"]) == (param, "unsupported_parameter"), error
+        assert param in error["message"] and "refused rather than ignored" in error["message"]
+    status, answer = post(server, {"model": model, "messages": hi, "max_tokens": 2, **NEUTRAL})
     assert status == 200, answer
-    assert answer["usage"]["completion_tokens"] <= 2
+    # Not OpenAI's at all (another server's extension, a typo), and a message's name.
+    for body, param in (({"top_k": 5}, "top_k"), ({"max_token": 5}, "max_token"),
+                        ({"messages": [{**hi[0], "name": "ann"}]}, "messages[0].name"),
+                        ({"messages": [{"role": "user", "content": [
+                            {"type": "text", "text": "hi", "x": 1}]}]}, "messages[0].content")):
+        status, answer = post(server, {"model": model, "messages": hi, **body})
+        assert status == 400 and answer["error"]["param"] == param, (body, answer)
+    # The SDK's structured output sends a JSON schema: refused, not a reply in a ```json fence.
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+
+    with pytest.raises(APIStatusError) as refused:
+        sdk(server).chat.completions.parse(model=model, messages=hi, response_format=City)
+    assert refused.value.status_code == 400 and "response_format" in str(refused.value)
+
+
+def test_frequency_and_presence_penalties_change_the_greedy_reply(server):
+    """Compared with the reply without them in the same test: any CPU rounds its own way, but
+    a penalty of 2 on every repeated token changes a reply that repeats itself."""
+    client, model = sdk(server), model_id(server)
+    ask = [{"role": "user", "content": "Count from 1 to 30, separated by commas."}]
+
+    def reply(**penalties) -> str:
+        return client.chat.completions.create(model=model, messages=ask, temperature=0,
+                                              max_tokens=24, **penalties
+                                              ).choices[0].message.content
+
+    plain = reply()
+    assert plain == reply(frequency_penalty=0, presence_penalty=0)
+    assert reply(frequency_penalty=2) != plain
+    assert reply(presence_penalty=2) != plain
+    # Streamed, the same penalties give the same reply.
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=model, messages=ask, temperature=0, max_tokens=24, frequency_penalty=2,
+        stream=True) if c.choices)
+    assert streamed == reply(frequency_penalty=2)
+
+
+def test_a_reply_names_its_system_fingerprint_and_an_overflow_is_openai_s_400(server):
+    client, model = sdk(server), model_id(server)
+    hi = [{"role": "user", "content": "Say hi."}]
+    whole = client.chat.completions.create(model=model, messages=hi, max_tokens=2)
+    chunks = list(client.chat.completions.create(model=model, messages=hi, max_tokens=2,
+                                                 stream=True))
+    assert whole.system_fingerprint.startswith("fp_")
+    assert {c.system_fingerprint for c in chunks} == {whole.system_fingerprint}
+    with pytest.raises(APIStatusError) as overflow:
+        client.chat.completions.create(model=model, messages=[
+            {"role": "user", "content": "word " * 4000}])
+    assert overflow.value.status_code == 400
+    assert overflow.value.body["code"] == "context_length_exceeded"
 
 
 def test_malformed_and_oversized_bodies_are_refused(server):
@@ -411,3 +506,16 @@ def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_pat
                        model_answer(CAPITAL, **V1, model_path=gemma_path))
     finally:
         server.stop()
+
+
+def test_the_readme_table_names_every_parameter_the_server_reads():
+    """README's "OpenAI parameters" table and the request model stay one list."""
+    from reame.web.openai_request import ChatRequest
+
+    from .conftest import ROOT
+
+    table = (ROOT / "README.md").read_text().split("| parameter | here |")[1].split("\n\n")[0]
+    named = {name for row in table.splitlines() if row.startswith("|")
+             for name in row.split("|")[1].split("`")[1::2]}
+    assert set(ChatRequest.model_fields) <= named, set(ChatRequest.model_fields) - named
+    assert set(HONOURED) | set(REFUSED) | set(NEUTRAL) <= set(ChatRequest.model_fields)

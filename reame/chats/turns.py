@@ -302,6 +302,7 @@ class Turns:
                  temperature: float = STATELESS_TEMPERATURE, top_p: float = STATELESS_TOP_P,
                  seed: int | None = None, stop: tuple[str, ...] = (),
                  logit_bias: tuple[tuple[int, float], ...] = (),
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  user: str | None = None) -> TurnStream:
         """Answer a whole conversation sent at once. Its KV is found by its tokens (the
         cache's block-hash index, within user's scope), so a conversation resent with one
@@ -318,7 +319,8 @@ class Turns:
                 raise ChatError(f"logit_bias: token {token} is not in the model's vocabulary "
                                 f"(0 to {n_vocab - 1})")
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed,
-                            logit_bias=logit_bias)
+                            logit_bias=logit_bias, frequency_penalty=frequency_penalty,
+                            presence_penalty=presence_penalty)
         return TurnStream(lambda stream: self._complete(
             stream, system_prompt, turns, sampling, max_tokens, stop, user))
 

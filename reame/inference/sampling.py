@@ -29,6 +29,10 @@ class Sampling:
     # (token, bias) added to the token's logit before sampling; -100 or less bans it (as
     # OpenAI's logit_bias does).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # OpenAI's: subtracted from a token's logit once (presence) and per time (frequency) it
+    # occurs in the reply so far (llama.cpp's penalties over the tokens sampled).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 @dataclass(eq=False)
@@ -51,6 +55,9 @@ class Sampler:
             sampler.add_logit_bias(self.n_vocab, {
                 token: -float("inf") if bias <= -100 else bias
                 for token, bias in sampling.logit_bias})
+        if sampling.frequency_penalty or sampling.presence_penalty:
+            sampler.add_penalties(self.n_vocab, self.n_ctx, 1.0, sampling.frequency_penalty,
+                                  sampling.presence_penalty)
         if sampling.temperature <= 0:
             sampler.add_greedy()
             return sampler

@@ -7,7 +7,8 @@ the second request of a conversation evaluates only its new tokens. A request wi
 to the chat (which keeps its own history and settings) and the exchange shows in the page.
 
 Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the status a
-client expects: 400 bad request, 401 no or wrong key, 404 unknown model or chat, 413 too long,
+client expects: 400 bad request (a conversation too long for the context: context_length_exceeded,
+as OpenAI says it), 401 no or wrong key, 404 unknown model or chat, 413 a body too large,
 429 when every slot is busy and the line of waiting turns is full (with Retry-After), 503
 while a model loads or when none is loaded (with Retry-After).
 
@@ -27,6 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import xxhash
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -119,6 +121,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
             start = _starter(service, parsed, chat_id, user)
+            fingerprint = system_fingerprint(service)
             updates = UpdateFeed(await run_in_threadpool(start))
             gone.add_done_callback(lambda _: updates.interrupt())
             # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
@@ -129,8 +132,8 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
         except ChatNotFound as exc:
             return _refused(gone, error_response(404, str(exc), param=CHAT_HEADER,
                                                  code="chat_not_found"))
-        except MessageTooLong as exc:
-            return _refused(gone, error_response(413, str(exc), param="messages",
+        except MessageTooLong as exc:  # OpenAI's status and code for it (its SDK's too)
+            return _refused(gone, error_response(400, str(exc), param="messages",
                                                  code="context_length_exceeded"))
         except ServerBusy as exc:  # every slot busy and the line full: nothing was stored
             return _refused(gone, error_response(
@@ -150,7 +153,8 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             return Response(status_code=499)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if parsed.stream:
-            return StreamingResponse(_sse(updates, first, gone, completion_id, parsed),
+            return StreamingResponse(_sse(updates, first, gone, completion_id, parsed,
+                                          fingerprint),
                                      media_type="text/event-stream",
                                      # nginx passes each event on as it comes
                                      headers={"Cache-Control": "no-cache",
@@ -168,9 +172,16 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             # A model switch (the new model loads) or a shutdown stopped it.
             return error_response(503, STOPPED_BY_SERVER, type_="server_error",
                                   code="stopped", headers={"Retry-After": str(RETRY_LOADING_S)})
-        return _whole(done, completion_id, parsed)
+        return _whole(done, completion_id, parsed, fingerprint)
 
     return router
+
+
+def system_fingerprint(service: ChatService) -> str:
+    """OpenAI's system_fingerprint: the same for the same model file, KV layout and llama.cpp
+    build (what a reply's bits depend on besides the request and the CPU)."""
+    engine = service.engine
+    return "fp_" + xxhash.xxh3_64_hexdigest((engine.kv_fingerprint if engine else "").encode())[:10]
 
 
 STOPPED_BY_SERVER = ("the reply was stopped by the server (a model switch or a shutdown) before "
@@ -222,17 +233,19 @@ def _chat_header(request: Request) -> int | None:
 def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | None,
              user: str | None) -> Callable[[], TurnStream]:
     if chat_id is not None:
-        if parsed.logit_bias:  # a stored chat samples with its own settings
-            raise ApiError(400, f"logit_bias is for requests without {CHAT_HEADER}: a stored "
-                           "chat's replies are sampled with the chat's settings",
-                           param="logit_bias")
+        for param in ("logit_bias", "frequency_penalty", "presence_penalty"):
+            if getattr(parsed, param):  # a stored chat samples with its own settings
+                raise ApiError(400, f"{param} is for requests without {CHAT_HEADER}: a stored "
+                               "chat's replies are sampled with the chat's settings",
+                               param=param)
         return lambda: service.send(
             chat_id, parsed.turns[-1].content, user=user, seed=parsed.seed,
             max_tokens=parsed.max_tokens, stop=parsed.stop)
     return lambda: service.complete(
         parsed.system_prompt, parsed.turns, max_tokens=parsed.max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
-        logit_bias=parsed.logit_bias, user=user)
+        logit_bias=parsed.logit_bias, frequency_penalty=parsed.frequency_penalty,
+        presence_penalty=parsed.presence_penalty, user=user)
 
 
 def _usage(done: TurnUpdate) -> dict:
@@ -250,10 +263,11 @@ def _extra(done: TurnUpdate) -> dict:
             "first_logits": s.first_logits}
 
 
-def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest) -> JSONResponse:
+def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest,
+           fingerprint: str) -> JSONResponse:
     return JSONResponse({
         "id": completion_id, "object": "chat.completion", "created": int(time.time()),
-        "model": parsed.model,
+        "model": parsed.model, "system_fingerprint": fingerprint,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
                      "finish_reason": done.finish_reason, "logprobs": None}],
         "usage": _usage(done), "reame": _extra(done),
@@ -261,14 +275,15 @@ def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest) -> J
 
 
 async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
-               completion_id: str, parsed: CompletionRequest) -> AsyncIterator[str]:
+               completion_id: str, parsed: CompletionRequest,
+               fingerprint: str) -> AsyncIterator[str]:
     """The turn as server-sent events, from its first update; the turn is stopped when the
     client hangs up (gone) or this stream is closed."""
     created = int(time.time())
 
     def chunk(delta: dict, finish: str | None = None, **extra) -> str:
         body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                "model": parsed.model,
+                "model": parsed.model, "system_fingerprint": fingerprint,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
                              "logprobs": None}], **extra}
         return f"data: {json.dumps(body)}\n\n"
@@ -286,7 +301,8 @@ async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
                 if parsed.include_usage:
                     yield ("data: " + json.dumps({
                         "id": completion_id, "object": "chat.completion.chunk",
-                        "created": created, "model": parsed.model, "choices": [],
+                        "created": created, "model": parsed.model,
+                        "system_fingerprint": fingerprint, "choices": [],
                         "usage": _usage(update)}) + "\n\n")
                 break
             update = await updates.next()

@@ -1,5 +1,11 @@
-"""The body of POST /v1/chat/completions: pydantic models of what this server reads, and the
-errors in OpenAI's shape, {"error": {"message", "type", "param", "code"}}."""
+"""The body of POST /v1/chat/completions: pydantic models of every parameter of OpenAI's chat
+completions, and the errors in OpenAI's shape, {"error": {"message", "type", "param", "code"}}.
+
+Every parameter is either honoured or refused with a 400 that names it (`param`), never
+accepted and ignored: a client that asked for JSON, a tool call or log-probabilities must not
+believe it got them. A refused parameter is accepted at its neutral value (tools: [], logprobs:
+false, response_format: {"type": "text"}, ...), as many clients send every field. A field that
+is no parameter of OpenAI's is refused too. README, "OpenAI parameters", has the table."""
 
 from __future__ import annotations
 
@@ -54,12 +60,14 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     logit_bias: tuple[tuple[int, float], ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 class _Body(BaseModel):
-    """Strict, as JSON means its types: true is not 1 and "5" is not 5. Fields this server does
-    not read are ignored: OpenAI's clients send many."""
-    model_config = ConfigDict(strict=True, extra="ignore")
+    """Strict, as JSON means its types: true is not 1 and "5" is not 5; a field that is not
+    OpenAI's is refused by name."""
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 Role = Literal["system", "developer", "user", "assistant"]
@@ -70,6 +78,7 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 # A chat setting's type with its range, as its declaration gives it (chat_settings.FIELD).
 Temperature = field_type(FIELD["temperature"])
 TopP = field_type(FIELD["top_p"])
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
 
 
 class TextPart(_Body):
@@ -80,6 +89,12 @@ class TextPart(_Body):
 class Message(_Body):
     role: Role
     content: str | list[TextPart]
+    # OpenAI's, refused when set (_conversation): no template here has a place for them.
+    name: Any = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    refusal: Any = None
+    audio: Any = None
 
 
 class StreamOptions(_Body):
@@ -103,6 +118,57 @@ class ChatRequest(_Body):
     n: Annotated[int, Field(ge=1, le=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    # Accepted, no effect on the reply: identifiers for the provider's own records (Reame
+    # keeps none) and a hint for its prompt cache (Reame's finds the prompt by its tokens).
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # OpenAI's, refused unless neutral (UNSUPPORTED).
+    logprobs: Any = None
+    top_logprobs: Any = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    modalities: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+
+
+# OpenAI's parameters this server does not honour: the values that change nothing (accepted),
+# and why any other value is refused. README's table is made from the same words.
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "logprobs": ((None, False), "log-probabilities are not computed yet"),
+    "top_logprobs": ((None, 0), "log-probabilities are not computed yet"),
+    "response_format": ((None, {"type": "text"}),
+                        "structured output (JSON mode, JSON schemas) is not supported yet"),
+    "tools": ((None, []), "tool calling is not supported yet"),
+    "tool_choice": ((None, "none", "auto"), "tool calling is not supported yet"),
+    "parallel_tool_calls": ((None, True, False), "tool calling is not supported yet"),
+    "functions": ((None, []), "function calling is not supported (and deprecated by OpenAI)"),
+    "function_call": ((None, "none", "auto"),
+                      "function calling is not supported (and deprecated by OpenAI)"),
+    "modalities": ((None, ["text"]), "the models here write text only"),
+    "audio": ((None,), "the models here write text only"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "reasoning_effort": ((None,), "the models here have no reasoning setting"),
+    "verbosity": ((None,), "the models here have no verbosity setting"),
+    "web_search_options": ((None,), "this server does not search the web"),
+    "store": ((None, False), "this server does not store completions made through /v1 (a "
+              "stored chat is sent with the X-Reame-Chat header)"),
+    "metadata": ((None, {}), "it tags stored completions, which this server does not keep"),
+    "service_tier": ((None, "auto", "default"), "this server has one tier"),
+}
 
 
 # What each field must be, by its path with list indices as [] ("" is the body itself).
@@ -124,6 +190,11 @@ EXPECTED = {
     "stream": "true or false",
     "stream_options": 'an object, {"include_usage": true or false}',
     "stream_options.include_usage": "true or false",
+    "frequency_penalty": "a number from -2 to 2",
+    "presence_penalty": "a number from -2 to 2",
+    "user": "a string",
+    "safety_identifier": "a string",
+    "prompt_cache_key": "a string",
 }
 
 
@@ -137,6 +208,10 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         raise ApiError(404, f"The model '{request.model}' does not exist; this server has: "
                        f"{', '.join(model_ids) or 'none loaded'}", param="model",
                        code="model_not_found")
+    _refuse_unsupported(request)
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(400, "'stream_options' is only for streamed requests (stream: true)",
+                       param="stream_options")
     system, turns = _conversation(request.messages)
     stop = request.stop or ()
     return CompletionRequest(
@@ -146,7 +221,17 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         STATELESS_TOP_P if request.top_p is None else request.top_p,
         (stop,) if isinstance(stop, str) else tuple(stop), request.seed, request.stream,
         request.stream_options is not None and request.stream_options.include_usage,
-        tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()))
+        tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()),
+        request.frequency_penalty or 0.0, request.presence_penalty or 0.0)
+
+
+def _refuse_unsupported(request: ChatRequest) -> None:
+    for param, (neutral, why) in UNSUPPORTED.items():
+        value = getattr(request, param)
+        if not any(value == ok and type(value) is type(ok) for ok in neutral):
+            raise ApiError(400, f"'{param}' is not supported by this server: {why}. It is "
+                           "refused rather than ignored.", param=param,
+                           code="unsupported_parameter")
 
 
 def _refusal(exc: ValidationError) -> ApiError:
@@ -154,6 +239,12 @@ def _refusal(exc: ValidationError) -> ApiError:
     it ("messages[2].role") and what it must be. Pydantic's own text names its internals (class
     names, a union's branches)."""
     error = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+    if error["type"] == "extra_forbidden":
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
+                        for part in error["loc"]).lstrip(".")
+        return ApiError(400, f"'{where}' is not a parameter of OpenAI's chat completions: it "
+                        "is refused rather than ignored", param=where,
+                        code="unknown_parameter")
     param = ""
     for part in error["loc"]:  # down to the deepest field: not into a union's branches
         longer = f"{param}[{part}]" if isinstance(part, int) else f"{param}.{part}".lstrip(".")
@@ -169,10 +260,24 @@ def _key(param: str) -> str:
     return re.sub(r"\[\d+\]", "[]", param)  # messages[2].role -> messages[].role
 
 
+MESSAGE_FIELDS = {
+    "name": "the chat templates here have no place for a participant's name",
+    "tool_calls": "tool calling is not supported yet",
+    "tool_call_id": "tool calling is not supported yet",
+    "refusal": "a refusal is an OpenAI model's own field",
+    "audio": "the models here write text only",
+}
+
+
 def _conversation(messages: list[Message]) -> tuple[list[str], list[PromptMessage]]:
     """The system texts and the turns, in the order a chat template can render."""
     system, turns = [], []
     for n, message in enumerate(messages):
+        for field in ("name", "tool_calls", "tool_call_id", "refusal", "audio"):
+            if getattr(message, field) is not None:
+                raise ApiError(400, f"'messages[{n}].{field}' is not supported by this server: "
+                               f"{MESSAGE_FIELDS[field]}. It is refused rather than ignored.",
+                               param=f"messages[{n}].{field}", code="unsupported_parameter")
         content = message.content
         text = content if isinstance(content, str) else "".join(part.text for part in content)
         if message.role not in ("system", "developer"):

@@ -230,6 +230,11 @@ class PageHandlers:
         if not followed:
             yield gr.skip(), ready, gr.skip(), gr.skip(), now, timer
             return
+        if not self.live.shows(request.session_hash, chat_id):
+            # The following ended because the tab shows another chat now (a new chat, another
+            # one chosen): drawing this one here would cover it.
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), now, timer
+            return
         try:
             messages = await in_thread(self.shown, chat_id, user) if chat_id is not None else []
         except ChatNotFound:
