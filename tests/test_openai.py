@@ -4,6 +4,7 @@ HTTP: completions, streaming, the KV cache for resent conversations, stored chat
 from __future__ import annotations
 
 import json
+import math
 import socket
 import sqlite3
 import threading
@@ -288,11 +289,12 @@ HONOURED = {
     "max_tokens": 2, "max_completion_tokens": 2, "temperature": 0.5, "top_p": 0.9,
     "stop": ["zzz"], "seed": 7, "logit_bias": {"1": 1}, "n": 1, "stream": True,
     "stream_options": {"include_usage": True}, "frequency_penalty": 1.0,
-    "presence_penalty": 1.0, "user": "someone", "safety_identifier": "someone",
+    "presence_penalty": 1.0, "logprobs": True, "top_logprobs": 3,
+    "user": "someone", "safety_identifier": "someone",
     "prompt_cache_key": "a-conversation",
 }
 REFUSED = {
-    "logprobs": True, "top_logprobs": 3, "response_format": {"type": "json_object"},
+    "response_format": {"type": "json_object"},
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
     "tool_choice": "required", "functions": [{"name": "f", "parameters": {}}],
     "function_call": {"name": "f"}, "modalities": ["text", "audio"],
@@ -318,7 +320,8 @@ def test_every_openai_parameter_is_honoured_or_refused_by_name(server):
     answered or refused naming it; neutral values and nulls are accepted."""
     model, hi = model_id(server), [{"role": "user", "content": "Say hi."}]
     for param, value in HONOURED.items():
-        streamed = {"stream": True} if param == "stream_options" else {}
+        streamed = ({"stream": True} if param == "stream_options" else
+                    {"logprobs": True} if param == "top_logprobs" else {})
         status, answer = post(server, {"model": model, "messages": hi, "max_tokens": 2,
                                        param: value, **streamed})
         assert status == 200, (param, answer)
@@ -368,6 +371,41 @@ def test_frequency_and_presence_penalties_change_the_greedy_reply(server):
         model=model, messages=ask, temperature=0, max_tokens=24, frequency_penalty=2,
         stream=True) if c.choices)
     assert streamed == reply(frequency_penalty=2)
+
+
+def test_logprobs_come_in_openai_s_shape_streamed_or_not(server):
+    """Each token's log-probability (at most 0) and the most likely tokens there: greedy
+    picks the first of them. Streamed, the same request gives the same tokens and numbers."""
+    client, model = sdk(server), model_id(server)
+    ask = dict(model=model, messages=[{"role": "user", "content": CAPITAL}], temperature=0,
+               max_tokens=8, logprobs=True, top_logprobs=5)
+    whole = client.chat.completions.create(**ask)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens > 0
+    assert "".join(t.token for t in content).strip() == whole.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and bytes(t.bytes).decode("utf-8", "replace") == t.token
+        assert len(t.top_logprobs) == 5
+        assert [x.logprob for x in t.top_logprobs] == sorted(
+            (x.logprob for x in t.top_logprobs), reverse=True)
+        assert sum(math.exp(x.logprob) for x in t.top_logprobs) <= 1 + 1e-6
+        assert (t.top_logprobs[0].token, t.top_logprobs[0].logprob) == (t.token, t.logprob)
+    streamed = [t for c in client.chat.completions.create(**ask, stream=True)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(streamed, content))
+    # The conversation resent with the reply and one more message: its KV is reused as ever.
+    more = client.chat.completions.create(**{**ask, "messages": [
+        *ask["messages"], {"role": "assistant", "content": whole.choices[0].message.content},
+        {"role": "user", "content": PLANET}]})
+    assert more.usage.prompt_tokens_details.cached_tokens > whole.usage.prompt_tokens // 2
+    assert len(more.choices[0].logprobs.content) == more.usage.completion_tokens
+    # Without logprobs: none.
+    plain = client.chat.completions.create(**{**ask, "logprobs": False, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+    status, answer = post(server, {"model": model, "messages": ask["messages"],
+                                   "top_logprobs": 2})
+    assert status == 400 and answer["error"]["param"] == "top_logprobs"
 
 
 def test_a_reply_names_its_system_fingerprint_and_an_overflow_is_openai_s_400(server):

@@ -33,6 +33,27 @@ class Sampling:
     # occurs in the reply so far (llama.cpp's penalties over the tokens sampled).
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # Log-probabilities of each sampled token and of this many most likely ones (None: none).
+    top_logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """A sampled token's log-probability and the most likely tokens' there, under the model's
+    own distribution (its logits' softmax: before logit_bias, penalties and temperature)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class ReplySampler(LlamaSampler):
+    """llama.cpp's sampler chain, and the choices it made when log-probabilities are asked."""
+
+    def __init__(self, top_logprobs: int | None):
+        super().__init__()
+        self.top_logprobs = top_logprobs
+        self.choices: list[TokenChoice] = []
 
 
 @dataclass(eq=False)
@@ -41,7 +62,7 @@ class Pending:
 
     seq: object  # engine.Sequence
     token: int
-    sampler: LlamaSampler
+    sampler: ReplySampler
     next: int | None = None
     error: BaseException | None = None
 
@@ -49,8 +70,8 @@ class Pending:
 class Sampler:
     """Engine's sampling and generation (a mixin: Engine's context, sequences and decodes)."""
 
-    def sampler(self, sampling: Sampling) -> LlamaSampler:
-        sampler = LlamaSampler()
+    def sampler(self, sampling: Sampling) -> ReplySampler:
+        sampler = ReplySampler(sampling.top_logprobs)
         if sampling.logit_bias:
             sampler.add_logit_bias(self.n_vocab, {
                 token: -float("inf") if bias <= -100 else bias
@@ -69,8 +90,8 @@ class Sampler:
         sampler.add_dist(seed)
         return sampler
 
-    def generate(self, sampling: Sampling, max_tokens: int, *,
-                 queued: bool = False) -> Iterator[int | None]:
+    def generate(self, sampling: Sampling, max_tokens: int, *, queued: bool = False,
+                 choices: list[TokenChoice] | None = None) -> Iterator[int | None]:
         """Sample after the live tokens; yield each new token (its KV is live once the next is
         asked for). The sequence and its logits are the ones this generator started with;
         another sequence may run between two steps.
@@ -83,11 +104,14 @@ class Sampler:
         at once, alone.
 
         Stops at an end-of-generation token (not yielded), after max_tokens, or when the context
-        is full.
+        is full. choices: where each sampled token's TokenChoice goes when sampling asks for
+        log-probabilities (an end token's too).
         """
         if max_tokens <= 0:
             return
         sampler, seq = self.sampler(sampling), self.seq
+        if choices is not None:
+            sampler.choices = choices
         token = self._sample(sampler, seq)
         try:
             for left in range(max_tokens - 1, -1, -1):
@@ -109,7 +133,7 @@ class Sampler:
         finally:
             seq.decode_ahead = False
 
-    def _next_queued(self, seq, token: int, sampler: LlamaSampler):
+    def _next_queued(self, seq, token: int, sampler: ReplySampler):
         pending = Pending(seq, token, sampler)
         self._pending.append(pending)
         try:
@@ -158,8 +182,24 @@ class Sampler:
         except Exception as exc:
             pending.error = exc
 
-    def _sample(self, sampler: LlamaSampler, seq) -> int:
-        return sampler.sample(self._ctx, self._row(seq))
+    def _sample(self, sampler: ReplySampler, seq) -> int:
+        row = self._row(seq)
+        token = sampler.sample(self._ctx, row)
+        if sampler.top_logprobs is not None:
+            sampler.choices.append(self._choice(row, token, sampler.top_logprobs))
+        return token
+
+    def _choice(self, row: int, token: int, top: int) -> TokenChoice:
+        import numpy
+
+        logits = numpy.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx.ctx, row),
+                                          shape=(self.n_vocab,)).astype(numpy.float64)
+        peak = logits.max()
+        logprobs = logits - (peak + numpy.log(numpy.exp(logits - peak).sum()))
+        best = numpy.argpartition(-logprobs, top)[:top] if top else numpy.array([], dtype=int)
+        best = best[numpy.argsort(-logprobs[best], kind="stable")]
+        return TokenChoice(token, float(logprobs[token]),
+                           tuple((int(t), float(logprobs[t])) for t in best))
 
     def _row(self, seq) -> int:
         """The row of llama.cpp's logits that holds seq's, from the last decode."""

@@ -76,6 +76,9 @@ class TurnUpdate:
     # On a stored chat's last update: its messages (a MessageTree) as the turn left them
     # (turns.py), for its caller to show without reading them back.
     kept: object | None = None
+    # When the sampling asked for log-probabilities: a TokenChoice per token of the reply so
+    # far (sampling.py).
+    logprobs: tuple | None = None
 
 
 @dataclass
@@ -123,13 +126,15 @@ class Decoding:
         self.cut = False  # ended by a stop string: the tokens run past the text
         self.first_logits = ""
         self.finished = False  # ran to its end (not stopped by the caller)
+        self.choices: list = []  # TokenChoice per sampled token, when asked (sampling.py)
 
     def __iter__(self) -> Iterator[str | None]:
         """The text so far after each token; None while the next token waits to be decoded
         with the other replies' (a step of its own, scheduler.py)."""
         stream = self.engine.text_stream()
         self.first_logits = self.engine.logits_digest()
-        for token in self.engine.generate(self.sampling, self.max_tokens, queued=True):
+        for token in self.engine.generate(self.sampling, self.max_tokens, queued=True,
+                                          choices=self.choices):
             if token is None:
                 yield None
                 continue
@@ -147,6 +152,14 @@ class Decoding:
         else:
             self.text += stream.flush()
         self.finished = True
+
+    @property
+    def logprobs(self) -> tuple | None:
+        """The generated tokens' TokenChoices (an end token sampled is not in the reply), or
+        None when the sampling asked for none."""
+        if self.sampling.top_logprobs is None:
+            return None
+        return tuple(self.choices[:len(self.generated)])
 
     @property
     def complete(self) -> bool:
@@ -203,7 +216,8 @@ class TurnRunner:
         try:
             for text in decoding:
                 yield None if text is None else TurnUpdate(
-                    text, user_message_id=job.user_message_id, chat_id=job.chat_id)
+                    text, user_message_id=job.user_message_id, chat_id=job.chat_id,
+                    logprobs=decoding.logprobs)
         finally:
             decoding.record(stats)
             if keeper.alive():
@@ -218,7 +232,7 @@ class TurnRunner:
             raise ChatNotFound(job.chat_id)
         yield TurnUpdate(decoding.text.strip(), done=True, stats=stats, message_id=message_id,
                          user_message_id=job.user_message_id, chat_id=job.chat_id,
-                         finish_reason=decoding.finish_reason)
+                         finish_reason=decoding.finish_reason, logprobs=decoding.logprobs)
 
     def _tell(self, stats: TurnStats, decoding: Decoding | None, stored: bool) -> None:
         if self.observe is None:

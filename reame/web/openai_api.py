@@ -121,7 +121,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
             start = _starter(service, parsed, chat_id, user)
-            fingerprint = system_fingerprint(service)
+            fingerprint, vocab = system_fingerprint(service), service.engine
             updates = UpdateFeed(await run_in_threadpool(start))
             gone.add_done_callback(lambda _: updates.interrupt())
             # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
@@ -154,7 +154,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if parsed.stream:
             return StreamingResponse(_sse(updates, first, gone, completion_id, parsed,
-                                          fingerprint),
+                                          fingerprint, vocab),
                                      media_type="text/event-stream",
                                      # nginx passes each event on as it comes
                                      headers={"Cache-Control": "no-cache",
@@ -172,7 +172,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             # A model switch (the new model loads) or a shutdown stopped it.
             return error_response(503, STOPPED_BY_SERVER, type_="server_error",
                                   code="stopped", headers={"Retry-After": str(RETRY_LOADING_S)})
-        return _whole(done, completion_id, parsed, fingerprint)
+        return _whole(done, completion_id, parsed, fingerprint, vocab)
 
     return router
 
@@ -233,8 +233,8 @@ def _chat_header(request: Request) -> int | None:
 def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | None,
              user: str | None) -> Callable[[], TurnStream]:
     if chat_id is not None:
-        for param in ("logit_bias", "frequency_penalty", "presence_penalty"):
-            if getattr(parsed, param):  # a stored chat samples with its own settings
+        for param in ("logit_bias", "frequency_penalty", "presence_penalty", "top_logprobs"):
+            if getattr(parsed, param) not in (None, 0, 0.0, ()):  # the chat's own settings
                 raise ApiError(400, f"{param} is for requests without {CHAT_HEADER}: a stored "
                                "chat's replies are sampled with the chat's settings",
                                param=param)
@@ -245,7 +245,7 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
         parsed.system_prompt, parsed.turns, max_tokens=parsed.max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
         logit_bias=parsed.logit_bias, frequency_penalty=parsed.frequency_penalty,
-        presence_penalty=parsed.presence_penalty, user=user)
+        presence_penalty=parsed.presence_penalty, top_logprobs=parsed.top_logprobs, user=user)
 
 
 def _usage(done: TurnUpdate) -> dict:
@@ -263,34 +263,56 @@ def _extra(done: TurnUpdate) -> dict:
             "first_logits": s.first_logits}
 
 
+def logprob_entries(choices, vocab) -> list[dict]:
+    """OpenAI's logprobs.content: per token its text, log-probability, UTF-8 bytes and the
+    most likely tokens there."""
+    def entry(token: int, logprob: float) -> dict:
+        piece = vocab.token_piece(token, special=True)
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(piece)}
+
+    return [{**entry(c.token, c.logprob), "top_logprobs": [entry(t, p) for t, p in c.top]}
+            for c in choices]
+
+
 def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest,
-           fingerprint: str) -> JSONResponse:
+           fingerprint: str, vocab) -> JSONResponse:
     return JSONResponse({
         "id": completion_id, "object": "chat.completion", "created": int(time.time()),
         "model": parsed.model, "system_fingerprint": fingerprint,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
-                     "finish_reason": done.finish_reason, "logprobs": None}],
+                     "finish_reason": done.finish_reason,
+                     "logprobs": (None if done.logprobs is None else
+                                  {"content": logprob_entries(done.logprobs, vocab),
+                                   "refusal": None})}],
         "usage": _usage(done), "reame": _extra(done),
     })
 
 
 async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
                completion_id: str, parsed: CompletionRequest,
-               fingerprint: str) -> AsyncIterator[str]:
+               fingerprint: str, vocab) -> AsyncIterator[str]:
     """The turn as server-sent events, from its first update; the turn is stopped when the
     client hangs up (gone) or this stream is closed."""
     created = int(time.time())
 
-    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
+    def chunk(delta: dict, finish: str | None = None, *, with_logprobs: bool = True,
+              **extra) -> str:
+        nonlocal told
+        logprobs = None
+        if with_logprobs and update.logprobs is not None and len(update.logprobs) > told:
+            logprobs = {"content": logprob_entries(update.logprobs[told:], vocab),
+                        "refusal": None}
+            told = len(update.logprobs)
         body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                 "model": parsed.model, "system_fingerprint": fingerprint,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
-                             "logprobs": None}], **extra}
+                             "logprobs": logprobs}], **extra}
         return f"data: {json.dumps(body)}\n\n"
 
-    sent, update = "", first
+    sent, update, told = "", first, 0  # told: the tokens whose logprobs were sent
     try:
-        yield chunk({"role": "assistant", "content": ""})
+        yield chunk({"role": "assistant", "content": ""}, with_logprobs=False)
         while update is not None:
             text = update.text
             if text.startswith(sent) and len(text) > len(sent):

@@ -23,6 +23,7 @@ from reame.config.setting import field_type
 from reame.inference.prompt import PromptMessage
 
 MAX_STOPS = 4
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
 
 
@@ -62,6 +63,7 @@ class CompletionRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    top_logprobs: int | None = None  # None: no log-probabilities; else how many alternatives
 
 
 class _Body(BaseModel):
@@ -125,9 +127,9 @@ class ChatRequest(_Body):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     # OpenAI's, refused unless neutral (UNSUPPORTED).
-    logprobs: Any = None
-    top_logprobs: Any = None
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
@@ -148,8 +150,6 @@ class ChatRequest(_Body):
 # OpenAI's parameters this server does not honour: the values that change nothing (accepted),
 # and why any other value is refused. README's table is made from the same words.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "logprobs": ((None, False), "log-probabilities are not computed yet"),
-    "top_logprobs": ((None, 0), "log-probabilities are not computed yet"),
     "response_format": ((None, {"type": "text"}),
                         "structured output (JSON mode, JSON schemas) is not supported yet"),
     "tools": ((None, []), "tool calling is not supported yet"),
@@ -195,6 +195,8 @@ EXPECTED = {
     "user": "a string",
     "safety_identifier": "a string",
     "prompt_cache_key": "a string",
+    "logprobs": "true or false",
+    "top_logprobs": f"an integer from 0 to {MAX_TOP_LOGPROBS}",
 }
 
 
@@ -212,6 +214,8 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
     if request.stream_options is not None and not request.stream:
         raise ApiError(400, "'stream_options' is only for streamed requests (stream: true)",
                        param="stream_options")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     system, turns = _conversation(request.messages)
     stop = request.stop or ()
     return CompletionRequest(
@@ -222,7 +226,8 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         (stop,) if isinstance(stop, str) else tuple(stop), request.seed, request.stream,
         request.stream_options is not None and request.stream_options.include_usage,
         tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()),
-        request.frequency_penalty or 0.0, request.presence_penalty or 0.0)
+        request.frequency_penalty or 0.0, request.presence_penalty or 0.0,
+        (request.top_logprobs or 0) if request.logprobs else None)
 
 
 def _refuse_unsupported(request: ChatRequest) -> None:
