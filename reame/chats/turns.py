@@ -303,7 +303,8 @@ class Turns:
                  seed: int | None = None, stop: tuple[str, ...] = (),
                  logit_bias: tuple[tuple[int, float], ...] = (),
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                 top_logprobs: int | None = None, user: str | None = None) -> TurnStream:
+                 top_logprobs: int | None = None, grammar: str | None = None,
+                 user: str | None = None) -> TurnStream:
         """Answer a whole conversation sent at once. Its KV is found by its tokens (the
         cache's block-hash index, within user's scope), so a conversation resent with one
         more message evaluates only that message. Refusals (no model, too long) raise before
@@ -320,7 +321,8 @@ class Turns:
                                 f"(0 to {n_vocab - 1})")
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed,
                             logit_bias=logit_bias, frequency_penalty=frequency_penalty,
-                            presence_penalty=presence_penalty, top_logprobs=top_logprobs)
+                            presence_penalty=presence_penalty, top_logprobs=top_logprobs,
+                            grammar=grammar)
         return TurnStream(lambda stream: self._complete(
             stream, system_prompt, turns, sampling, max_tokens, stop, user))
 

@@ -18,9 +18,9 @@ answer, every prompt is evaluated by the same plan, whatever part of it was reus
 Prompt evaluation gains up to chunks of 128: an 840-token prompt of SmolLM2 on this machine
 at 246 / 254 / 257 tokens/s in chunks of 64 / 128 / 256, a 600-token prompt of the Qwen2.5-1.5B
 shape at 79.7 / 84.2 / 84.5 (Engine.extend timed with CHUNK set to each, medians of 4; chunks
-of 16 are 13-17 % slower than 64). The ramp keeps a short opening that many prompts share (a template's header,
-a short system prompt: llama-server reuses such a prefix from any slot) whole chunks, for a few
-milliseconds per cold prompt. After the first reply 16 stays, because a conversation's later
+of 16 are 13-17 % slower than 64). The ramp keeps a short opening that many prompts share (a
+template's header, a short system prompt: llama-server reuses such a prefix from any slot)
+whole chunks, for a few milliseconds per cold prompt. After the first reply 16 stays, because a conversation's later
 messages are short and typing ahead reuses only whole chunks of them.
 
 (Evaluating the prompt's last token alone as well would let the same prompt reuse all but that

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import xxhash
 from llama_cpp._internals import LlamaSampler
+from llama_cpp.llama_grammar import LlamaGrammar
 
 from reame.config.chat_settings import FIELD
 
@@ -35,6 +36,8 @@ class Sampling:
     presence_penalty: float = 0.0
     # Log-probabilities of each sampled token and of this many most likely ones (None: none).
     top_logprobs: int | None = None
+    # A llama.cpp grammar (GBNF) the reply must follow, e.g. JSON (None: any text).
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class Sampler:
         if sampling.frequency_penalty or sampling.presence_penalty:
             sampler.add_penalties(self.n_vocab, self.n_ctx, 1.0, sampling.frequency_penalty,
                                   sampling.presence_penalty)
+        if sampling.grammar is not None:
+            sampler.add_grammar(self._model, LlamaGrammar.from_string(sampling.grammar,
+                                                                      verbose=False))
         if sampling.temperature <= 0:
             sampler.add_greedy()
             return sampler

@@ -233,11 +233,13 @@ def _chat_header(request: Request) -> int | None:
 def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | None,
              user: str | None) -> Callable[[], TurnStream]:
     if chat_id is not None:
-        for param in ("logit_bias", "frequency_penalty", "presence_penalty", "top_logprobs"):
+        for param in ("logit_bias", "frequency_penalty", "presence_penalty", "top_logprobs",
+                      "grammar"):
             if getattr(parsed, param) not in (None, 0, 0.0, ()):  # the chat's own settings
-                raise ApiError(400, f"{param} is for requests without {CHAT_HEADER}: a stored "
+                name = "response_format" if param == "grammar" else param
+                raise ApiError(400, f"{name} is for requests without {CHAT_HEADER}: a stored "
                                "chat's replies are sampled with the chat's settings",
-                               param=param)
+                               param=name)
         return lambda: service.send(
             chat_id, parsed.turns[-1].content, user=user, seed=parsed.seed,
             max_tokens=parsed.max_tokens, stop=parsed.stop)
@@ -245,7 +247,8 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
         parsed.system_prompt, parsed.turns, max_tokens=parsed.max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
         logit_bias=parsed.logit_bias, frequency_penalty=parsed.frequency_penalty,
-        presence_penalty=parsed.presence_penalty, top_logprobs=parsed.top_logprobs, user=user)
+        presence_penalty=parsed.presence_penalty, top_logprobs=parsed.top_logprobs,
+        grammar=parsed.grammar, user=user)
 
 
 def _usage(done: TurnUpdate) -> dict:

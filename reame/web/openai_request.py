@@ -9,6 +9,7 @@ is no parameter of OpenAI's is refused too. README, "OpenAI parameters", has the
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
@@ -64,6 +65,7 @@ class CompletionRequest:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     top_logprobs: int | None = None  # None: no log-probabilities; else how many alternatives
+    grammar: str | None = None  # GBNF the reply must follow (response_format), or None
 
 
 class _Body(BaseModel):
@@ -129,8 +131,8 @@ class ChatRequest(_Body):
     prompt_cache_key: str | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: Any = None  # checked by response_grammar()
     # OpenAI's, refused unless neutral (UNSUPPORTED).
-    response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -150,8 +152,6 @@ class ChatRequest(_Body):
 # OpenAI's parameters this server does not honour: the values that change nothing (accepted),
 # and why any other value is refused. README's table is made from the same words.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "response_format": ((None, {"type": "text"}),
-                        "structured output (JSON mode, JSON schemas) is not supported yet"),
     "tools": ((None, []), "tool calling is not supported yet"),
     "tool_choice": ((None, "none", "auto"), "tool calling is not supported yet"),
     "parallel_tool_calls": ((None, True, False), "tool calling is not supported yet"),
@@ -227,7 +227,33 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         request.stream_options is not None and request.stream_options.include_usage,
         tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()),
         request.frequency_penalty or 0.0, request.presence_penalty or 0.0,
-        (request.top_logprobs or 0) if request.logprobs else None)
+        (request.top_logprobs or 0) if request.logprobs else None,
+        response_grammar(request.response_format))
+
+
+def response_grammar(response_format: Any) -> str | None:
+    """The llama.cpp grammar (GBNF) that holds the reply to response_format: any JSON object
+    for json_object, the schema's JSON for json_schema (llama-cpp-python's converter); None
+    for text. ApiError for anything else."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if response_format is None or response_format == {"type": "text"}:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object" and set(response_format) == {"type"}:
+        return JSON_GBNF
+    spec = response_format.get("json_schema") if kind == "json_schema" else None
+    if (isinstance(spec, dict) and isinstance(spec.get("schema"), dict)
+            and set(response_format) == {"type", "json_schema"}
+            and set(spec) <= {"name", "description", "schema", "strict"}):
+        try:
+            return json_schema_to_gbnf(json.dumps(spec["schema"]))
+        except Exception as exc:  # the converter's own words: what it cannot express
+            raise ApiError(400, f"'response_format.json_schema.schema' cannot be followed: "
+                           f"{str(exc)[:200]}", param="response_format") from None
+    raise ApiError(400, "'response_format' must be {\"type\": \"text\"}, {\"type\": "
+                   "\"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"name\", "
+                   "\"schema\", \"strict\"}}", param="response_format")
 
 
 def _refuse_unsupported(request: ChatRequest) -> None:
