@@ -199,9 +199,13 @@ def test_logit_bias_favours_and_bans_tokens(server, model_path):
         got, answer = post(server, {"model": model, "messages": hi, "logit_bias": bias})
         assert got == 400 and needle in answer["error"]["message"], answer
     chat = ApiClient(server.url, verbose=False).predict(api_name="/new_chat")
-    got, answer = post(server, {"model": model, "messages": hi, "logit_bias": {"1": 1}},
-                       headers={"X-Reame-Chat": str(chat)})
-    assert got == 400 and answer["error"]["param"] == "logit_bias", answer
+    # A stored chat samples with its own settings: whatever would change that is refused.
+    for param, value in (("logit_bias", {"1": 1}), ("frequency_penalty", 1.0),
+                         ("presence_penalty", 1.0), ("logprobs", True),
+                         ("response_format", {"type": "json_object"})):
+        got, answer = post(server, {"model": model, "messages": hi, param: value},
+                           headers={"X-Reame-Chat": str(chat)})
+        assert got == 400 and answer["error"]["param"] == param, (param, answer)
 
 
 @pytest.mark.parametrize("body, status, needle", [

@@ -233,13 +233,16 @@ def _chat_header(request: Request) -> int | None:
 def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | None,
              user: str | None) -> Callable[[], TurnStream]:
     if chat_id is not None:
-        for param in ("logit_bias", "frequency_penalty", "presence_penalty", "top_logprobs",
-                      "grammar"):
-            if getattr(parsed, param) not in (None, 0, 0.0, ()):  # the chat's own settings
-                name = "response_format" if param == "grammar" else param
-                raise ApiError(400, f"{name} is for requests without {CHAT_HEADER}: a stored "
-                               "chat's replies are sampled with the chat's settings",
-                               param=name)
+        # A stored chat samples with its own settings: what would change that is refused.
+        asked = {"logit_bias": bool(parsed.logit_bias),
+                 "frequency_penalty": parsed.frequency_penalty != 0,
+                 "presence_penalty": parsed.presence_penalty != 0,
+                 "logprobs": parsed.top_logprobs is not None,
+                 "response_format": parsed.grammar is not None}
+        refused = next((param for param, wanted in asked.items() if wanted), None)
+        if refused is not None:
+            raise ApiError(400, f"{refused} is for requests without {CHAT_HEADER}: a stored "
+                           "chat's replies are sampled with the chat's settings", param=refused)
         return lambda: service.send(
             chat_id, parsed.turns[-1].content, user=user, seed=parsed.seed,
             max_tokens=parsed.max_tokens, stop=parsed.stop)
