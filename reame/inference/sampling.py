@@ -53,10 +53,10 @@ class TokenChoice:
 class ReplySampler(LlamaSampler):
     """llama.cpp's sampler chain, and the choices it made when log-probabilities are asked."""
 
-    def __init__(self, top_logprobs: int | None):
+    def __init__(self, top_logprobs: int | None, choices: list[TokenChoice] | None = None):
         super().__init__()
         self.top_logprobs = top_logprobs
-        self.choices: list[TokenChoice] = []
+        self.choices: list[TokenChoice] = [] if choices is None else choices
 
 
 @dataclass(eq=False)
@@ -73,8 +73,9 @@ class Pending:
 class Sampler:
     """Engine's sampling and generation (a mixin: Engine's context, sequences and decodes)."""
 
-    def sampler(self, sampling: Sampling) -> ReplySampler:
-        sampler = ReplySampler(sampling.top_logprobs)
+    def sampler(self, sampling: Sampling,
+                choices: list[TokenChoice] | None = None) -> ReplySampler:
+        sampler = ReplySampler(sampling.top_logprobs, choices)
         if sampling.logit_bias:
             sampler.add_logit_bias(self.n_vocab, {
                 token: -float("inf") if bias <= -100 else bias
@@ -115,9 +116,7 @@ class Sampler:
         """
         if max_tokens <= 0:
             return
-        sampler, seq = self.sampler(sampling), self.seq
-        if choices is not None:
-            sampler.choices = choices
+        sampler, seq = self.sampler(sampling, choices), self.seq
         token = self._sample(sampler, seq)
         try:
             for left in range(max_tokens - 1, -1, -1):
