@@ -80,6 +80,26 @@ message = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"]) | anything},
     optional={"content": text | st.lists(part, max_size=3) | anything, "name": anything,
               "tool_calls": anything, "tool_call_id": anything})
+# Tools: names valid or not, schemas usual or any object (the grammar made from it may be
+# refused, never a failed turn).
+schema = st.sampled_from([
+    {}, {"type": "object"}, {"type": "object", "properties": {"city": {"type": "string"}},
+                             "required": ["city"]},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0},
+                                      "tags": {"type": "array", "items": {"type": "string"},
+                                               "maxItems": 3}}},
+    {"type": "object", "properties": {"x": {"type": "string", "maxLength": 10 ** 7}}},
+    {"type": "object", "properties": {"x": {"$ref": "#/$defs/y"}},
+     "$defs": {"y": {"enum": ["a", "b"]}}}]) | st.dictionaries(st.text(max_size=12), anything,
+                                                             max_size=4)
+tool_def = st.fixed_dictionaries(
+    {"type": st.just("function"),
+     "function": st.fixed_dictionaries(
+         {"name": st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True) | st.text(max_size=8)},
+         optional={"description": text, "parameters": schema, "strict": st.booleans()})})
+tool_choice = (st.sampled_from(["none", "auto", "required"])
+               | st.fixed_dictionaries({"type": st.just("function"), "function":
+                                        st.fixed_dictionaries({"name": st.text(max_size=8)})}))
 # A request that is valid: every field in its range, the last message the user's.
 valid_completion = st.fixed_dictionaries(
     {"model": st.just(MODEL),
@@ -101,7 +121,9 @@ valid_completion = st.fixed_dictionaries(
               "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
               "frequency_penalty": st.floats(-2, 2), "presence_penalty": st.floats(-2, 2),
               "user": st.text(max_size=8), "logprobs": st.just(False),
-              "tools": st.just([]), "response_format": st.just({"type": "text"})})
+              "tools": st.just([]) | st.lists(tool_def, max_size=2),
+              "tool_choice": tool_choice, "parallel_tool_calls": st.booleans(),
+              "response_format": st.just({"type": "text"})})
 # ... with one field replaced by anything, or one more field of any name and value.
 broken_completion = st.tuples(valid_completion, st.sampled_from(
     ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",

@@ -297,10 +297,11 @@ HONOURED = {
     "presence_penalty": 1.0, "logprobs": True, "top_logprobs": 3,
     "user": "someone", "safety_identifier": "someone",
     "prompt_cache_key": "a-conversation",
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    "tool_choice": "required", "parallel_tool_calls": False,
 }
 REFUSED = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    "tool_choice": "required", "functions": [{"name": "f", "parameters": {}}],
+    "functions": [{"name": "f", "parameters": {}}],
     "function_call": {"name": "f"}, "modalities": ["text", "audio"],
     "audio": {"voice": "alloy", "format": "wav"},
     "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "low",
@@ -325,7 +326,9 @@ def test_every_openai_parameter_is_honoured_or_refused_by_name(server):
     model, hi = model_id(server), [{"role": "user", "content": "Say hi."}]
     for param, value in HONOURED.items():
         streamed = ({"stream": True} if param == "stream_options" else
-                    {"logprobs": True} if param == "top_logprobs" else {})
+                    {"logprobs": True} if param == "top_logprobs" else
+                    {"tools": HONOURED["tools"]} if param.endswith("tool_calls")
+                    or param == "tool_choice" else {})
         status, answer = post(server, {"model": model, "messages": hi, "max_tokens": 2,
                                        param: value, **streamed})
         assert status == 200, (param, answer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from reame.config.refusals import MessageTooLong
 from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.scope import Scope
+from reame.inference.tools import Tool, canonical
 from reame.inference.turn import Decoding, TurnStats
 
 KNOWN_REPLIES = 1024  # replies whose exact tokens are kept for stateless clients
@@ -26,11 +27,12 @@ class ReplyMemory:
         self._tokens: dict[tuple[str, Scope, str], tuple[int, ...]] = {}
 
     def tokenize(self, prompts: PromptBuilder, system_prompt: str, turns: list[PromptMessage],
-                 scope: Scope) -> tuple[list[PromptMessage], list[int]]:
+                 scope: Scope, tools: tuple[Tool, ...] = ()
+                 ) -> tuple[list[PromptMessage], list[int]]:
         """The turns (replies this server wrote with their exact tokens) and the prompt, in
         the vocabulary of prompts' model; too long for its context raises MessageTooLong."""
         known = [self._known(prompts.engine.fingerprint, t, scope) for t in turns]
-        prompt = prompts.tokens(system_prompt, known, scope)
+        prompt = prompts.tokens(system_prompt, known, scope, tools)
         n_ctx = prompts.engine.n_ctx
         if len(prompt) >= n_ctx:
             raise MessageTooLong(
@@ -65,6 +67,11 @@ class ConversationKeeper:
         return True
 
     def keep(self, decoding: Decoding, stats: TurnStats) -> None:
-        if decoding.complete:
-            self.memory.remember(self.model, self.scope, decoding.text.strip(),
-                                 decoding.generated)
+        tokens = decoding.exact_tokens
+        if tokens is not None:
+            text = decoding.text.strip()
+            self.memory.remember(self.model, self.scope, text, tokens)
+            # A reply that called tools comes back as its parts, which render as this text.
+            again = canonical(text)
+            if again is not None:
+                self.memory.remember(self.model, self.scope, again, tokens)

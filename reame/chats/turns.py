@@ -25,6 +25,7 @@ from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
 from reame.inference.scope import Scope, user_scope
 from reame.inference.tasks import Replaced, Stopped, Waiting
+from reame.inference.tools import Tool, repeated_call
 from reame.inference.turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
 from reame.inference.turn_stream import TurnStream
 
@@ -304,11 +305,13 @@ class Turns:
                  logit_bias: tuple[tuple[int, float], ...] = (),
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  top_logprobs: int | None = None, grammar: str | None = None,
+                 grammar_trigger: str | None = None, tools: tuple[Tool, ...] = (),
                  user: str | None = None) -> TurnStream:
         """Answer a whole conversation sent at once. Its KV is found by its tokens (the
         cache's block-hash index, within user's scope), so a conversation resent with one
         more message evaluates only that message. Refusals (no model, too long) raise before
-        the first update."""
+        the first update. tools: the functions the reply may call (tools.py); the grammar
+        (GBNF) holds the reply, from where grammar_trigger matches when given."""
         if self.runtime is None:
             raise NoModel(self.load_error or "no model is loaded")
         check_seed(seed)
@@ -322,21 +325,23 @@ class Turns:
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed,
                             logit_bias=logit_bias, frequency_penalty=frequency_penalty,
                             presence_penalty=presence_penalty, top_logprobs=top_logprobs,
-                            grammar=grammar)
+                            grammar=grammar, grammar_trigger=grammar_trigger)
         return TurnStream(lambda stream: self._complete(
-            stream, system_prompt, turns, sampling, max_tokens, stop, user))
+            stream, system_prompt, turns, sampling, max_tokens, stop, user, tools))
 
     def _complete(self, stream: TurnStream, system_prompt: str, sent: list[PromptMessage],
                   sampling: Sampling, max_tokens: int | None, stop: tuple[str, ...],
-                  user: str | None) -> Iterator[TurnUpdate]:
+                  user: str | None, tools: tuple[Tool, ...]) -> Iterator[TurnUpdate]:
         scope = user_scope(user)
         while True:  # until a slot of the current model's (a switch sends requests on)
             with self.using_model() as runtime:  # tokenized with the model that answers
                 turns, prompt = self.replies.tokenize(runtime.prompts, system_prompt, sent,
-                                                      scope)
+                                                      scope, tools)
             job = Job(prompt, turns, system_prompt, scope, sampling,
-                      max_tokens or self.defaults.max_tokens, stop,
-                      shared_opening=system_prompt == self.defaults.system_prompt)
+                      max_tokens or self.defaults.max_tokens, stop, tools=tools,
+                      ends=repeated_call if tools else None,
+                      # with tools the opening is this request's, not the administrator's
+                      shared_opening=system_prompt == self.defaults.system_prompt and not tools)
             keeper = ConversationKeeper(self.replies, runtime.engine.fingerprint, scope)
             runner = self._runner(runtime)
             try:

@@ -7,6 +7,7 @@ generated ones. The prompt of turn n+1 then starts with every token of turn n's 
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from array import array
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from reame.config.refusals import ChatError
 from reame.inference.engine import Engine, common_prefix
 from reame.inference.scope import NO_ACCOUNTS, Scope
+from reame.inference.tools import Tool, native, response_text, system_text
 
 # For models without a chat template (base models): plain labelled turns.
 PLAIN_TEMPLATE = (
@@ -36,13 +39,17 @@ _PLACEHOLDER_RE = re.compile("(\u2002?)\x1eREAME-(\\d+)\x1e(\u2002?)")
 CACHED_TOKENS = 1_000_000  # tokens of tokenized pieces kept per model (about 4 MB)
 
 
+class ControlTokens(ChatError):
+    """Text a request puts in the template's own text that would become control tokens."""
+
+
 @dataclass(frozen=True)
 class PromptMessage:
     """One message of a conversation, as a prompt is built from it: its role, its text and,
     for a reply, the exact tokens the model generated (spliced in as they are). Not a stored
     Message (reame.chats.store), which PromptMessages are made from (window.turns_of)."""
 
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool" (a tool's result)
     content: str
     tokens: tuple[int, ...] | None = None  # exact generated tokens, for assistant turns
 
@@ -53,6 +60,7 @@ class PromptBuilder:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.has_template = bool(engine.chat_template)
+        self.native_tools = native(engine.chat_template)  # it writes tools.py's format
         template = engine.chat_template or PLAIN_TEMPLATE
         self.stops: tuple[str, ...] = () if self.has_template else PLAIN_STOPS
         self._formatter = Jinja2ChatFormatter(
@@ -68,13 +76,20 @@ class PromptBuilder:
         self._pieces_lock = threading.Lock()  # web threads and the engine's thread use them
 
     def tokens(self, system_prompt: str, turns: list[PromptMessage],
-               scope: Scope = NO_ACCOUNTS) -> list[int]:
+               scope: Scope = NO_ACCOUNTS, tools: tuple[Tool, ...] = ()) -> list[int]:
         """The prompt for the next reply: the chat, then the template's assistant header. The
         template's own text may hold control tokens; the messages' text never does. Assistant
-        turns with their generated tokens are spliced in as those tokens."""
+        turns with their generated tokens are spliced in as those tokens. tools: the functions
+        the reply may call, written by the template where it has a place for them, else into
+        the system prompt (tools.py); tool results are turns of role "tool"."""
+        offered = None
+        if self.native_tools:
+            offered = [self._checked(tool) for tool in tools] or None
+        else:
+            system_prompt, turns = _fallback(system_prompt, turns, tools)
         messages = ([PromptMessage("system", system_prompt)] if system_prompt else []) + list(turns)
         text = self._formatter(messages=[{"role": m.role, "content": _PLACEHOLDER.format(i)}
-                                         for i, m in enumerate(messages)]).prompt
+                                         for i, m in enumerate(messages)], tools=offered).prompt
         add_bos = self.engine.adds_bos and not (self._bos_text and text.startswith(self._bos_text))
         parts = _PLACEHOLDER_RE.split(text)
         out: list[int] = []
@@ -93,12 +108,23 @@ class PromptBuilder:
         return out
 
     def fixed_head(self, system_prompt: str, turns: list[PromptMessage],
-                   scope: Scope = NO_ACCOUNTS) -> list[int]:
+                   scope: Scope = NO_ACCOUNTS, tools: tuple[Tool, ...] = ()) -> list[int]:
         """The tokens of the prompt for turns + a next user message that no message can change
         (the next turn's header): the common prefix of the prompts for messages "a" and "b"."""
-        a = self.tokens(system_prompt, turns + [PromptMessage("user", "a")], scope)
-        b = self.tokens(system_prompt, turns + [PromptMessage("user", "b")], scope)
+        a = self.tokens(system_prompt, turns + [PromptMessage("user", "a")], scope, tools)
+        b = self.tokens(system_prompt, turns + [PromptMessage("user", "b")], scope, tools)
         return a[:common_prefix(a, b)]
+
+    def _checked(self, tool: Tool) -> dict:
+        """A tool for the template, which writes it as its own text (control tokens parsed):
+        one whose words would become control tokens is refused."""
+        spec = tool.as_openai()
+        text = json.dumps(spec, ensure_ascii=False)
+        if self._piece("template", None, text, False) != self._piece("text", NO_ACCOUNTS, text,
+                                                                       False):
+            raise ControlTokens(f"the tool '{tool.name}' holds text that this model reads as "
+                                "its control tokens; it is refused")
+        return spec
 
     def _piece(self, kind: str, scope: Scope | None, text: str, add_bos: bool) -> array:
         """A piece of the prompt tokenized: the template's text with its control tokens (scope
@@ -123,3 +149,25 @@ class PromptBuilder:
             while self._cached_tokens > CACHED_TOKENS and len(self._pieces) > 1:
                 self._cached_tokens -= len(self._pieces.pop(next(iter(self._pieces))))
         return tokens
+
+
+def _fallback(system_prompt: str, turns: list[PromptMessage],
+              tools: tuple[Tool, ...]) -> tuple[str, list[PromptMessage]]:
+    """For a template without tools: the tools described in the system prompt, and each run
+    of tool results as one user turn (a template may allow no two turns of one role)."""
+    if tools:
+        system_prompt = "\n\n".join(p for p in (system_prompt, system_text(tools)) if p)
+    if not any(t.role == "tool" for t in turns):
+        return system_prompt, turns
+    out: list[PromptMessage] = []
+    results: list[str] = []
+    for turn in [*turns, None]:
+        if turn is not None and turn.role == "tool":
+            results.append(turn.content)
+            continue
+        if results:
+            out.append(PromptMessage("user", response_text(results)))
+            results = []
+        if turn is not None:
+            out.append(turn)
+    return system_prompt, out

@@ -5,6 +5,7 @@ tokens queued and decoded together (decode_pending)."""
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -12,7 +13,6 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import xxhash
 from llama_cpp._internals import LlamaSampler
-from llama_cpp.llama_grammar import LlamaGrammar
 
 from reame.config.chat_settings import FIELD
 
@@ -38,6 +38,21 @@ class Sampling:
     top_logprobs: int | None = None
     # A llama.cpp grammar (GBNF) the reply must follow, e.g. JSON (None: any text).
     grammar: str | None = None
+    # When set, the grammar holds the reply only from where this regex's first group matches
+    # the reply so far (llama.cpp's lazy grammar), e.g. a tool call begun.
+    grammar_trigger: str | None = None
+
+
+# A grammar's bounds: llama.cpp expands a repetition x{m,n} into n copies of x, and every
+# token's sampling walks the grammar's rules, so a schema of maxLength 10**6 costs memory and
+# minutes per token.
+MAX_GRAMMAR_CHARS = 200_000
+MAX_GRAMMAR_REPEAT = 1_000
+_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+class GrammarError(ValueError):
+    """A grammar llama.cpp cannot follow, or one past the bounds."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +99,8 @@ class Sampler:
             sampler.add_penalties(self.n_vocab, self.n_ctx, 1.0, sampling.frequency_penalty,
                                   sampling.presence_penalty)
         if sampling.grammar is not None:
-            sampler.add_grammar(self._model, LlamaGrammar.from_string(sampling.grammar,
-                                                                      verbose=False))
+            llama_cpp.llama_sampler_chain_add(sampler.sampler, self._grammar_sampler(
+                sampling.grammar, sampling.grammar_trigger))
         if sampling.temperature <= 0:
             sampler.add_greedy()
             return sampler
@@ -96,6 +111,27 @@ class Sampler:
         sampler.add_temp(sampling.temperature)
         sampler.add_dist(seed)
         return sampler
+
+    def check_grammar(self, grammar: str, trigger: str | None = None) -> None:
+        """GrammarError when llama.cpp cannot follow the grammar (GBNF): its parser's words
+        are in the log. A grammar can be hundreds of rules: checked once, before a turn."""
+        llama_cpp.llama_sampler_free(self._grammar_sampler(grammar, trigger))
+
+    def _grammar_sampler(self, grammar: str, trigger: str | None):
+        repeats = (int(n) for pair in _REPEAT.findall(grammar) for n in pair if n)
+        if len(grammar) > MAX_GRAMMAR_CHARS or max(repeats, default=0) > MAX_GRAMMAR_REPEAT:
+            raise GrammarError(f"it is over {MAX_GRAMMAR_CHARS:,} characters of grammar or "
+                               f"repeats a part over {MAX_GRAMMAR_REPEAT:,} times")
+        text, root = grammar.encode("utf-8"), b"root"
+        if trigger is None:
+            made = llama_cpp.llama_sampler_init_grammar(self._model.vocab, text, root)
+        else:
+            patterns = (ctypes.c_char_p * 1)(trigger.encode("utf-8"))
+            made = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+                self._model.vocab, text, root, patterns, 1, (llama_cpp.llama_token * 0)(), 0)
+        if not made:  # llama.cpp's parser refused it (and logged why)
+            raise GrammarError("llama.cpp's grammar parser refused it")
+        return made
 
     def generate(self, sampling: Sampling, max_tokens: int, *, queued: bool = False,
                  choices: list[TokenChoice] | None = None) -> Iterator[int | None]:

@@ -28,6 +28,7 @@ from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.sampling import Sampling
 from reame.inference.scope import Scope
+from reame.inference.tools import Tool
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,10 @@ class Job:
     outside: int = 0  # messages before the window
     shared_opening: bool = False  # the system prompt is the server's default (scope.SHARED)
     branched_from: int | None = None  # the chat this one was branched from (its KV file)
+    tools: tuple[Tool, ...] = ()  # the functions the prompt offers (tools.py)
+    # Where a reply's text so far ends early besides the stop strings (None: it goes on),
+    # e.g. tools.repeated_call.
+    ends: Callable[[str], int | None] | None = None
 
 
 class Keeper(Protocol):
@@ -112,16 +117,19 @@ class Keeper(Protocol):
 
 class Decoding:
     """One reply being sampled after the live tokens: its text so far, its exact tokens, and
-    its timings. Iterating yields the text so far; a stop string ends it (cut)."""
+    its timings. Iterating yields the text so far; a stop string ends it (cut), or ends."""
 
     def __init__(self, engine: Engine, sampling: Sampling, max_tokens: int,
-                 stops: tuple[str, ...], started: float):
+                 stops: tuple[str, ...], started: float,
+                 ends: Callable[[str], int | None] | None = None):
         self.engine, self.sampling, self.max_tokens, self.stops = (
             engine, sampling, max_tokens, stops)
+        self.ends = ends
         self.started = started
         self.first_at: float | None = None
         self.token_times: list[float] = []  # when each token came (perf_counter)
         self.generated: list[int] = []
+        self._ends: list[int] = []  # the text's length after each generated token
         self.text = ""
         self.cut = False  # ended by a stop string: the tokens run past the text
         self.first_logits = ""
@@ -144,7 +152,10 @@ class Decoding:
             self.token_times.append(now)
             self.generated.append(token)
             self.text += stream.push(token)
+            self._ends.append(len(self.text))
             stop_at = _find_stop(self.text, self.stops)
+            if stop_at is None and self.ends is not None:
+                stop_at = self.ends(self.text)
             if stop_at is not None:
                 self.text, self.cut = self.text[:stop_at], True
                 break
@@ -160,6 +171,19 @@ class Decoding:
         if self.sampling.top_logprobs is None:
             return None
         return tuple(self.choices[:len(self.generated)])
+
+    @property
+    def exact_tokens(self) -> list[int] | None:
+        """The tokens that are exactly the reply's text, when it ran to its end: all of them,
+        or, cut where a token ended (e.g. before a repeated tool call), those before the cut."""
+        if not self.finished:
+            return None
+        if not self.cut:
+            return self.generated
+        if len(self.text) not in self._ends:
+            return None
+        tokens = self.generated[:self._ends.index(len(self.text)) + 1]
+        return tokens if self.engine.detokenize(tokens) == self.text else None
 
     @property
     def complete(self) -> bool:
@@ -211,7 +235,7 @@ class TurnRunner:
             raise
         limit = min(job.max_tokens, self.engine.n_ctx - len(job.prompt))
         decoding = Decoding(self.engine, job.sampling, limit, self.prompts.stops + job.stops,
-                            started)
+                            started, job.ends)
         kept, message_id = False, None
         try:
             for text in decoding:
@@ -275,7 +299,7 @@ class TurnRunner:
         from it."""
         if not self.cache.enabled:  # a snapshot only makes sense with files to keep it
             return
-        opening = self.prompts.fixed_head(job.system_prompt, [], job.scope)
+        opening = self.prompts.fixed_head(job.system_prompt, [], job.scope, job.tools)
         length = self.cache.prefix_length(opening, job.prompt)
         if restored.reused < length and self.cache.wants_snapshot(
                 length, job.prompt, shared=job.shared_opening):
@@ -290,7 +314,7 @@ class TurnRunner:
         message itself. The next turn checks these tokens like any others (common prefix)."""
         engine = self.engine
         done = job.turns + [PromptMessage("assistant", "", tuple(generated))]
-        head = self.prompts.fixed_head(job.system_prompt, done, job.scope)
+        head = self.prompts.fixed_head(job.system_prompt, done, job.scope, job.tools)
         live = len(engine.tokens)
         if not live < len(head) <= engine.n_ctx or engine.common_prefix(head) != live:
             return 0

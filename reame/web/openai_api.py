@@ -45,8 +45,10 @@ from reame.chats.service import (
     TurnUpdate,
 )
 from reame.config.refusals import RETRY_LOADING_S, RETRY_NO_MODEL_S
+from reame.inference.sampling import GrammarError
 from reame.inference.turn_stream import TurnStream
 from reame.web.guard import MAX_V1_BODY_BYTES
+from reame.web.openai_reply import ReplyShape
 from reame.web.openai_request import ApiError, CompletionRequest, error_response, parse_request
 from reame.web.turn_updates import UpdateFeed
 
@@ -117,6 +119,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
         try:
             ready()
             parsed = parse_request(body, model_ids())
+            _check_grammar(service, parsed)
             chat_id = _chat_header(request)
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
@@ -175,6 +178,19 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
         return _whole(done, completion_id, parsed, fingerprint, vocab)
 
     return router
+
+
+def _check_grammar(service: ChatService, parsed: CompletionRequest) -> None:
+    """A grammar from a client's schema that llama.cpp cannot follow, or too big to follow
+    cheaply, is a 400 naming where it came from (never a failed turn)."""
+    engine = service.engine
+    if parsed.grammar is None or engine is None:
+        return
+    try:
+        engine.check_grammar(parsed.grammar, parsed.grammar_trigger)
+    except GrammarError as exc:
+        param = "tools" if parsed.tools else "response_format"
+        raise ApiError(400, f"'{param}' cannot be followed: {exc}", param=param) from None
 
 
 def system_fingerprint(service: ChatService) -> str:
@@ -238,7 +254,8 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
                  "frequency_penalty": parsed.frequency_penalty != 0,
                  "presence_penalty": parsed.presence_penalty != 0,
                  "logprobs": parsed.top_logprobs is not None,
-                 "response_format": parsed.grammar is not None}
+                 "response_format": parsed.grammar is not None and not parsed.tools,
+                 "tools": bool(parsed.tools)}
         refused = next((param for param, wanted in asked.items() if wanted), None)
         if refused is not None:
             raise ApiError(400, f"{refused} is for requests without {CHAT_HEADER}: a stored "
@@ -251,7 +268,8 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
         logit_bias=parsed.logit_bias, frequency_penalty=parsed.frequency_penalty,
         presence_penalty=parsed.presence_penalty, top_logprobs=parsed.top_logprobs,
-        grammar=parsed.grammar, user=user)
+        grammar=parsed.grammar, grammar_trigger=parsed.grammar_trigger, tools=parsed.tools,
+        user=user)
 
 
 def _usage(done: TurnUpdate) -> dict:
@@ -283,11 +301,12 @@ def logprob_entries(choices, vocab) -> list[dict]:
 
 def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest,
            fingerprint: str, vocab) -> JSONResponse:
+    message, finish_reason = ReplyShape(parsed.calls_tools).message(done.text,
+                                                                    done.finish_reason)
     return JSONResponse({
         "id": completion_id, "object": "chat.completion", "created": int(time.time()),
         "model": parsed.model, "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
-                     "finish_reason": done.finish_reason,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason,
                      "logprobs": (None if done.logprobs is None else
                                   {"content": logprob_entries(done.logprobs, vocab),
                                    "refusal": None})}],
@@ -316,16 +335,23 @@ async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
                              "logprobs": logprobs}], **extra}
         return f"data: {json.dumps(body)}\n\n"
 
-    sent, update, told = "", first, 0  # told: the tokens whose logprobs were sent
+    shape = ReplyShape(parsed.calls_tools)
+    # sent: the content sent; called: the calls sent; told: the tokens whose logprobs were sent
+    sent, called, update, told = "", 0, first, 0
     try:
         yield chunk({"role": "assistant", "content": ""}, with_logprobs=False)
         while update is not None:
-            text = update.text
-            if text.startswith(sent) and len(text) > len(sent):
-                yield chunk({"content": text[len(sent):]})
-                sent = text
+            content, calls = shape.shown(update.text, update.done)
+            if content.startswith(sent) and len(content) > len(sent):
+                yield chunk({"content": content[len(sent):]})
+                sent = content
+            for index in range(called, len(calls)):
+                yield chunk({"tool_calls": [{"index": index,
+                                             **shape.call(index, calls[index])}]})
+            called = len(calls)
             if update.done:
-                yield chunk({}, update.finish_reason, reame=_extra(update))
+                yield chunk({}, shape.finish(update.text, update.finish_reason),
+                            reame=_extra(update))
                 if parsed.include_usage:
                     yield ("data: " + json.dumps({
                         "id": completion_id, "object": "chat.completion.chunk",

@@ -22,10 +22,22 @@ from reame.config.chat_settings import FIELD
 from reame.config.refusals import RETRY_LOADING_S
 from reame.config.setting import field_type
 from reame.inference.prompt import PromptMessage
+from reame.inference.tools import (
+    CALL_OPEN,
+    TRIGGER_PATTERN,
+    SchemaError,
+    Tool,
+    ToolCall,
+    ToolUse,
+    reply_text,
+)
+from reame.inference.tools import grammar as tool_grammar
 
 MAX_STOPS = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_TOOL_CALLS = 128  # calls in one assistant message
 
 
 class ApiError(Exception):
@@ -65,7 +77,10 @@ class CompletionRequest:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     top_logprobs: int | None = None  # None: no log-probabilities; else how many alternatives
-    grammar: str | None = None  # GBNF the reply must follow (response_format), or None
+    grammar: str | None = None  # GBNF the reply must follow (response_format, tools), or None
+    grammar_trigger: str | None = None  # where a lazy grammar starts (a tool call begun)
+    tools: tuple[Tool, ...] = ()
+    calls_tools: bool = False  # the reply may call tools: its text is split into calls
 
 
 class _Body(BaseModel):
@@ -74,7 +89,8 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-Role = Literal["system", "developer", "user", "assistant"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 Positive = Annotated[int, Field(ge=1)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 
@@ -90,15 +106,47 @@ class TextPart(_Body):
     text: str
 
 
+class CalledFunction(_Body):
+    name: FunctionName
+    arguments: str  # JSON text of an object, as the reply wrote it
+
+
+class CallIn(_Body):
+    id: NonEmpty
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(_Body):
     role: Role
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # None only beside an assistant's tool_calls
+    tool_calls: Annotated[list[CallIn], Field(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: NonEmpty | None = None  # a tool message's: the call it answers
     # OpenAI's, refused when set (_conversation): no template here has a place for them.
     name: Any = None
-    tool_calls: Any = None
-    tool_call_id: Any = None
     refusal: Any = None
     audio: Any = None
+
+
+class FunctionDef(_Body):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None  # the arguments always follow the schema here (a grammar)
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: FunctionName
+
+
+class NamedChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Body):
@@ -132,10 +180,10 @@ class ChatRequest(_Body):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: Any = None  # checked by response_grammar()
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedChoice | None = None
+    parallel_tool_calls: bool | None = None
     # OpenAI's, refused unless neutral (UNSUPPORTED).
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
     modalities: Any = None
@@ -152,12 +200,9 @@ class ChatRequest(_Body):
 # OpenAI's parameters this server does not honour: the values that change nothing (accepted),
 # and why any other value is refused. README's table is made from the same words.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": ((None, []), "tool calling is not supported yet"),
-    "tool_choice": ((None, "none", "auto"), "tool calling is not supported yet"),
-    "parallel_tool_calls": ((None, True, False), "tool calling is not supported yet"),
-    "functions": ((None, []), "function calling is not supported (and deprecated by OpenAI)"),
+    "functions": ((None, []), "function calling is deprecated by OpenAI: send 'tools'"),
     "function_call": ((None, "none", "auto"),
-                      "function calling is not supported (and deprecated by OpenAI)"),
+                      "function calling is deprecated by OpenAI: send 'tool_choice'"),
     "modalities": ((None, ["text"]), "the models here write text only"),
     "audio": ((None,), "the models here write text only"),
     "prediction": ((None,), "predicted outputs are not supported"),
@@ -179,6 +224,27 @@ EXPECTED = {
     "messages[]": "an object with a role and content",
     "messages[].role": f"one of {', '.join(get_args(Role))}",
     "messages[].content": 'a string or an array of text parts, {"type": "text", "text": ...}',
+    "messages[].tool_calls": f"an array of at most {MAX_TOOL_CALLS} tool calls",
+    "messages[].tool_calls[]": 'a tool call, {"id", "type": "function", "function": {"name", '
+                               '"arguments"}}',
+    "messages[].tool_calls[].id": "a non-empty string",
+    "messages[].tool_calls[].type": '"function"',
+    "messages[].tool_calls[].function": 'an object, {"name", "arguments"}',
+    "messages[].tool_calls[].function.name": "a function name (letters, digits, _ and -, at "
+                                             "most 64)",
+    "messages[].tool_calls[].function.arguments": "a string (the arguments' JSON)",
+    "messages[].tool_call_id": "a non-empty string (the id of the call this answers)",
+    "tools": f"an array of at most {MAX_TOOLS} tools",
+    "tools[]": 'a tool, {"type": "function", "function": {"name", "description", '
+               '"parameters", "strict"}}',
+    "tools[].type": '"function"',
+    "tools[].function": 'an object, {"name", "description", "parameters", "strict"}',
+    "tools[].function.name": "a function name (letters, digits, _ and -, at most 64)",
+    "tools[].function.description": "a string",
+    "tools[].function.parameters": "an object (a JSON schema)",
+    "tools[].function.strict": "true or false",
+    "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name"}}',
+    "parallel_tool_calls": "true or false",
     "max_tokens": "a positive integer",
     "max_completion_tokens": "a positive integer",
     "temperature": f"a number {FIELD['temperature'].allowed()}",
@@ -218,17 +284,67 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     system, turns = _conversation(request.messages)
     stop = request.stop or ()
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    grammar, trigger = response_grammar(request.response_format), None
+    use = tool_use(request)
+    if use is not None and use.choice == "none":
+        stop += (CALL_OPEN,)  # it may not call: a call begun ends the reply
+    elif use is not None:
+        if grammar is not None:
+            raise ApiError(400, "'response_format' with 'tools' is not supported: a reply "
+                           "follows one grammar (send 'tool_choice': 'none' to ask for JSON "
+                           "text)", param="response_format", code="unsupported_parameter")
+        grammar, lazy = _tool_grammar(use)
+        trigger = TRIGGER_PATTERN if lazy else None
     return CompletionRequest(
         request.model, "\n\n".join(system), turns,
         request.max_completion_tokens or request.max_tokens,
         STATELESS_TEMPERATURE if request.temperature is None else request.temperature,
         STATELESS_TOP_P if request.top_p is None else request.top_p,
-        (stop,) if isinstance(stop, str) else tuple(stop), request.seed, request.stream,
+        stop, request.seed, request.stream,
         request.stream_options is not None and request.stream_options.include_usage,
         tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()),
         request.frequency_penalty or 0.0, request.presence_penalty or 0.0,
         (request.top_logprobs or 0) if request.logprobs else None,
-        response_grammar(request.response_format))
+        grammar, trigger, use.tools if use is not None else (),
+        use is not None and use.choice != "none")
+
+
+def tool_use(request: ChatRequest) -> ToolUse | None:
+    """The tools offered and how the reply may call them; None when none are offered."""
+    choice = request.tool_choice
+    if not request.tools:
+        if choice is None or choice in ("none", "auto"):
+            return None
+        raise ApiError(400, "'tool_choice' asks for a tool call, and no 'tools' are given",
+                       param="tool_choice")
+    tools = tuple(
+        Tool(t.function.name, json.dumps(t.function.parameters or {"type": "object"}),
+             json.dumps({"type": "function", "function": t.function.model_dump(
+                 exclude_none=True)}, ensure_ascii=False))
+        for t in request.tools)
+    names = [t.name for t in tools]
+    for n, name in enumerate(names):
+        if name in names[:n]:
+            raise ApiError(400, f"'tools[{n}].function.name': '{name}' is offered twice",
+                           param=f"tools[{n}].function.name")
+    if isinstance(choice, NamedChoice):
+        if choice.function.name not in names:
+            raise ApiError(400, f"'tool_choice' names '{choice.function.name}', which is not "
+                           f"among the tools ({', '.join(names)})", param="tool_choice")
+        choice = choice.function.name
+    parallel = True if request.parallel_tool_calls is None else request.parallel_tool_calls
+    return ToolUse(tools, choice or "auto", parallel)
+
+
+def _tool_grammar(use: ToolUse) -> tuple[str, bool]:
+    try:
+        made = tool_grammar(use)
+    except SchemaError as exc:
+        raise ApiError(400, f"'tools[{exc.index}].function.parameters' cannot be followed: "
+                       f"{exc}", param=f"tools[{exc.index}].function.parameters") from None
+    assert made is not None  # choice "none" has none
+    return made
 
 
 def response_grammar(response_format: Any) -> str | None:
@@ -293,8 +409,6 @@ def _key(param: str) -> str:
 
 MESSAGE_FIELDS = {
     "name": "the chat templates here have no place for a participant's name",
-    "tool_calls": "tool calling is not supported yet",
-    "tool_call_id": "tool calling is not supported yet",
     "refusal": "a refusal is an OpenAI model's own field",
     "audio": "the models here write text only",
 }
@@ -303,14 +417,23 @@ MESSAGE_FIELDS = {
 def _conversation(messages: list[Message]) -> tuple[list[str], list[PromptMessage]]:
     """The system texts and the turns, in the order a chat template can render."""
     system, turns = [], []
+    calls: set[str] = set()  # the ids of the calls the tool messages may answer
     for n, message in enumerate(messages):
-        for field in ("name", "tool_calls", "tool_call_id", "refusal", "audio"):
+        for field in MESSAGE_FIELDS:
             if getattr(message, field) is not None:
                 raise ApiError(400, f"'messages[{n}].{field}' is not supported by this server: "
                                f"{MESSAGE_FIELDS[field]}. It is refused rather than ignored.",
                                param=f"messages[{n}].{field}", code="unsupported_parameter")
+        _check_tool_fields(n, message, calls)
         content = message.content
-        text = content if isinstance(content, str) else "".join(part.text for part in content)
+        text = ("" if content is None else content if isinstance(content, str)
+                else "".join(part.text for part in content))
+        if message.role == "assistant" and message.tool_calls:
+            text = reply_text(text, [_call(n, m, call)
+                                     for m, call in enumerate(message.tool_calls)])
+            calls = {call.id for call in message.tool_calls}
+        elif message.role != "tool":
+            calls = set()
         if message.role not in ("system", "developer"):
             turns.append(PromptMessage(message.role, text))
         elif turns:
@@ -318,8 +441,44 @@ def _conversation(messages: list[Message]) -> tuple[list[str], list[PromptMessag
                            param=f"messages[{n}]")
         else:
             system.append(text)
-    if not turns or turns[-1].role != "user":
-        raise ApiError(400, "the last message must be the user's", param="messages")
-    if not turns[-1].content.strip():
+    if not turns or turns[-1].role not in ("user", "tool"):
+        raise ApiError(400, "the last message must be the user's or a tool's result",
+                       param="messages")
+    if turns[-1].role == "user" and not turns[-1].content.strip():
         raise ApiError(400, "the last user message is empty", param="messages")
     return system, turns
+
+
+def _check_tool_fields(n: int, message: Message, calls: set[str]) -> None:
+    """tool_calls only on an assistant's message; a tool's result answers a call of the
+    assistant message before it, by its id; content is null only beside tool calls."""
+    where = f"messages[{n}]"
+    if message.tool_calls is not None and message.role != "assistant":
+        raise ApiError(400, f"'{where}.tool_calls' is for assistant messages",
+                       param=f"{where}.tool_calls")
+    if message.role == "tool":
+        if message.tool_call_id is None:
+            raise ApiError(400, f"'{where}.tool_call_id' is required: the id of the call this "
+                           "result answers", param=f"{where}.tool_call_id")
+        if message.tool_call_id not in calls:
+            raise ApiError(400, f"'{where}': a tool's result must follow the assistant message "
+                           f"that made the call '{message.tool_call_id}'",
+                           param=f"{where}.tool_call_id")
+    elif message.tool_call_id is not None:
+        raise ApiError(400, f"'{where}.tool_call_id' is for tool messages",
+                       param=f"{where}.tool_call_id")
+    if message.content is None and not (message.role == "assistant" and message.tool_calls):
+        raise ApiError(400, f"'{where}.content' is required (null only beside an assistant's "
+                       "tool_calls)", param=f"{where}.content")
+
+
+def _call(n: int, m: int, call: CallIn) -> ToolCall:
+    try:
+        arguments = json.loads(call.function.arguments)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise ApiError(400, f"'messages[{n}].tool_calls[{m}].function.arguments' must be the "
+                       "JSON text of an object", param=f"messages[{n}].tool_calls[{m}].function"
+                       ".arguments")
+    return ToolCall(call.function.name, call.function.arguments)

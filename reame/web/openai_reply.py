@@ -1,0 +1,53 @@
+"""A /v1/chat/completions reply in OpenAI's shape: its text as `content`, or, when the request
+offered tools, the text before its calls as `content` and each call (tools.py's format) as a
+`tool_calls` entry; streamed, text that may still become a call is held back until it does."""
+
+from __future__ import annotations
+
+import uuid
+
+from reame.inference.tools import ToolCall, pending_text, split_calls, split_reply
+
+
+class ReplyShape:
+    """How one reply's text becomes OpenAI's message: tools on (calls split out) or off."""
+
+    def __init__(self, calls_tools: bool):
+        self.calls_tools = calls_tools
+        self._ids: list[str] = []  # a call's id, by its index: the same streamed or not
+
+    def message(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+        """The whole reply's message and its finish_reason ("tool_calls" when it called)."""
+        content, calls = self.parts(text)
+        if not calls:
+            return {"role": "assistant", "content": content}, finish_reason
+        return ({"role": "assistant", "content": content or None,
+                 "tool_calls": [self.call(n, c) for n, c in enumerate(calls)]},
+                _called(finish_reason))
+
+    def parts(self, text: str) -> tuple[str, list[ToolCall]]:
+        return split_reply(text) if self.calls_tools else (text, [])
+
+    def shown(self, text: str, done: bool) -> tuple[str, list[ToolCall]]:
+        """What a stream may send of a reply so far: its content (without a tail that may
+        become a call, and without the whitespace before one), and its calls complete."""
+        if done or not self.calls_tools:
+            return self.parts(text)
+        content, calls, _ = split_calls(text)  # text after the calls waits for the end
+        if calls:
+            return content, calls
+        return text[:pending_text(text)].rstrip(), []
+
+    def call(self, index: int, call: ToolCall) -> dict:
+        while len(self._ids) <= index:
+            self._ids.append(f"call_{uuid.uuid4().hex[:24]}")
+        return {"id": self._ids[index], "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
+
+    def finish(self, text: str, finish_reason: str | None) -> str | None:
+        return _called(finish_reason) if self.parts(text)[1] else finish_reason
+
+
+def _called(finish_reason: str | None) -> str | None:
+    # A reply whose calls are whole ended because it called ("length" stays: it was cut).
+    return "tool_calls" if finish_reason == "stop" else finish_reason
