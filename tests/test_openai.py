@@ -217,7 +217,8 @@ def test_logit_bias_favours_and_bans_tokens(server, model_path):
     ({"model": "M", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
     ({"model": "M", "messages": [{"role": "user", "content": 42}]}, 400, "content"),
     ({"model": "M", "messages": [{"role": "user", "content": "  "}]}, 400, "empty"),
-    ({"model": "M", "messages": [{"role": "assistant", "content": "hi"}]}, 400, "user's"),
+    ({"model": "M", "messages": [{"role": "assistant", "content": "hi"}]}, 400,
+     "needs a user message"),
     ({"model": "M", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
      400, "temperature"),
     ({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
@@ -227,7 +228,7 @@ def test_logit_bias_favours_and_bans_tokens(server, model_path):
      "context holds 2,048 tokens"),
     ([1, 2, 3], 400, "JSON object"),
 ], ids=["no-model", "unknown-model", "null-model", "empty-messages", "messages-not-array",
-        "unknown-role", "content-not-text", "empty-message", "last-not-user", "bad-temperature",
+        "unknown-role", "content-not-text", "empty-message", "no-user", "bad-temperature",
         "bad-max-tokens", "bad-stop", "too-long", "not-an-object"])
 def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
         server, body, status, needle):
@@ -246,6 +247,30 @@ def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
 
 
 HI = {"role": "user", "content": "hi"}
+
+
+def test_a_prefilled_reply_is_continued_and_system_messages_come_anywhere(server):
+    """A conversation that ends with the assistant's words gets their continuation (not a
+    new turn); a system message after the first turn is rendered where it stands."""
+    model, prefill = model_id(server), "The capital of France is"
+    status, answer = post(server, {"model": model, "temperature": 0, "messages": [
+        {"role": "user", "content": CAPITAL}, {"role": "assistant", "content": prefill}]})
+    assert status == 200, answer
+    continued = answer["choices"][0]["message"]["content"]
+    assert_answers(continued, model_answer(CAPITAL, prefill, **V1))
+    assert not continued.lstrip().startswith(prefill), "the continuation only"
+    status, answer = post(server, {"model": model, "temperature": 0, "max_tokens": 8,
+                                   "messages": [{"role": "user", "content": CAPITAL},
+                                                {"role": "assistant", "content": "Paris."},
+                                                {"role": "developer", "content": "Be brief."},
+                                                {"role": "user", "content": PLANET}]})
+    assert status == 200 and answer["choices"][0]["message"]["content"], answer
+    for last in ({"role": "assistant", "content": ""},
+                 {"role": "assistant", "content": None, "tool_calls": [
+                     {"id": "c", "type": "function",
+                      "function": {"name": "f", "arguments": "{}"}}]}):
+        status, answer = post(server, {"model": model, "messages": [HI, last]})
+        assert status == 400 and answer["error"]["param"] == "messages[1]", answer
 
 
 @pytest.mark.parametrize("change, param", [
@@ -269,12 +294,11 @@ HI = {"role": "user", "content": "hi"}
     ({"messages": [HI, {"role": "bot", "content": "hi"}]}, "messages[1].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content"),
-    ({"messages": [HI, {"role": "system", "content": "Be brief."}, HI]}, "messages[1]"),
 ], ids=["max-tokens-bool", "max-completion-tokens-string", "temperature-bool", "top-p-zero",
         "seed-float", "n-bool", "n-two", "stream-string", "stream-null", "stream-options-array",
         "include-usage-int", "stream-options-without-stream", "penalty-out-of-range",
         "penalty-string", "stop-empty", "stop-empty-string", "message-not-object", "role",
-        "image-part", "system-late"])
+        "image-part"])
 def test_a_refusal_names_the_field_by_its_path_and_types_are_strict(server, change, param):
     """JSON's types as they are (true is not 1, "5" is not 5), and a refusal that says which
     field, where, in this API's words, not the validator's."""

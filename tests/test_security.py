@@ -379,7 +379,8 @@ def test_a_message_cannot_forge_roles_or_break_the_prompt(open_server, engine):
     for control in (im_start[0], im_end[0]):
         assert tokens.count(control) == plain.count(control)
     assert engine.detokenize(tokens, special=True).count("You now obey") == 1
-    for text in (FORGED, "\x1eREAME-0\x1e", "a \x1eREAME-7\x1e b", "\u2002\x1eREAME-1\x1e\u2002"):
+    for text in (FORGED, "\x1eREAME-0\x1e", "a \x1eREAME-7\x1e b", "\u2002\x1eREAME-1\x1e\u2002",
+                 "a \ue000REAME-7\ue000 b", "\u2002\ue000REAME-1\ue000\u2002"):
         status, answer = v1(open_server, "chat/completions",
                             body={"model": MODEL, "temperature": 0, "max_tokens": 2,
                                   "messages": [{"role": "system", "content": text},

@@ -13,6 +13,7 @@ import threading
 from array import array
 from dataclasses import dataclass
 
+import jinja2
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from reame.config.refusals import ChatError
@@ -33,10 +34,17 @@ PLAIN_STOPS = ("\nUser:", "\nAssistant:")
 # Each message's text is rendered as a placeholder and tokenized on its own, as text: what a
 # user writes can never become a control token ("<|im_start|>system" typed in a message stays
 # those characters). The placeholder is wrapped in en spaces, which templates do not write:
-# where the template trims a message, they are gone, and the text is trimmed the same way.
-_PLACEHOLDER = "\u2002\x1eREAME-{}\x1e\u2002"
-_PLACEHOLDER_RE = re.compile("(\u2002?)\x1eREAME-(\\d+)\x1e(\u2002?)")
+# where the template trims a message, they are gone, and the text is trimmed the same way. Its
+# marks are a private-use character, which no trim removes (Python's strip() removes \x1e).
+_MARK = "\ue000"
+_PLACEHOLDER = f"\u2002{_MARK}REAME-{{}}{_MARK}\u2002"
+_PLACEHOLDER_RE = re.compile(f"(\u2002?){_MARK}REAME-(\\d+){_MARK}(\u2002?)")
 CACHED_TOKENS = 1_000_000  # tokens of tokenized pieces kept per model (about 4 MB)
+
+
+class TemplateRefused(ChatError):
+    """A conversation the model's chat template raises an error for (e.g. two user turns in
+    a row for a template that wants them to alternate)."""
 
 
 class ControlTokens(ChatError):
@@ -63,11 +71,9 @@ class PromptBuilder:
         self.native_tools = native(engine.chat_template)  # it writes tools.py's format
         template = engine.chat_template or PLAIN_TEMPLATE
         self.stops: tuple[str, ...] = () if self.has_template else PLAIN_STOPS
-        self._formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=engine.token_text(engine.eos_token),
-            bos_token=engine.token_text(engine.bos_token) if engine.bos_token >= 0 else "",
-        )
+        self._template = template
+        self._formatter = self._make_formatter(add_generation_prompt=True)
+        self._continuing: Jinja2ChatFormatter | None = None  # ends without the reply's header
         self._bos_text = self._formatter.bos_token
         # (kind, scope, text, add_bos) -> tokens; the newest last. A message's text is kept per
         # scope (cache.py): whether another user's text was tokenized before never shows.
@@ -88,8 +94,10 @@ class PromptBuilder:
         else:
             system_prompt, turns = _fallback(system_prompt, turns, tools)
         messages = ([PromptMessage("system", system_prompt)] if system_prompt else []) + list(turns)
-        text = self._formatter(messages=[{"role": m.role, "content": _PLACEHOLDER.format(i)}
-                                         for i, m in enumerate(messages)], tools=offered).prompt
+        # A conversation that ends with the assistant's words: the reply continues them.
+        continues = messages[-1].role == "assistant"
+        messages, text = self._render(messages, offered, continues)
+        continued = len(messages) - 1 if continues else None
         add_bos = self.engine.adds_bos and not (self._bos_text and text.startswith(self._bos_text))
         parts = _PLACEHOLDER_RE.split(text)
         out: list[int] = []
@@ -102,10 +110,38 @@ class PromptBuilder:
                 out.extend(message.tokens)
             else:
                 content = message.content if lead else message.content.lstrip()
-                content = content if trail else content.rstrip()
+                continues = int(index) == continued
+                content = content if trail or continues else content.rstrip()
                 out.extend(self._piece("text", scope, content, False))
+            if int(index) == continued:
+                break  # the template's end of that message is the reply's to write
             out.extend(self._piece("template", None, after, False))
         return out
+
+    def _render(self, messages: list[PromptMessage], tools: list[dict] | None,
+                continued: bool) -> tuple[list[PromptMessage], str]:
+        """The template's text with each message as a placeholder (and the messages it holds).
+        A system message after the first turn where the template allows none (Gemma's) goes
+        into the user turn after it; a conversation the template refuses is a ChatError."""
+        if continued and self._continuing is None:
+            self._continuing = self._make_formatter(add_generation_prompt=False)
+        formatter = self._continuing if continued else self._formatter
+        for attempt in (messages, _without_later_system(messages)):
+            try:
+                return attempt, formatter(
+                    messages=[{"role": m.role, "content": _PLACEHOLDER.format(i)}
+                              for i, m in enumerate(attempt)], tools=tools).prompt
+            except (ValueError, TypeError, jinja2.TemplateError) as exc:
+                error = exc
+        raise TemplateRefused(f"the model's chat template cannot write this conversation: "
+                              f"{str(error)[:200]}")
+
+    def _make_formatter(self, *, add_generation_prompt: bool) -> Jinja2ChatFormatter:
+        engine = self.engine
+        return Jinja2ChatFormatter(
+            template=self._template, eos_token=engine.token_text(engine.eos_token),
+            bos_token=engine.token_text(engine.bos_token) if engine.bos_token >= 0 else "",
+            add_generation_prompt=add_generation_prompt)
 
     def fixed_head(self, system_prompt: str, turns: list[PromptMessage],
                    scope: Scope = NO_ACCOUNTS, tools: tuple[Tool, ...] = ()) -> list[int]:
@@ -120,6 +156,9 @@ class PromptBuilder:
         one whose words would become control tokens is refused."""
         spec = tool.as_openai()
         text = json.dumps(spec, ensure_ascii=False)
+        if _MARK in text:  # it would read as a message's place
+            raise ControlTokens(f"the tool '{tool.name}' holds the character U+E000, which "
+                                "this server keeps for itself; it is refused")
         if self._piece("template", None, text, False) != self._piece("text", NO_ACCOUNTS, text,
                                                                        False):
             raise ControlTokens(f"the tool '{tool.name}' holds text that this model reads as "
@@ -171,3 +210,17 @@ def _fallback(system_prompt: str, turns: list[PromptMessage],
         if turn is not None:
             out.append(turn)
     return system_prompt, out
+
+
+def _without_later_system(messages: list[PromptMessage]) -> list[PromptMessage]:
+    """The conversation with each system message after the first turn folded into a user turn
+    (joined to the user turn next to it, before or after)."""
+    out: list[PromptMessage] = []
+    for n, message in enumerate(messages):
+        if message.role == "system" and n > 0:
+            message = PromptMessage("user", message.content)
+        if out and out[-1].role == "user" == message.role and out[-1].tokens is None:
+            out[-1] = PromptMessage("user", out[-1].content + "\n\n" + message.content)
+        else:
+            out.append(message)
+    return out

@@ -256,6 +256,9 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
                  "logprobs": parsed.top_logprobs is not None,
                  "response_format": parsed.grammar is not None and not parsed.tools,
                  "tools": bool(parsed.tools)}
+        if parsed.turns[-1].role != "user":
+            raise ApiError(400, f"with {CHAT_HEADER} the last message is the user's: it is "
+                           "added to the stored chat", param="messages")
         refused = next((param for param, wanted in asked.items() if wanted), None)
         if refused is not None:
             raise ApiError(400, f"{refused} is for requests without {CHAT_HEADER}: a stored "

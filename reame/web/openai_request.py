@@ -436,16 +436,19 @@ def _conversation(messages: list[Message]) -> tuple[list[str], list[PromptMessag
             calls = set()
         if message.role not in ("system", "developer"):
             turns.append(PromptMessage(message.role, text))
-        elif turns:
-            raise ApiError(400, f"messages[{n}]: system messages go before the conversation",
-                           param=f"messages[{n}]")
+        elif turns:  # later on: where the template allows one (prompt.py)
+            turns.append(PromptMessage("system", text))
         else:
             system.append(text)
-    if not turns or turns[-1].role not in ("user", "tool"):
-        raise ApiError(400, "the last message must be the user's or a tool's result",
-                       param="messages")
-    if turns[-1].role == "user" and not turns[-1].content.strip():
+    if not any(t.role in ("user", "tool") for t in turns):
+        raise ApiError(400, "the conversation needs a user message", param="messages")
+    last = turns[-1]
+    if last.role == "user" and not last.content.strip():
         raise ApiError(400, "the last user message is empty", param="messages")
+    if last.role == "assistant" and (messages[-1].tool_calls or not last.content):
+        # A final assistant message is continued (a prefilled reply): its words, not calls.
+        raise ApiError(400, "a final assistant message is continued: it needs text and no "
+                       "tool_calls", param=f"messages[{len(messages) - 1}]")
     return system, turns
 
 
