@@ -20,6 +20,7 @@ from reame.inference.engine import Engine
 from .conftest import THREADS, Server, start_server
 from .gradio_api import ApiClient
 from .reference import assert_answers, model_answer
+from .structured import assert_structured_output
 
 CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
@@ -378,49 +379,9 @@ def test_every_openai_parameter_is_honoured_or_refused_by_name(server):
 
 
 def test_structured_output_parses_and_follows_the_schema_streamed_or_not(server):
-    """The SDK's parse() with a pydantic model (a JSON schema, strict), and JSON mode: the
-    reply is held to the grammar token by token, so it parses on any CPU; bounded strings
-    keep it within max_tokens whatever the model says."""
-    from typing import Literal
-
-    from pydantic import BaseModel, Field
-
-    class City(BaseModel):
-        name: str = Field(max_length=24)
-        country: str = Field(max_length=24)
-        population: int
-        capital: bool
-
-    class Pet(BaseModel):
-        kind: Literal["cat", "dog", "bird"]
-        legs: int
-
-    client, model = sdk(server), model_id(server)
-    for schema, question in ((City, "Describe Paris: its name, country, population and "
-                                    "whether it is a capital."),
-                             (Pet, "Describe a cat: its kind and how many legs it has.")):
-        parsed = client.chat.completions.parse(
-            model=model, messages=[{"role": "user", "content": question}],
-            response_format=schema, temperature=0, max_tokens=120)
-        choice = parsed.choices[0]
-        assert choice.finish_reason == "stop", choice
-        assert isinstance(choice.message.parsed, schema), choice.message.content
-        streamed = "".join(c.choices[0].delta.content or "" for c in
-                           client.chat.completions.create(
-                               model=model, messages=[{"role": "user", "content": question}],
-                               response_format={"type": "json_schema", "json_schema": {
-                                   "name": schema.__name__, "strict": True,
-                                   "schema": schema.model_json_schema()}},
-                               temperature=0, max_tokens=120, stream=True) if c.choices)
-        schema.model_validate_json(streamed)
-    whole = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Give the capital of Italy as a "
-                                                         "JSON object."}],
-        response_format={"type": "json_object"}, temperature=0, max_tokens=60)
-    if whole.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(whole.choices[0].message.content), dict)
-    else:  # cut at max_tokens, as OpenAI's JSON mode can be: still JSON as far as it goes
-        assert whole.choices[0].message.content.lstrip().startswith("{")
+    """The SDK's parse() with three pydantic models (JSON schemas, strict), and JSON mode
+    (structured.py; Gemma 3's run is in test_openai_gemma.py)."""
+    assert_structured_output(sdk(server), model_id(server))
 
 
 def test_frequency_and_presence_penalties_change_the_greedy_reply(server):

@@ -21,12 +21,14 @@ from reame.inference.engine import Engine, common_prefix
 from reame.inference.scope import NO_ACCOUNTS, Scope
 from reame.inference.tools import Tool, native, response_text, system_text
 
-# For models without a chat template (base models): plain labelled turns.
+# For models without a chat template (base models): plain labelled turns. A reply follows
+# "Assistant:" as it was generated there, its space its own first token's (tokens() adds one
+# to a reply's text).
 PLAIN_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
     "{% elif message['role'] == 'user' %}User: {{ message['content'] }}\n"
-    "{% else %}Assistant: {{ message['content'] }}\n{% endif %}"
+    "{% else %}Assistant:{{ message['content'] }}\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 PLAIN_STOPS = ("\nUser:", "\nAssistant:")
@@ -112,6 +114,8 @@ class PromptBuilder:
                 content = message.content if lead else message.content.lstrip()
                 continues = int(index) == continued
                 content = content if trail or continues else content.rstrip()
+                if not self.has_template and message.role == "assistant":
+                    content = " " + content.lstrip()
                 out.extend(self._piece("text", scope, content, False))
             if int(index) == continued:
                 break  # the template's end of that message is the reply's to write

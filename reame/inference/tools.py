@@ -180,15 +180,16 @@ class SchemaError(ValueError):
         self.index = index
 
 
-def grammar(use: ToolUse) -> tuple[str, bool] | None:
-    """The GBNF a reply follows and whether it is lazy (starts at "<tool_call>"), or None
-    when the reply may not call (choice "none"). SchemaError names a tool whose parameters
-    cannot be expressed."""
-    if use.choice == "none":
-        return None
-    offered = (use.named,) if use.named is not None else use.tools
+def grammar(use: ToolUse) -> tuple[str, bool]:
+    """The GBNF a reply follows and whether it is lazy (starts at "<tool_call>"). With choice
+    "none", any text without "<tool_call>": the model, kept from a call, answers in words
+    (a small one would otherwise begin the call again). SchemaError names a tool whose
+    parameters cannot be expressed."""
     converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
                                 raw_pattern=False)
+    if use.choice == "none":
+        return _without(CALL_OPEN), False
+    offered = (use.named,) if use.named is not None else use.tools
     alternatives = []
     for tool in offered:
         index = use.tools.index(tool)
@@ -206,3 +207,22 @@ def grammar(use: ToolUse) -> tuple[str, bool] | None:
     many = ' ( "\\n" tool-call )*' if use.parallel and use.named is None else ""
     converter._add_rule("root", "tool-call" + many)
     return converter.format_grammar(), use.choice == "auto"
+
+
+def _without(literal: str) -> str:
+    """GBNF for any text that does not hold literal (whose first character occurs in it only
+    there): a machine of how much of it the text ends with, as right-recursive rules (llama.cpp
+    keeps its stack flat through them); it may end anywhere."""
+    first, rest = literal[0], literal[1:]
+
+    def char(c: str) -> str:
+        return '"' + c.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    def others(*chars: str) -> str:
+        return "[^" + "".join("\\" + c if c in "]^-\\" else c for c in chars) + "]"
+
+    rules = ["root ::= free", f"free ::= \"\" | {others(first)} free | {char(first)} seen0"]
+    for k, c in enumerate(rest):
+        step = f" | {char(c)} seen{k + 1}" if k + 1 < len(rest) else ""
+        rules.append(f"seen{k} ::= \"\" | {char(first)} seen0 | {others(first, c)} free{step}")
+    return "\n".join(rules)

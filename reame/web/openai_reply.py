@@ -30,13 +30,17 @@ class ReplyShape:
 
     def shown(self, text: str, done: bool) -> tuple[str, list[ToolCall]]:
         """What a stream may send of a reply so far: its content (without a tail that may
-        become a call, and without the whitespace before one), and its calls complete."""
-        if done or not self.calls_tools:
+        become a call, and without whitespace at either end), and its calls complete."""
+        if done:
             return self.parts(text)
+        # The whole reply is stripped (turn.py): so is what streams of it, the whitespace at
+        # its end held back until more words come.
+        if not self.calls_tools:
+            return text.strip(), []
         content, calls, _ = split_calls(text)  # text after the calls waits for the end
         if calls:
-            return content, calls
-        return text[:pending_text(text)].rstrip(), []
+            return content.strip(), calls
+        return text[:pending_text(text)].strip(), []
 
     def call(self, index: int, call: ToolCall) -> dict:
         while len(self._ids) <= index:

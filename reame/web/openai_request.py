@@ -287,8 +287,8 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     grammar, trigger = response_grammar(request.response_format), None
     use = tool_use(request)
-    if use is not None and use.choice == "none":
-        stop += (CALL_OPEN,)  # it may not call: a call begun ends the reply
+    if use is not None and use.choice == "none" and grammar is not None:
+        stop += (CALL_OPEN,)  # JSON asked for: it holds the reply; a call begun ends it
     elif use is not None:
         if grammar is not None:
             raise ApiError(400, "'response_format' with 'tools' is not supported: a reply "
@@ -343,7 +343,6 @@ def _tool_grammar(use: ToolUse) -> tuple[str, bool]:
     except SchemaError as exc:
         raise ApiError(400, f"'tools[{exc.index}].function.parameters' cannot be followed: "
                        f"{exc}", param=f"tools[{exc.index}].function.parameters") from None
-    assert made is not None  # choice "none" has none
     return made
 
 
