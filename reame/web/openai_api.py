@@ -1,4 +1,5 @@
-"""OpenAI-compatible endpoints on the app's own server: GET /v1/models, POST /v1/chat/completions.
+"""OpenAI-compatible endpoints on the app's own server: GET /v1/models, POST /v1/chat/completions
+(and POST /v1/completions, completions_api.py).
 
 Stateless clients resend the whole conversation each time; the KV cache finds it anyway (the
 request's tokens are looked up by chained block hashes among the KV files, tokens checked), so
@@ -150,6 +151,8 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             return done  # the client hung up, or the server stopped the turn
         return _whole(done, completion_id, parsed, fingerprint, vocab)
 
+    from reame.web.completions_api import add_completions  # it uses this module's helpers
+    add_completions(router, service, caller, ready, model_ids)
     return router
 
 
