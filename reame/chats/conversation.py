@@ -1,4 +1,4 @@
-"""Stateless conversations (the OpenAI route): a whole conversation sent with every request.
+"""Stateless conversations (the OpenAI routes): a whole conversation sent with every request.
 
 Nothing is stored but the KV: a conversation's file is found again by its tokens (the cache's
 block-hash index, within the asker's scope). For that, a reply resent as text must become the
@@ -75,3 +75,15 @@ class ConversationKeeper:
             again = canonical(text)
             if again is not None:
                 self.memory.remember(self.model, self.scope, again, tokens)
+
+
+class PlainKeeper:
+    """A raw text completion's Keeper (/v1/completions): its KV file is saved by the runner,
+    found again by the tokens of the text resent; there is no reply to remember (the text
+    grown by the reply is tokenized whole, as a fresh request's would be)."""
+
+    def alive(self) -> bool:
+        return True
+
+    def keep(self, decoding: Decoding, stats: TurnStats) -> None:
+        return None

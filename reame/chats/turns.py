@@ -9,12 +9,18 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 
-from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P, ConversationKeeper
+from reame.chats.conversation import (
+    STATELESS_TEMPERATURE,
+    STATELESS_TOP_P,
+    ConversationKeeper,
+    PlainKeeper,
+)
 from reame.chats.store import Chat, Message, MessageTree, Store
 from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
 from reame.config.refusals import (
     ChatError,
+    EmptyMessage,
     MessageTooLong,
     NoModel,
     check_seed,
@@ -26,7 +32,7 @@ from reame.inference.sampling import Sampling
 from reame.inference.scope import Scope, user_scope
 from reame.inference.tasks import Replaced, Stopped, Waiting
 from reame.inference.tools import Tool, repeated_call
-from reame.inference.turn import Decoding, Job, TurnRunner, TurnStats, TurnUpdate
+from reame.inference.turn import Decoding, Job, Keeper, TurnRunner, TurnStats, TurnUpdate
 from reame.inference.turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
@@ -296,7 +302,7 @@ class Turns:
     def _runner(self, runtime: ModelRuntime) -> TurnRunner:
         return TurnRunner(runtime.engine, runtime.cache, runtime.prompts, self.observe_turn)
 
-    # stateless completions (the OpenAI route): nothing stored, the KV cache still used
+    # stateless completions (the OpenAI routes): nothing stored, the KV cache still used
 
     def complete(self, system_prompt: str, turns: list[PromptMessage], *,
                  max_tokens: int | None = None,
@@ -316,36 +322,79 @@ class Turns:
             raise NoModel(self.load_error or "no model is loaded")
         check_seed(seed)
         self._check_length(system_prompt, *(t.content for t in turns))
-        with self.using_model() as runtime:
-            n_vocab = runtime.engine.n_vocab
-        for token, _ in logit_bias:
-            if not 0 <= token < n_vocab:
-                raise ChatError(f"logit_bias: token {token} is not in the model's vocabulary "
-                                f"(0 to {n_vocab - 1})")
+        self._check_vocabulary("logit_bias", [token for token, _ in logit_bias])
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed,
                             logit_bias=logit_bias, frequency_penalty=frequency_penalty,
                             presence_penalty=presence_penalty, top_logprobs=top_logprobs,
                             grammar=grammar, grammar_trigger=grammar_trigger)
-        return TurnStream(lambda stream: self._complete(
-            stream, system_prompt, turns, sampling, max_tokens, stop, user, tools))
-
-    def _complete(self, stream: TurnStream, system_prompt: str, sent: list[PromptMessage],
-                  sampling: Sampling, max_tokens: int | None, stop: tuple[str, ...],
-                  user: str | None, tools: tuple[Tool, ...]) -> Iterator[TurnUpdate]:
         scope = user_scope(user)
+
+        def job(runtime: ModelRuntime) -> tuple[Job, ConversationKeeper]:
+            prompts = runtime.prompts  # tokenized with the model that answers
+            known, prompt = self.replies.tokenize(prompts, system_prompt, turns, scope, tools)
+            return (Job(prompt, known, system_prompt, scope, sampling,
+                        max_tokens or self.defaults.max_tokens, stop, tools=tools,
+                        ends=repeated_call if tools else None,
+                        # with tools the opening is this request's, not the administrator's
+                        shared_opening=(system_prompt == self.defaults.system_prompt
+                                        and not tools)),
+                    ConversationKeeper(self.replies, runtime.engine.fingerprint, scope))
+
+        return TurnStream(lambda stream: self._stateless(stream, job, scope, user))
+
+    def complete_text(self, prompt: str | list[int], *, max_tokens: int,
+                      temperature: float = STATELESS_TEMPERATURE,
+                      top_p: float = STATELESS_TOP_P, seed: int | None = None,
+                      stop: tuple[str, ...] = (),
+                      logit_bias: tuple[tuple[int, float], ...] = (),
+                      frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                      top_logprobs: int | None = None,
+                      user: str | None = None) -> TurnStream:
+        """Continue a text (/v1/completions): raw text, no chat template, tokenized with its
+        control tokens parsed (a completion client writes its own template) and a BOS where
+        the model wants one; or the model's token ids as they are. Nothing is stored but the
+        KV, found again by the tokens as a conversation's is: a client that resends its text
+        grown by the reply and more evaluates only what is new. Refusals (no model, empty,
+        too long, a token not in the vocabulary) raise before the first update."""
+        if self.runtime is None:
+            raise NoModel(self.load_error or "no model is loaded")
+        check_seed(seed)
+        if isinstance(prompt, str):
+            self._check_length(prompt)
+        self._check_vocabulary("logit_bias", [token for token, _ in logit_bias])
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed,
+                            logit_bias=logit_bias, frequency_penalty=frequency_penalty,
+                            presence_penalty=presence_penalty, top_logprobs=top_logprobs)
+        scope = user_scope(user)
+
+        def job(runtime: ModelRuntime) -> tuple[Job, PlainKeeper]:
+            tokens = text_tokens(runtime, prompt)
+            return (Job(tokens, [], "", scope, sampling, max_tokens, stop, plain=True),
+                    PlainKeeper())
+
+        return TurnStream(lambda stream: self._stateless(stream, job, scope, user))
+
+    def _check_vocabulary(self, param: str, tokens: list[int]) -> None:
+        if not tokens:
+            return
+        with self.using_model() as runtime:
+            n_vocab = runtime.engine.n_vocab
+        for token in tokens:
+            if not 0 <= token < n_vocab:
+                raise ChatError(f"{param}: token {token} is not in the model's vocabulary "
+                                f"(0 to {n_vocab - 1})")
+
+    def _stateless(self, stream: TurnStream,
+                   make: Callable[[ModelRuntime], tuple[Job, Keeper]], scope: Scope,
+                   user: str | None) -> Iterator[TurnUpdate]:
+        """A stateless request's turn: its job made for the current model (make), run on a
+        slot of that model's scheduler, its KV found by the prompt's tokens."""
         while True:  # until a slot of the current model's (a switch sends requests on)
-            with self.using_model() as runtime:  # tokenized with the model that answers
-                turns, prompt = self.replies.tokenize(runtime.prompts, system_prompt, sent,
-                                                      scope, tools)
-            job = Job(prompt, turns, system_prompt, scope, sampling,
-                      max_tokens or self.defaults.max_tokens, stop, tools=tools,
-                      ends=repeated_call if tools else None,
-                      # with tools the opening is this request's, not the administrator's
-                      shared_opening=system_prompt == self.defaults.system_prompt and not tools)
-            keeper = ConversationKeeper(self.replies, runtime.engine.fingerprint, scope)
+            with self.using_model() as runtime:
+                job, keeper = make(runtime)
             runner = self._runner(runtime)
             try:
-                place = runtime.scheduler.reserve(scope=scope, prompt=prompt, owner=user)
+                place = runtime.scheduler.reserve(scope=scope, prompt=job.prompt, owner=user)
             except Replaced:
                 continue
             stream.bind(runtime.scheduler, place)
@@ -360,6 +409,29 @@ class Turns:
             if not started and runtime.retired and not stream.cancelled:
                 continue  # stopped by a switch before its first token: the new model answers
             return
+
+
+def text_tokens(runtime: ModelRuntime, prompt: str | list[int]) -> list[int]:
+    """A completion's prompt as the model's tokens: token ids as they are; a text with its
+    control tokens parsed and a BOS where the model wants one (unless the text begins with
+    it). Empty, or too long for the context: refused."""
+    engine = runtime.engine
+    if isinstance(prompt, str):
+        bos = engine.token_text(engine.bos_token) if engine.bos_token >= 0 else ""
+        add_bos = engine.adds_bos and not (bos and prompt.startswith(bos))
+        tokens = engine.tokenize(prompt, add_bos=add_bos, special=True)
+    else:
+        tokens = list(prompt)
+        outside = next((t for t in tokens if not 0 <= t < engine.n_vocab), None)
+        if outside is not None:
+            raise ChatError(f"prompt: token {outside} is not in the model's vocabulary "
+                            f"(0 to {engine.n_vocab - 1})")
+    if not tokens:
+        raise EmptyMessage("the prompt is empty: there is nothing to continue")
+    if len(tokens) >= engine.n_ctx:
+        raise MessageTooLong(f"The prompt is {len(tokens):,} tokens; the model's context "
+                             f"holds {engine.n_ctx:,} tokens. Shorten it and send again.")
+    return tokens
 
 
 def kept_on_regenerate(messages: list[Message]) -> list[Message]:

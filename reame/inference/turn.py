@@ -103,6 +103,10 @@ class Job:
     # Where a reply's text so far ends early besides the stop strings (None: it goes on),
     # e.g. tools.repeated_call.
     ends: Callable[[str], int | None] | None = None
+    # Raw text (/v1/completions): the prompt is the client's own text, no chat template. Its
+    # reply is neither trimmed nor held to the template's stops, and no system prompt's
+    # opening snapshot or next turn's head is made for it.
+    plain: bool = False
 
 
 class Keeper(Protocol):
@@ -234,8 +238,8 @@ class TurnRunner:
             self._tell(stats, None, job.chat_id is not None)
             raise
         limit = min(job.max_tokens, self.engine.n_ctx - len(job.prompt))
-        decoding = Decoding(self.engine, job.sampling, limit, self.prompts.stops + job.stops,
-                            started, job.ends)
+        stops = job.stops if job.plain else self.prompts.stops + job.stops
+        decoding = Decoding(self.engine, job.sampling, limit, stops, started, job.ends)
         kept, message_id = False, None
         try:
             for text in decoding:
@@ -245,7 +249,7 @@ class TurnRunner:
         finally:
             decoding.record(stats)
             if keeper.alive():
-                if decoding.complete:
+                if decoding.complete and not job.plain:
                     stats.ahead = self._prefill_next_head(job, decoding.generated)
                 stats.total_s = time.perf_counter() - started
                 stats.save_ms = self.cache.save(job.chat_id)
@@ -254,7 +258,8 @@ class TurnRunner:
             self._tell(stats, decoding, job.chat_id is not None)
         if not kept:  # the chat was deleted while it answered
             raise ChatNotFound(job.chat_id)
-        yield TurnUpdate(decoding.text.strip(), done=True, stats=stats, message_id=message_id,
+        text = decoding.text if job.plain else decoding.text.strip()
+        yield TurnUpdate(text, done=True, stats=stats, message_id=message_id,
                          user_message_id=job.user_message_id, chat_id=job.chat_id,
                          finish_reason=decoding.finish_reason, logprobs=decoding.logprobs)
 
@@ -297,7 +302,7 @@ class TurnRunner:
         """Save the KV of the prompt's opening (its system prompt, whole chunks) as a prefix
         snapshot, if it is not on disk yet: another conversation with the same opening starts
         from it."""
-        if not self.cache.enabled:  # a snapshot only makes sense with files to keep it
+        if not self.cache.enabled or job.plain:  # files keep it; raw text has no system prompt
             return
         opening = self.prompts.fixed_head(job.system_prompt, [], job.scope, job.tools)
         length = self.cache.prefix_length(opening, job.prompt)

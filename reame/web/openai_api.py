@@ -1,4 +1,5 @@
-"""OpenAI-compatible endpoints on the app's own server: GET /v1/models, POST /v1/chat/completions.
+"""OpenAI-compatible endpoints on the app's own server: GET /v1/models, POST /v1/chat/completions
+(and POST /v1/completions, completions_api.py).
 
 Stateless clients resend the whole conversation each time; the KV cache finds it anyway (the
 request's tokens are looked up by chained block hashes among the KV files, tokens checked), so
@@ -38,7 +39,6 @@ from reame.chats.service import (
     ChatError,
     ChatNotFound,
     ChatService,
-    EmptyMessage,
     MessageTooLong,
     NoModel,
     ServerBusy,
@@ -130,24 +130,8 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
             # (too long, empty, no model, full) raise here, before any byte is sent.
             first = await updates.next()
-        except ApiError as exc:
-            return _refused(gone, exc.response())
-        except ChatNotFound as exc:
-            return _refused(gone, error_response(404, str(exc), param=CHAT_HEADER,
-                                                 code="chat_not_found"))
-        except MessageTooLong as exc:  # OpenAI's status and code for it (its SDK's too)
-            return _refused(gone, error_response(400, str(exc), param="messages",
-                                                 code="context_length_exceeded"))
-        except ServerBusy as exc:  # every slot busy and the line full: nothing was stored
-            return _refused(gone, error_response(
-                429, str(exc), type_="server_error", code="server_full",
-                headers={"Retry-After": str(exc.retry_after)}))
-        except NoModel as exc:  # a ChatError too: before it
-            return _refused(gone, error_response(
-                503, str(exc), type_="server_error", code="no_model",
-                headers={"Retry-After": str(RETRY_NO_MODEL_S)}))
-        except (EmptyMessage, ChatError) as exc:
-            return _refused(gone, error_response(400, str(exc)))
+        except (ApiError, ChatError, ChatNotFound) as exc:
+            return _refused(gone, turn_refusal(exc, "messages"))
         except BaseException:
             gone.cancel()
             raise
@@ -162,21 +146,13 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
                                      # nginx passes each event on as it comes
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
-        try:
-            done = first
-            while done is not None and not done.done:
-                done = await updates.next()
-        finally:
-            gone.cancel()
-            updates.interrupt()
-        if done is None:
-            if gone.done():
-                return Response(status_code=499)  # the client hung up
-            # A model switch (the new model loads) or a shutdown stopped it.
-            return error_response(503, STOPPED_BY_SERVER, type_="server_error",
-                                  code="stopped", headers={"Retry-After": str(RETRY_LOADING_S)})
+        done = await last_update(updates, first, gone)
+        if not isinstance(done, TurnUpdate):
+            return done  # the client hung up, or the server stopped the turn
         return _whole(done, completion_id, parsed, fingerprint, vocab)
 
+    from reame.web.completions_api import add_completions  # it uses this module's helpers
+    add_completions(router, service, caller, ready, model_ids)
     return router
 
 
@@ -207,6 +183,45 @@ STOPPED_BY_SERVER = ("the reply was stopped by the server (a model switch or a s
 def _refused(gone: asyncio.Future, response: JSONResponse) -> JSONResponse:
     gone.cancel()
     return response
+
+
+async def last_update(updates: UpdateFeed, first: TurnUpdate,
+                      gone: asyncio.Future) -> TurnUpdate | Response:
+    """A turn answered whole: its last update, once it comes; or the response for a turn that
+    ended without it (499: the client hung up; 503: a model switch or a shutdown stopped it)."""
+    try:
+        done = first
+        while done is not None and not done.done:
+            done = await updates.next()
+    finally:
+        gone.cancel()
+        updates.interrupt()
+    if done is not None:
+        return done
+    if gone.done():
+        return Response(status_code=499)  # the client hung up
+    # A model switch (the new model loads) or a shutdown stopped it.
+    return error_response(503, STOPPED_BY_SERVER, type_="server_error",
+                          code="stopped", headers={"Retry-After": str(RETRY_LOADING_S)})
+
+
+def turn_refusal(exc: ApiError | ChatError | ChatNotFound, prompt_param: str) -> JSONResponse:
+    """A request refused before its answer began, in OpenAI's shape and with the status a
+    client expects; prompt_param: the field that holds the prompt (too long for the context)."""
+    if isinstance(exc, ApiError):
+        return exc.response()
+    if isinstance(exc, ChatNotFound):
+        return error_response(404, str(exc), param=CHAT_HEADER, code="chat_not_found")
+    if isinstance(exc, MessageTooLong):  # OpenAI's status and code for it (its SDK's too)
+        return error_response(400, str(exc), param=prompt_param,
+                              code="context_length_exceeded")
+    if isinstance(exc, ServerBusy):  # every slot busy and the line full: nothing was stored
+        return error_response(429, str(exc), type_="server_error", code="server_full",
+                              headers={"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, NoModel):
+        return error_response(503, str(exc), type_="server_error", code="no_model",
+                              headers={"Retry-After": str(RETRY_NO_MODEL_S)})
+    return error_response(400, str(exc))  # EmptyMessage and other ChatErrors
 
 
 async def _client_gone(request: Request) -> None:

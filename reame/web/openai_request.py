@@ -371,8 +371,8 @@ def response_grammar(response_format: Any) -> str | None:
                    "\"schema\", \"strict\"}}", param="response_format")
 
 
-def _refuse_unsupported(request: ChatRequest) -> None:
-    for param, (neutral, why) in UNSUPPORTED.items():
+def _refuse_unsupported(request: BaseModel, unsupported: dict = UNSUPPORTED) -> None:
+    for param, (neutral, why) in unsupported.items():
         value = getattr(request, param)
         if not any(value == ok and type(value) is type(ok) for ok in neutral):
             raise ApiError(400, f"'{param}' is not supported by this server: {why}. It is "
@@ -380,7 +380,8 @@ def _refuse_unsupported(request: ChatRequest) -> None:
                            code="unsupported_parameter")
 
 
-def _refusal(exc: ValidationError) -> ApiError:
+def _refusal(exc: ValidationError, expected: dict[str, str] = EXPECTED,
+             api: str = "chat completions") -> ApiError:
     """The first of pydantic's errors in this API's words: the field's path as the client wrote
     it ("messages[2].role") and what it must be. Pydantic's own text names its internals (class
     names, a union's branches)."""
@@ -388,18 +389,18 @@ def _refusal(exc: ValidationError) -> ApiError:
     if error["type"] == "extra_forbidden":
         where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
                         for part in error["loc"]).lstrip(".")
-        return ApiError(400, f"'{where}' is not a parameter of OpenAI's chat completions: it "
+        return ApiError(400, f"'{where}' is not a parameter of OpenAI's {api}: it "
                         "is refused rather than ignored", param=where,
                         code="unknown_parameter")
     param = ""
     for part in error["loc"]:  # down to the deepest field: not into a union's branches
         longer = f"{param}[{part}]" if isinstance(part, int) else f"{param}.{part}".lstrip(".")
-        if _key(longer) not in EXPECTED:  # e.g. "stop.list[constrained-str]"
+        if _key(longer) not in expected:  # e.g. "stop.list[constrained-str]"
             break
         param = longer
-    name, expected = f"'{param}'" if param else "the request body", EXPECTED[_key(param)]
+    name, wanted = f"'{param}'" if param else "the request body", expected[_key(param)]
     verb = "is required:" if error["type"] == "missing" else "must be"
-    return ApiError(400, f"{name} {verb} {expected}", param=param or None)
+    return ApiError(400, f"{name} {verb} {wanted}", param=param or None)
 
 
 def _key(param: str) -> str:
