@@ -381,7 +381,19 @@ def test_every_openai_parameter_is_honoured_or_refused_by_name(server):
 def test_structured_output_parses_and_follows_the_schema_streamed_or_not(server):
     """The SDK's parse() with three pydantic models (JSON schemas, strict), and JSON mode
     (structured.py; Gemma 3's run is in test_openai_gemma.py)."""
-    assert_structured_output(sdk(server), model_id(server))
+    client, model = sdk(server), model_id(server)
+    assert_structured_output(client, model)
+    # A conversation in JSON mode resent with its reply and one more message: its KV reused.
+    ask = [{"role": "user", "content": "Describe a dog as a JSON object."}]
+    first = client.chat.completions.create(model=model, messages=ask, temperature=0,
+                                           max_tokens=80,
+                                           response_format={"type": "json_object"})
+    more = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=80, response_format={"type": "json_object"},
+        messages=[*ask, {"role": "assistant", "content": first.choices[0].message.content},
+                  {"role": "user", "content": "Now a cat."}])
+    assert more.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens, (
+        first.usage, more.usage)
 
 
 def test_frequency_and_presence_penalties_change_the_greedy_reply(server):

@@ -24,21 +24,21 @@ from starlette.concurrency import run_in_threadpool
 
 from reame.chats.service import ChatError, ChatNotFound, ChatService, TurnUpdate
 from reame.web.completions_request import TextRequest, parse_completions
-from reame.web.openai_api import (
-    INTERNAL_ERROR,
-    STOPPED_BY_SERVER,
-    _client_gone,
-    _extra,
-    _read_json,
-    _refused,
-    _sse_error,
-    _usage,
-    last_update,
-    system_fingerprint,
-    turn_refusal,
-)
 from reame.web.openai_request import ApiError
 from reame.web.turn_updates import UpdateFeed
+from reame.web.v1_common import (
+    INTERNAL_ERROR,
+    STOPPED_BY_SERVER,
+    client_gone,
+    figures_of,
+    last_update,
+    read_json,
+    refused,
+    sse_error,
+    system_fingerprint,
+    turn_refusal,
+    usage_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,11 @@ def add_completions(router: APIRouter, service: ChatService,
     async def completions(request: Request):
         try:
             user = caller(request)
-            body = await _read_json(request)
+            body = await read_json(request)
         except ApiError as exc:
             return exc.response()
         # From here the request has nothing more to read: the next message is its end.
-        gone = asyncio.ensure_future(_client_gone(request))
+        gone = asyncio.ensure_future(client_gone(request))
         try:
             ready()
             parsed = parse_completions(body, model_ids())
@@ -73,7 +73,7 @@ def add_completions(router: APIRouter, service: ChatService,
             # (too long, empty, no model, full) raise here, before any byte is sent.
             first = await updates.next()
         except (ApiError, ChatError, ChatNotFound) as exc:
-            return _refused(gone, turn_refusal(exc, "prompt"))
+            return refused(gone, turn_refusal(exc, "prompt"))
         except BaseException:
             gone.cancel()
             raise
@@ -114,7 +114,7 @@ class Answer:
         return self.body([{"text": self.echo + done.text, "index": 0,
                            "logprobs": self.logprobs(done, len(self.echo) + len(done.text)),
                            "finish_reason": done.finish_reason}],
-                         usage=_usage(done), reame=_extra(done))
+                         usage=usage_of(done), reame=figures_of(done))
 
     def chunk(self, text: str, update: TurnUpdate | None, finish: str | None = None,
               **extra) -> str:
@@ -165,9 +165,9 @@ async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
                 yield answer.chunk(text[len(sent):], update)
                 sent = text
             if update.done:
-                yield answer.chunk("", update, update.finish_reason, reame=_extra(update))
+                yield answer.chunk("", update, update.finish_reason, reame=figures_of(update))
                 if answer.parsed.include_usage:
-                    yield f"data: {json.dumps(answer.body([], usage=_usage(update)))}\n\n"
+                    yield f"data: {json.dumps(answer.body([], usage=usage_of(update)))}\n\n"
                 break
             update = await updates.next()
         else:
@@ -175,12 +175,12 @@ async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
                 return  # the client hung up: nobody reads the rest
             # Ended without its last update: stopped on the server's side (a model switch, a
             # shutdown); the client is told rather than left with a text cut without a word.
-            yield _sse_error(STOPPED_BY_SERVER, "stopped")
+            yield sse_error(STOPPED_BY_SERVER, "stopped")
     except ChatError as exc:
-        yield _sse_error(str(exc), None)
+        yield sse_error(str(exc), None)
     except Exception:  # the answer has started: say so in the stream, log the rest
         log.exception("a streamed text completion failed")
-        yield _sse_error(INTERNAL_ERROR, "internal_error")
+        yield sse_error(INTERNAL_ERROR, "internal_error")
     finally:
         gone.cancel()
         updates.interrupt()

@@ -27,9 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
-import xxhash
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -39,31 +37,30 @@ from reame.chats.service import (
     ChatError,
     ChatNotFound,
     ChatService,
-    MessageTooLong,
-    NoModel,
-    ServerBusy,
     TurnUpdate,
 )
-from reame.config.refusals import RETRY_LOADING_S, RETRY_NO_MODEL_S
 from reame.inference.sampling import GrammarError
 from reame.inference.turn_stream import TurnStream
-from reame.web.guard import MAX_V1_BODY_BYTES
+from reame.web.completions_api import add_completions
 from reame.web.openai_reply import ReplyShape
-from reame.web.openai_request import ApiError, CompletionRequest, error_response, parse_request
+from reame.web.openai_request import ApiError, CompletionRequest, parse_request
 from reame.web.turn_updates import UpdateFeed
+from reame.web.v1_common import (
+    CHAT_HEADER,
+    INTERNAL_ERROR,
+    STOPPED_BY_SERVER,
+    client_gone,
+    figures_of,
+    last_update,
+    read_json,
+    refused,
+    sse_error,
+    system_fingerprint,
+    turn_refusal,
+    usage_of,
+)
 
 log = logging.getLogger(__name__)
-
-CHAT_HEADER = "X-Reame-Chat"
-
-
-INTERNAL_ERROR = "Internal error: the server could not answer this request (see its log)."
-
-
-def internal_error(_request: Request, _exc: Exception) -> JSONResponse:
-    """The app's handler for any unexpected exception: a 500 that says nothing of it (the
-    server logs the traceback)."""
-    return error_response(500, INTERNAL_ERROR, type_="server_error", code="internal_error")
 
 
 def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
@@ -111,11 +108,11 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
     async def chat_completions(request: Request):
         try:
             user = caller(request)
-            body = await _read_json(request)
+            body = await read_json(request)
         except ApiError as exc:
             return exc.response()
         # From here the request has nothing more to read: the next message is its end.
-        gone = asyncio.ensure_future(_client_gone(request))
+        gone = asyncio.ensure_future(client_gone(request))
         try:
             ready()
             parsed = parse_request(body, model_ids())
@@ -131,7 +128,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             # (too long, empty, no model, full) raise here, before any byte is sent.
             first = await updates.next()
         except (ApiError, ChatError, ChatNotFound) as exc:
-            return _refused(gone, turn_refusal(exc, "messages"))
+            return refused(gone, turn_refusal(exc, "messages"))
         except BaseException:
             gone.cancel()
             raise
@@ -151,7 +148,6 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             return done  # the client hung up, or the server stopped the turn
         return _whole(done, completion_id, parsed, fingerprint, vocab)
 
-    from reame.web.completions_api import add_completions  # it uses this module's helpers
     add_completions(router, service, caller, ready, model_ids)
     return router
 
@@ -167,89 +163,6 @@ def _check_grammar(service: ChatService, parsed: CompletionRequest) -> None:
     except GrammarError as exc:
         param = "tools" if parsed.tools else "response_format"
         raise ApiError(400, f"'{param}' cannot be followed: {exc}", param=param) from None
-
-
-def system_fingerprint(service: ChatService) -> str:
-    """OpenAI's system_fingerprint: the same for the same model file, KV layout and llama.cpp
-    build (what a reply's bits depend on besides the request and the CPU)."""
-    engine = service.engine
-    return "fp_" + xxhash.xxh3_64_hexdigest((engine.kv_fingerprint if engine else "").encode())[:10]
-
-
-STOPPED_BY_SERVER = ("the reply was stopped by the server (a model switch or a shutdown) before "
-                     "its end; what came is what it wrote")
-
-
-def _refused(gone: asyncio.Future, response: JSONResponse) -> JSONResponse:
-    gone.cancel()
-    return response
-
-
-async def last_update(updates: UpdateFeed, first: TurnUpdate,
-                      gone: asyncio.Future) -> TurnUpdate | Response:
-    """A turn answered whole: its last update, once it comes; or the response for a turn that
-    ended without it (499: the client hung up; 503: a model switch or a shutdown stopped it)."""
-    try:
-        done = first
-        while done is not None and not done.done:
-            done = await updates.next()
-    finally:
-        gone.cancel()
-        updates.interrupt()
-    if done is not None:
-        return done
-    if gone.done():
-        return Response(status_code=499)  # the client hung up
-    # A model switch (the new model loads) or a shutdown stopped it.
-    return error_response(503, STOPPED_BY_SERVER, type_="server_error",
-                          code="stopped", headers={"Retry-After": str(RETRY_LOADING_S)})
-
-
-def turn_refusal(exc: ApiError | ChatError | ChatNotFound, prompt_param: str) -> JSONResponse:
-    """A request refused before its answer began, in OpenAI's shape and with the status a
-    client expects; prompt_param: the field that holds the prompt (too long for the context)."""
-    if isinstance(exc, ApiError):
-        return exc.response()
-    if isinstance(exc, ChatNotFound):
-        return error_response(404, str(exc), param=CHAT_HEADER, code="chat_not_found")
-    if isinstance(exc, MessageTooLong):  # OpenAI's status and code for it (its SDK's too)
-        return error_response(400, str(exc), param=prompt_param,
-                              code="context_length_exceeded")
-    if isinstance(exc, ServerBusy):  # every slot busy and the line full: nothing was stored
-        return error_response(429, str(exc), type_="server_error", code="server_full",
-                              headers={"Retry-After": str(exc.retry_after)})
-    if isinstance(exc, NoModel):
-        return error_response(503, str(exc), type_="server_error", code="no_model",
-                              headers={"Retry-After": str(RETRY_NO_MODEL_S)})
-    return error_response(400, str(exc))  # EmptyMessage and other ChatErrors
-
-
-async def _client_gone(request: Request) -> None:
-    """Return once the client has hung up (the ASGI server says http.disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _read_json(request: Request) -> Any:
-    # JSON only: a form or text/plain body is what another site's page can send without
-    # asking first (no CORS preflight).
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/json":
-        raise ApiError(415, "the request body must be JSON, sent with Content-Type: "
-                       "application/json", code="unsupported_media_type")
-    # One check for bodies with and without a Content-Length: count what arrives.
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_V1_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_V1_BODY_BYTES:,} bytes",
-                           code="request_too_large")
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the request body is not valid JSON") from None
-    except RecursionError:
-        raise ApiError(400, "the request body is nested too deeply") from None
 
 
 def _chat_header(request: Request) -> int | None:
@@ -290,21 +203,6 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
         user=user)
 
 
-def _usage(done: TurnUpdate) -> dict:
-    s = done.stats
-    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated,
-            "total_tokens": s.prompt_tokens + s.generated,
-            # how much of the prompt was not recomputed, and from where (not in OpenAI's API)
-            "prompt_tokens_details": {"cached_tokens": s.reused}}
-
-
-def _extra(done: TurnUpdate) -> dict:
-    s = done.stats
-    return {"reused": s.reused, "source": s.source, "prefilled": s.prefilled,
-            "first_token_s": round(s.first_token_s, 4), "chat_id": done.chat_id,
-            "first_logits": s.first_logits}
-
-
 def logprob_entries(choices, vocab) -> list[dict]:
     """OpenAI's logprobs.content: per token its text, log-probability, UTF-8 bytes and the
     most likely tokens there."""
@@ -328,7 +226,7 @@ def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest,
                      "logprobs": (None if done.logprobs is None else
                                   {"content": logprob_entries(done.logprobs, vocab),
                                    "refusal": None})}],
-        "usage": _usage(done), "reame": _extra(done),
+        "usage": usage_of(done), "reame": figures_of(done),
     })
 
 
@@ -369,13 +267,13 @@ async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
             called = len(calls)
             if update.done:
                 yield chunk({}, shape.finish(update.text, update.finish_reason),
-                            reame=_extra(update))
+                            reame=figures_of(update))
                 if parsed.include_usage:
                     yield ("data: " + json.dumps({
                         "id": completion_id, "object": "chat.completion.chunk",
                         "created": created, "model": parsed.model,
                         "system_fingerprint": fingerprint, "choices": [],
-                        "usage": _usage(update)}) + "\n\n")
+                        "usage": usage_of(update)}) + "\n\n")
                 break
             update = await updates.next()
         else:
@@ -383,18 +281,15 @@ async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
                 return  # the client hung up: nobody reads the rest
             # Ended without its last update: stopped on the server's side (a model switch, a
             # shutdown); the client is told rather than left with a reply cut without a word.
-            yield _sse_error(STOPPED_BY_SERVER, "stopped")
+            yield sse_error(STOPPED_BY_SERVER, "stopped")
     except ChatError as exc:  # e.g. the chat was deleted while it answered
-        yield _sse_error(str(exc), None)
+        yield sse_error(str(exc), None)
     except Exception:  # the answer has started: say so in the stream, log the rest
         log.exception("a streamed completion failed")
-        yield _sse_error(INTERNAL_ERROR, "internal_error")
+        yield sse_error(INTERNAL_ERROR, "internal_error")
     finally:
         gone.cancel()
         updates.interrupt()
     yield "data: [DONE]\n\n"
 
 
-def _sse_error(message: str, code: str | None) -> str:
-    return "data: " + json.dumps({"error": {"message": message, "type": "server_error",
-                                            "param": None, "code": code}}) + "\n\n"

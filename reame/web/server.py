@@ -22,11 +22,12 @@ from reame.web.health import build_health_router
 from reame.web.login import WebLogins
 from reame.web.metrics import CountRequests, Metrics, build_metrics_router
 from reame.web.named_api import register_api
-from reame.web.openai_api import build_router, internal_error
+from reame.web.openai_api import build_router
 from reame.web.page import build_page
 from reame.web.page_parts import CSS, PAGE_JS
 from reame.web.queue_polling import poll_gently
 from reame.web.uploads import Uploads
+from reame.web.v1_common import internal_error
 
 log = logging.getLogger("reame")
 SETTINGS_GROUP = "settings"  # one settings change at a time (turns: the scheduler bounds them)
