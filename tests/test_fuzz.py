@@ -123,6 +123,7 @@ valid_completion = st.fixed_dictionaries(
               "user": st.text(max_size=8), "logprobs": st.just(False),
               "tools": st.just([]) | st.lists(tool_def, max_size=2),
               "tool_choice": tool_choice, "parallel_tool_calls": st.booleans(),
+              "n": st.integers(1, 3),
               "response_format": st.just({"type": "text"})})
 # ... with one field replaced by anything, or one more field of any name and value.
 broken_completion = st.tuples(valid_completion, st.sampled_from(

@@ -250,6 +250,36 @@ def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
 HI = {"role": "user", "content": "hi"}
 
 
+def test_n_choices_each_as_its_own_seed_gives_sharing_the_prompt_s_kv(server):
+    """n choices: choice k is what the same request with seed + k answers (each its own
+    reply, reproducible), written in a slot of its own from the first choice's prompt KV;
+    streamed, the same choices come interleaved by index. One prompt in usage."""
+    client, model = sdk(server), model_id(server)
+    ask = dict(model=model, temperature=0.9, seed=5, max_tokens=12, messages=[
+        {"role": "system", "content": "You are a poet. " * 30},
+        {"role": "user", "content": "Write a line about the sea."}])
+    many = client.chat.completions.create(**ask, n=3)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    generated = 0
+    for k, choice in enumerate(many.choices):
+        alone = client.chat.completions.create(**{**ask, "seed": 5 + k})
+        assert choice.message.content == alone.choices[0].message.content, k
+        generated += alone.usage.completion_tokens
+    figures = many.model_extra["reame"]["choices"]
+    assert all(f["reused"] > 0 for f in figures[1:]), figures
+    assert many.usage.prompt_tokens == figures[0]["reused"] + figures[0]["prefilled"]
+    assert many.usage.completion_tokens == generated
+    streamed: dict[int, str] = {}
+    for chunk in client.chat.completions.create(**ask, n=3, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (
+                choice.delta.content or "")
+    assert streamed == {c.index: c.message.content for c in many.choices}
+    status, answer = post(server, {"model": model, "n": 2, "messages": [HI]},
+                          headers={"X-Reame-Chat": "1"})
+    assert status == 400 and answer["error"]["param"] == "n", answer
+
+
 def test_a_prefilled_reply_is_continued_and_system_messages_come_anywhere(server):
     """A conversation that ends with the assistant's words gets their continuation (not a
     new turn); a system message after the first turn is rendered where it stands."""
@@ -281,7 +311,7 @@ def test_a_prefilled_reply_is_continued_and_system_messages_come_anywhere(server
     ({"top_p": 0}, "top_p"),
     ({"seed": 1.0}, "seed"),
     ({"n": True}, "n"),
-    ({"n": 2}, "n"),
+    ({"n": 5}, "n"),
     ({"stream": "true"}, "stream"),
     ({"stream": None}, "stream"),
     ({"stream_options": []}, "stream_options"),
@@ -296,7 +326,7 @@ def test_a_prefilled_reply_is_continued_and_system_messages_come_anywhere(server
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content"),
 ], ids=["max-tokens-bool", "max-completion-tokens-string", "temperature-bool", "top-p-zero",
-        "seed-float", "n-bool", "n-two", "stream-string", "stream-null", "stream-options-array",
+        "seed-float", "n-bool", "n-over-slots", "stream-string", "stream-null", "stream-options-array",
         "include-usage-int", "stream-options-without-stream", "penalty-out-of-range",
         "penalty-string", "stop-empty", "stop-empty-string", "message-not-object", "role",
         "image-part"])
@@ -316,7 +346,7 @@ def test_a_refusal_names_the_field_by_its_path_and_types_are_strict(server, chan
 # asks for something: honoured (200), or refused by name (400, param set). README's table.
 HONOURED = {
     "max_tokens": 2, "max_completion_tokens": 2, "temperature": 0.5, "top_p": 0.9,
-    "stop": ["zzz"], "seed": 7, "logit_bias": {"1": 1}, "n": 1, "stream": True,
+    "stop": ["zzz"], "seed": 7, "logit_bias": {"1": 1}, "n": 2, "stream": True,
     "stream_options": {"include_usage": True}, "frequency_penalty": 1.0,
     "response_format": {"type": "json_object"},
     "presence_penalty": 1.0, "logprobs": True, "top_logprobs": 3,

@@ -50,6 +50,7 @@ from reame.web.v1_common import (
     INTERNAL_ERROR,
     STOPPED_BY_SERVER,
     client_gone,
+    cut_short,
     figures_of,
     last_update,
     read_json,
@@ -118,6 +119,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             parsed = parse_request(body, model_ids())
             _check_grammar(service, parsed)
             chat_id = _chat_header(request)
+            _check_choices(service, parsed, chat_id)
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
             start = _starter(service, parsed, chat_id, user)
@@ -136,17 +138,22 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
             gone.cancel()
             return Response(status_code=499)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        # Choices after the first start once it has ended: its KV file holds their prompt.
+        more = [_starter(service, parsed, None, user, k) for k in range(1, parsed.n)]
         if parsed.stream:
             return StreamingResponse(_sse(updates, first, gone, completion_id, parsed,
-                                          fingerprint, vocab),
+                                          fingerprint, vocab, more),
                                      media_type="text/event-stream",
                                      # nginx passes each event on as it comes
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
+        if more:
+            return await _many(updates, first, gone, more, completion_id, parsed,
+                               fingerprint, vocab)
         done = await last_update(updates, first, gone)
         if not isinstance(done, TurnUpdate):
             return done  # the client hung up, or the server stopped the turn
-        return _whole(done, completion_id, parsed, fingerprint, vocab)
+        return _whole([done], completion_id, parsed, fingerprint, vocab)
 
     add_completions(router, service, caller, ready, model_ids)
     return router
@@ -175,7 +182,10 @@ def _chat_header(request: Request) -> int | None:
 
 
 def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | None,
-             user: str | None) -> Callable[[], TurnStream]:
+             user: str | None, choice: int = 0) -> Callable[[], TurnStream]:
+    """How to start the turn of one choice; choice k > 0 samples with seed + k (each its own
+    reply, reproducible with a seed)."""
+    seed = parsed.seed + choice if parsed.seed is not None and choice else parsed.seed
     if chat_id is not None:
         # A stored chat samples with its own settings: what would change that is refused.
         asked = {"logit_bias": bool(parsed.logit_bias),
@@ -192,11 +202,11 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
             raise ApiError(400, f"{refused} is for requests without {CHAT_HEADER}: a stored "
                            "chat's replies are sampled with the chat's settings", param=refused)
         return lambda: service.send(
-            chat_id, parsed.turns[-1].content, user=user, seed=parsed.seed,
+            chat_id, parsed.turns[-1].content, user=user, seed=seed,
             max_tokens=parsed.max_tokens, stop=parsed.stop)
     return lambda: service.complete(
         parsed.system_prompt, parsed.turns, max_tokens=parsed.max_tokens,
-        temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
+        temperature=parsed.temperature, top_p=parsed.top_p, seed=seed, stop=parsed.stop,
         logit_bias=parsed.logit_bias, frequency_penalty=parsed.frequency_penalty,
         presence_penalty=parsed.presence_penalty, top_logprobs=parsed.top_logprobs,
         grammar=parsed.grammar, grammar_trigger=parsed.grammar_trigger, tools=parsed.tools,
@@ -215,28 +225,136 @@ def logprob_entries(choices, vocab) -> list[dict]:
             for c in choices]
 
 
-def _whole(done: TurnUpdate, completion_id: str, parsed: CompletionRequest,
-           fingerprint: str, vocab) -> JSONResponse:
+def _check_choices(service: ChatService, parsed: CompletionRequest,
+                   chat_id: int | None) -> None:
+    if parsed.n == 1:
+        return
+    if chat_id is not None:
+        raise ApiError(400, f"'n' above 1 is for requests without {CHAT_HEADER}: a stored "
+                       "chat keeps one reply per turn", param="n")
+    slots = len(service.engine.sequences)
+    if parsed.n > slots:
+        raise ApiError(400, f"'n' is at most {slots} here: each choice is written in a slot "
+                       f"of its own, and this server has {slots}", param="n")
+
+
+def _choice_json(index: int, done: TurnUpdate, parsed: CompletionRequest, vocab) -> dict:
     message, finish_reason = ReplyShape(parsed.calls_tools).message(done.text,
                                                                     done.finish_reason)
+    return {"index": index, "message": message, "finish_reason": finish_reason,
+            "logprobs": (None if done.logprobs is None else
+                         {"content": logprob_entries(done.logprobs, vocab), "refusal": None})}
+
+
+def _usage_of_all(dones: list[TurnUpdate]) -> dict:
+    """One prompt, every choice's tokens (as OpenAI counts n choices)."""
+    total = usage_of(dones[0])
+    generated = sum(d.stats.generated for d in dones)
+    return {**total, "completion_tokens": generated,
+            "total_tokens": total["prompt_tokens"] + generated}
+
+
+def _whole(dones: list[TurnUpdate], completion_id: str, parsed: CompletionRequest,
+           fingerprint: str, vocab) -> JSONResponse:
+    figures = figures_of(dones[0])
+    if len(dones) > 1:
+        figures["choices"] = [figures_of(d) for d in dones]
     return JSONResponse({
         "id": completion_id, "object": "chat.completion", "created": int(time.time()),
         "model": parsed.model, "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason,
-                     "logprobs": (None if done.logprobs is None else
-                                  {"content": logprob_entries(done.logprobs, vocab),
-                                   "refusal": None})}],
-        "usage": usage_of(done), "reame": figures_of(done),
+        "choices": [_choice_json(n, d, parsed, vocab) for n, d in enumerate(dones)],
+        "usage": _usage_of_all(dones), "reame": figures,
     })
 
 
-async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
-               completion_id: str, parsed: CompletionRequest,
-               fingerprint: str, vocab) -> AsyncIterator[str]:
-    """The turn as server-sent events, from its first update; the turn is stopped when the
-    client hangs up (gone) or this stream is closed."""
-    created = int(time.time())
+async def _many(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
+                more: list[Callable[[], TurnStream]], completion_id: str,
+                parsed: CompletionRequest, fingerprint: str, vocab) -> Response:
+    """n choices answered whole: the first, then the others together, each in its own slot
+    from the first one's prompt KV (found by its tokens, as any resent conversation's)."""
+    feeds = [updates]
+    try:
+        done = await _ended(updates, first, gone)
+        if done is None:
+            return cut_short(gone)
+        dones = [done]
+        for start in more:
+            feeds.append(UpdateFeed(await run_in_threadpool(start)))
+            gone.add_done_callback(lambda _, feed=feeds[-1]: feed.interrupt())
+        ends = await asyncio.gather(*(_ended(feed, None, gone) for feed in feeds[1:]))
+        if any(end is None for end in ends):
+            return cut_short(gone)
+        dones += ends
+    except (ApiError, ChatError, ChatNotFound) as exc:  # a later choice refused (a full line)
+        return turn_refusal(exc, "messages")
+    finally:
+        gone.cancel()
+        for feed in feeds:
+            feed.interrupt()
+    return _whole(dones, completion_id, parsed, fingerprint, vocab)
 
+
+async def _ended(feed: UpdateFeed, first: TurnUpdate | None,
+                 gone: asyncio.Future) -> TurnUpdate | None:
+    """A choice's last update, or None when it ended without one."""
+    update = first if first is not None else await feed.next()
+    while update is not None and not update.done:
+        update = await feed.next()
+    return update
+
+
+
+async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
+               completion_id: str, parsed: CompletionRequest, fingerprint: str, vocab,
+               more: list[Callable[[], TurnStream]]) -> AsyncIterator[str]:
+    """The turn as server-sent events, from its first update; with n > 1, the other choices
+    after it, together (their chunks interleaved, each with its index). The turns are stopped
+    when the client hangs up (gone) or this stream is closed."""
+    created = int(time.time())
+    feeds, dones = [updates], []
+
+    def body(choices: list[dict], **extra) -> dict:
+        return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                "model": parsed.model, "system_fingerprint": fingerprint, "choices": choices,
+                **extra}
+
+    try:
+        async for event in _choice_events(0, updates, first, parsed, vocab, body, dones):
+            yield event
+        if len(dones) == 1 and more:
+            for start in more:
+                feeds.append(UpdateFeed(await run_in_threadpool(start)))
+                gone.add_done_callback(lambda _, feed=feeds[-1]: feed.interrupt())
+            async for event in _merged([
+                    _choice_events(k, feed, None, parsed, vocab, body, dones)
+                    for k, feed in enumerate(feeds[1:], start=1)]):
+                yield event
+        if len(dones) == parsed.n:
+            if parsed.include_usage:
+                yield f"data: {json.dumps(body([], usage=_usage_of_all(dones)))}\n\n"
+        elif gone.done():
+            return  # the client hung up: nobody reads the rest
+        else:
+            # Ended without its last update: stopped on the server's side (a model switch, a
+            # shutdown); the client is told rather than left with a reply cut without a word.
+            yield sse_error(STOPPED_BY_SERVER, "stopped")
+    except ChatError as exc:  # e.g. the chat was deleted while it answered, or a full line
+        yield sse_error(str(exc), None)
+    except Exception:  # the answer has started: say so in the stream, log the rest
+        log.exception("a streamed completion failed")
+        yield sse_error(INTERNAL_ERROR, "internal_error")
+    finally:
+        gone.cancel()
+        for feed in feeds:
+            feed.interrupt()
+    yield "data: [DONE]\n\n"
+
+
+async def _choice_events(index: int, updates: UpdateFeed, first: TurnUpdate | None,
+                         parsed: CompletionRequest, vocab, body: Callable[..., dict],
+                         dones: list[TurnUpdate]) -> AsyncIterator[str]:
+    """One choice's chunks: its role, its content and calls as they come, its end (its last
+    update then goes into dones)."""
     def chunk(delta: dict, finish: str | None = None, *, with_logprobs: bool = True,
               **extra) -> str:
         nonlocal told
@@ -245,51 +363,60 @@ async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
             logprobs = {"content": logprob_entries(update.logprobs[told:], vocab),
                         "refusal": None}
             told = len(update.logprobs)
-        body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                "model": parsed.model, "system_fingerprint": fingerprint,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
-                             "logprobs": logprobs}], **extra}
-        return f"data: {json.dumps(body)}\n\n"
+        return "data: " + json.dumps(body([{"index": index, "delta": delta,
+                                            "finish_reason": finish, "logprobs": logprobs}],
+                                          **extra)) + "\n\n"
 
     shape = ReplyShape(parsed.calls_tools)
+    update = first if first is not None else await updates.next()
     # sent: the content sent; called: the calls sent; told: the tokens whose logprobs were sent
-    sent, called, update, told = "", 0, first, 0
+    sent, called, told = "", 0, 0
+    if update is None:
+        return
+    yield chunk({"role": "assistant", "content": ""}, with_logprobs=False)
+    while update is not None:
+        content, calls = shape.shown(update.text, update.done)
+        if content.startswith(sent) and len(content) > len(sent):
+            yield chunk({"content": content[len(sent):]})
+            sent = content
+        for n in range(called, len(calls)):
+            yield chunk({"tool_calls": [{"index": n, **shape.call(n, calls[n])}]})
+        called = len(calls)
+        if update.done:
+            yield chunk({}, shape.finish(update.text, update.finish_reason),
+                        reame=figures_of(update))
+            dones.append(update)
+            return
+        update = await updates.next()
+
+
+async def _merged(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """The items of several async iterators as each comes; what one raises is raised."""
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(stream: AsyncIterator[str]) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+        except BaseException as exc:  # noqa: BLE001 - given to the consumer
+            await queue.put(exc)
+        finally:
+            await queue.put(end)
+
+    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
     try:
-        yield chunk({"role": "assistant", "content": ""}, with_logprobs=False)
-        while update is not None:
-            content, calls = shape.shown(update.text, update.done)
-            if content.startswith(sent) and len(content) > len(sent):
-                yield chunk({"content": content[len(sent):]})
-                sent = content
-            for index in range(called, len(calls)):
-                yield chunk({"tool_calls": [{"index": index,
-                                             **shape.call(index, calls[index])}]})
-            called = len(calls)
-            if update.done:
-                yield chunk({}, shape.finish(update.text, update.finish_reason),
-                            reame=figures_of(update))
-                if parsed.include_usage:
-                    yield ("data: " + json.dumps({
-                        "id": completion_id, "object": "chat.completion.chunk",
-                        "created": created, "model": parsed.model,
-                        "system_fingerprint": fingerprint, "choices": [],
-                        "usage": usage_of(update)}) + "\n\n")
-                break
-            update = await updates.next()
-        else:
-            if gone.done():
-                return  # the client hung up: nobody reads the rest
-            # Ended without its last update: stopped on the server's side (a model switch, a
-            # shutdown); the client is told rather than left with a reply cut without a word.
-            yield sse_error(STOPPED_BY_SERVER, "stopped")
-    except ChatError as exc:  # e.g. the chat was deleted while it answered
-        yield sse_error(str(exc), None)
-    except Exception:  # the answer has started: say so in the stream, log the rest
-        log.exception("a streamed completion failed")
-        yield sse_error(INTERNAL_ERROR, "internal_error")
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is end:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
     finally:
-        gone.cancel()
-        updates.interrupt()
-    yield "data: [DONE]\n\n"
+        for task in tasks:
+            task.cancel()
 
 

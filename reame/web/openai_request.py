@@ -34,6 +34,7 @@ from reame.inference.tools import (
 from reame.inference.tools import grammar as tool_grammar
 
 MAX_STOPS = 4
+MAX_CHOICES = 16  # n: also at most the server's slots (openai_api.py)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
 MAX_TOOLS = 128  # OpenAI's limit
@@ -81,6 +82,7 @@ class CompletionRequest:
     grammar_trigger: str | None = None  # where a lazy grammar starts (a tool call begun)
     tools: tuple[Tool, ...] = ()
     calls_tools: bool = False  # the reply may call tools: its text is split into calls
+    n: int = 1  # choices
 
 
 class _Body(BaseModel):
@@ -167,7 +169,7 @@ class ChatRequest(_Body):
     seed: int | None = None
     logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
                      Annotated[float, Field(ge=-100, le=100)]] | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: Penalty | None = None
@@ -252,7 +254,7 @@ EXPECTED = {
     "stop": f"a non-empty string or up to {MAX_STOPS} of them",
     "seed": "an integer",
     "logit_bias": "an object of token ids (strings of digits) to numbers from -100 to 100",
-    "n": "1 (one choice per request)",
+    "n": f"an integer from 1 to {MAX_CHOICES}",
     "stream": "true or false",
     "stream_options": 'an object, {"include_usage": true or false}',
     "stream_options.include_usage": "true or false",
@@ -307,7 +309,7 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         request.frequency_penalty or 0.0, request.presence_penalty or 0.0,
         (request.top_logprobs or 0) if request.logprobs else None,
         grammar, trigger, use.tools if use is not None else (),
-        use is not None and use.choice != "none")
+        use is not None and use.choice != "none", request.n)
 
 
 def tool_use(request: ChatRequest) -> ToolUse | None:

@@ -65,11 +65,14 @@ async def last_update(updates: UpdateFeed, first: TurnUpdate,
     finally:
         gone.cancel()
         updates.interrupt()
-    if done is not None:
-        return done
+    return done if done is not None else cut_short(gone)
+
+
+def cut_short(gone: asyncio.Future) -> Response:
+    """The response for a turn that ended without its last update: 499 when the client hung
+    up; 503 when a model switch (the new model loads) or a shutdown stopped it."""
     if gone.done():
-        return Response(status_code=499)  # the client hung up
-    # A model switch (the new model loads) or a shutdown stopped it.
+        return Response(status_code=499)
     return error_response(503, STOPPED_BY_SERVER, type_="server_error",
                           code="stopped", headers={"Retry-After": str(RETRY_LOADING_S)})
 
