@@ -292,3 +292,62 @@ def test_copying_a_reply_copies_its_text_without_the_stats_line(page, server):
     copied = page.evaluate("navigator.clipboard.readText()")
     assert copied.strip() and "reame-" not in copied and "<div" not in copied, copied
     assert words(copied) == words(without_stats(shown))
+
+
+def test_a_title_with_spaces_is_typed_not_sent(page, server):
+    """Renaming by typing (a space, then Enter): the space is the title's, not a click on the
+    row, and nothing reaches the message box or the model."""
+    client = api(server)
+    chat_id = client.predict("Trip plans", None, api_name="/new_chat")
+    open_app(page, server)
+    chat_menu(page, "Trip plans", "Rename")
+    title_box = page.locator("#chat-list input.reame-rename")
+    title_box.press("Control+a")
+    title_box.press_sequentially("Lisbon trip")
+    title_box.press("Enter")
+    expect(page.locator(CHATS).filter(has_text="Lisbon trip")).to_have_count(1)
+    assert client.predict(chat_id, api_name="/get_chat")["title"] == "Lisbon trip"
+    assert client.predict(chat_id, api_name="/get_chat")["messages"] == []
+    expect(page.locator(BOX)).to_have_value("")
+    expect(page.locator(USER)).to_have_count(0)
+
+
+def test_clearing_the_search_shows_every_chat_again(page, server):
+    client = api(server)
+    client.predict("Searchable chat", None, api_name="/new_chat")
+    open_app(page, server)
+    everyone = page.locator(CHATS).count()
+    search = page.locator("#chat-search input, #chat-search textarea")
+    search.click()
+    search.press_sequentially("zzzqqq")
+    expect(page.locator("#chat-list")).to_contain_text("zzzqqq")
+    expect(page.locator(CHATS)).to_have_count(0)
+    for _ in range(6):
+        search.press("Backspace")
+    expect(search).to_have_value("")
+    expect(page.locator(CHATS)).to_have_count(everyone)
+
+
+def test_the_chat_s_trash_icon_deletes_it_after_asking(page, server):
+    """The Chatbot's trash icon (Clear): no, and the chat is shown again whole; yes, and it is
+    deleted, as the list's Delete does. It used to open a new chat and delete nothing."""
+    client = api(server)
+    chat_id = client.predict("Trash can", None, api_name="/new_chat")
+    client.predict(chat_id, "Say hi.", api_name="/send")
+    open_app(page, server)
+    assert selected_title(page) == "Trash can"
+    expect(page.locator(USER)).to_have_text(["Say hi."])
+    listed = len(client.predict(api_name="/list_chats"))
+    questions = []
+    page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
+    page.locator("#chatbot button[aria-label=Clear]").click()
+    expect(page.locator(USER)).to_have_text(["Say hi."])
+    assert questions == ["Delete “Trash can” and all its messages? This cannot be undone."]
+    assert selected_title(page) == "Trash can"
+    assert len(client.predict(api_name="/list_chats")) == listed, "no chat made or deleted"
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#chatbot button[aria-label=Clear]").click()
+    expect(page.locator(CHATS).filter(has_text="Trash can")).to_have_count(0)
+    assert chat_id not in [c["id"] for c in client.predict(api_name="/list_chats")]
+    assert len(client.predict(api_name="/list_chats")) == listed - 1

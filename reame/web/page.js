@@ -10,7 +10,9 @@
 
     const renameInline = (button) => {
         const row = button.closest(".reame-row");
-        const title = $(".reame-title", row);
+        // The input takes the row's button's place, not its title's: inside a button, a
+        // space typed would click it (open the chat, and the rest would go to the message).
+        const title = $(".reame-open", row);
         const id = button.dataset.reameAction.split(":")[1];
         const input = document.createElement("input");
         input.className = "reame-rename";
@@ -29,7 +31,7 @@
                 send(`rename:${id}:${input.value}`);
             } else {
                 input.replaceWith(title);
-                $(".reame-open", row)?.focus();
+                title.focus();
             }
         };
         input.addEventListener("keydown", (event) => {

@@ -15,6 +15,7 @@ from reame.config.chat_settings import FIELD
 from reame.web.live_replies import LiveReplies
 from reame.web.page_handlers import PageHandlers
 from reame.web.page_parts import (
+    CLEAR_JS,
     DOWNLOAD_JS,
     FOCUS_MESSAGE_JS,
     FOLLOW_JS,
@@ -196,11 +197,12 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     # Opening, making or changing a chat stops following the reply being written (it goes
     # on), follows the one of the chat now shown, if any, and typing goes on in the message
     # box.
-    # The Chatbot's own Clear (its trash icon) empties the view: it opens an empty chat, the
-    # one cleared stays in the list (else its messages would come back at the next load).
+    # The Chatbot's own Clear (its trash icon) deletes the chat shown, once the person says
+    # yes (CLEAR_JS); it used to open a new chat, deleting nothing.
     for event in (
             new_btn.click(handlers.on_new_chat, None, view, cancels=replies, **HIDDEN),
-            chatbot.clear(handlers.on_new_chat, None, view, cancels=replies, **HIDDEN),
+            chatbot.clear(handlers.act, [action, current], [*view, download, cache_md],
+                          cancels=replies, js=CLEAR_JS, **HIDDEN),
             action_btn.click(handlers.act, [action, current], [*view, download, cache_md],
                              cancels=replies,
                              js="(action, chat) => [window.reameAction || '', chat]",
@@ -208,7 +210,9 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN).then(
             None, None, None, js=FOLLOW_JS, **HIDDEN)
     download.change(None, [download], None, js=DOWNLOAD_JS, **HIDDEN)
-    search.input(handlers.find, [search, current], [chat_list], trigger_mode="always_last",
+    # change, not input: Gradio 6's Textbox sends no input event for a deletion, so clearing
+    # the box left the list on its last search.
+    search.change(handlers.find, [search, current], [chat_list], trigger_mode="always_last",
                  queue=False, show_progress="hidden", **HIDDEN)
     export_all_btn.click(handlers.export_all, None, [download], **HIDDEN)
     import_btn.upload(handlers.import_chats, [import_btn, current], view, cancels=replies, **HIDDEN)

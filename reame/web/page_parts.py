@@ -125,6 +125,17 @@ FOCUS_MESSAGE_JS = """() => {
 }"""
 ROLE_JS = "(role) => { document.documentElement.dataset.reameRole = role; }"
 # Once a chat is shown: follow the reply being written in it, if any (page.follow).
+# The Chatbot's trash icon: delete the chat shown, asking first as the list's Delete does; when
+# the person says no, the chat is shown again (the Chatbot has emptied its view already).
+# (The chat's id is the list's selected row's: a State reaches the browser as null.)
+CLEAR_JS = """(action, chat) => {
+    const row = document.querySelector('#chat-list .reame-open[aria-current=page]');
+    const id = row ? row.dataset.reameAction.split(':')[1] : '';
+    if (!id) return ['', chat];
+    const sure = window.confirm(
+        `Delete “${row.title}” and all its messages? This cannot be undone.`);
+    return [`${sure ? 'delete' : 'open'}:${id}`, chat];
+}"""
 FOLLOW_JS = "() => { document.getElementById('reame-follow-btn')?.click(); }"
 
 
