@@ -351,3 +351,27 @@ def test_the_chat_s_trash_icon_deletes_it_after_asking(page, server):
     expect(page.locator(CHATS).filter(has_text="Trash can")).to_have_count(0)
     assert chat_id not in [c["id"] for c in client.predict(api_name="/list_chats")]
     assert len(client.predict(api_name="/list_chats")) == listed - 1
+
+
+def test_the_list_takes_two_tab_stops_its_chosen_chat_and_that_chat_s_menu(page, server):
+    """From the search box, Tab reaches the chosen chat, then its ⋯, then leaves the list:
+    the other rows' ⋯ buttons are no Tab stops (27 of them made the page a slog)."""
+    client = api(server)
+    for n in range(3):
+        client.predict(f"Tab stop {n}", None, api_name="/new_chat")
+    open_app(page, server)
+    page.locator("#chat-search input, #chat-search textarea").focus()
+    page.keyboard.press("Tab")
+    expect(page.locator(CURRENT)).to_be_focused()
+    page.keyboard.press("Tab")
+    focused_in_row = page.evaluate(
+        "() => document.activeElement.closest('.reame-row')?.querySelector('.reame-open')"
+        "?.getAttribute('aria-current')")
+    assert page.evaluate("() => document.activeElement.tagName") == "SUMMARY"
+    assert focused_in_row == "page", "the chosen chat's own menu"
+    page.keyboard.press("Tab")
+    assert not page.evaluate("() => !!document.activeElement.closest('#chat-list')")
+    # The arrow keys move the two stops to another row.
+    page.locator(CURRENT).focus()
+    page.keyboard.press("ArrowDown")
+    assert page.locator("#chat-list summary[tabindex='0']").count() == 1

@@ -60,8 +60,9 @@ def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False)
                   '<span aria-hidden="true">● </span>writing a reply…</span>')
     pin = "Unpin" if chat.pinned else "Pin"
     marked = ' aria-current="page"' if current else ""
-    # The chat's button opens it; only the current one is a Tab stop (the arrow keys move
-    # between rows), so that the message box is a few Tabs away whatever the number of chats.
+    # The chat's button opens it; only the current one and its ⋯ are Tab stops (the arrow keys
+    # move between rows), so that the message box is a few Tabs away whatever the number of
+    # chats (page.js keeps it so as the arrows move).
     return (
         f'<li class="reame-row" data-chat="{chat.id}" data-updated="{chat.updated_at:.0f}" '
         f'data-pinned="{str(chat.pinned).lower()}" data-writing="{str(writing).lower()}">'
@@ -69,7 +70,7 @@ def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False)
         f'{marked} tabindex="{0 if current else -1}">'
         f'<span class="reame-title">{title}</span>{shown}</button>'
         f'<details class="reame-menu"><summary aria-label="Options for {title}" '
-        f'title="Options">⋯</summary><div class="reame-menu-items" role="group">'
+        f'tabindex="{0 if current else -1}" title="Options">⋯</summary><div class="reame-menu-items" role="group">'
         f'<button data-reame-action="pin:{chat.id}">{pin}</button>'
         f'<button data-reame-action="rename:{chat.id}" data-title="{title}">Rename</button>'
         f'<button data-reame-action="export:{chat.id}">Export (JSON)</button>'

@@ -121,6 +121,17 @@
         if (buttons.length && !nav.querySelector('.reame-open[tabindex="0"]')) {
             buttons[0].tabIndex = 0;
         }
+        rove(nav.querySelector('.reame-open[tabindex="0"]'));
+    };
+    // The list is one Tab stop (its chosen row), and that row's ⋯ the next: the other rows'
+    // ⋯ buttons are reached with the arrow keys, by moving to their row.
+    const rove = (chosen) => {
+        if (!chosen) return;
+        for (const button of document.querySelectorAll("#chat-list .reame-open")) {
+            button.tabIndex = button === chosen ? 0 : -1;
+            const menu = button.closest(".reame-row")?.querySelector("summary");
+            if (menu) menu.tabIndex = button === chosen ? 0 : -1;
+        }
     };
     // Gradio's send and stop buttons are icons without a name: say what they do.
     const NAMES = {"#message [data-testid=submit-button]": "Send",
@@ -172,7 +183,7 @@
             const buttons = [...document.querySelectorAll("#chat-list .reame-open")];
             const at = buttons.indexOf(inList) + (event.key === "ArrowDown" ? 1 : -1);
             const next = buttons[Math.max(0, Math.min(buttons.length - 1, at))];
-            buttons.forEach((b) => { b.tabIndex = b === next ? 0 : -1; });
+            rove(next);
             next.focus();
             return;
         }
