@@ -294,3 +294,23 @@ def check_missing_model_page(page: Page, server: Server, folder: Path, model_nam
     # The server is still up and the page still works.
     new_chat(page)
     assert [c["title"] for c in client.predict(api_name="/list_chats")] == ["New chat"]
+
+
+def test_a_reply_cut_at_max_tokens_says_so(page, server):
+    """A reply that ended at the chat's Max tokens, not by the model, says it was cut (it
+    looked finished); one that the model ended does not."""
+    client = api(server)
+    chat_id = client.predict("Cut short", None, api_name="/new_chat")
+    client.predict(chat_id, "Write a long story about a dragon, chapter by chapter.",
+                   api_name="/send")
+    client.predict(chat_id, "Say hi.", api_name="/send")
+    replies = [m for m in client.predict(chat_id, api_name="/get_chat")["messages"]
+               if m["role"] == "assistant"]
+    limit = client.predict(chat_id, api_name="/get_chat")["max_tokens"]
+    assert replies[0]["stats"]["generated"] == limit, "a long story outlasts the limit"
+    open_app(page, server)
+    stats = page.locator(STATS)
+    expect(stats).to_have_count(2)
+    expect(stats.nth(0)).to_contain_text(f"cut at the limit of {limit} tokens")
+    if replies[1]["stats"]["generated"] < limit:
+        expect(stats.nth(1)).not_to_contain_text("cut at the limit")

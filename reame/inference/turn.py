@@ -55,6 +55,7 @@ class TurnStats:
     shifted: int = 0  # tokens this turn dropped from the KV by a context shift
     window_recomputed: bool = False  # messages left the window and the KV could not follow
     stopped: bool = False
+    at_limit: bool = False  # ended by max_tokens (or a full context), not by the model
 
     @classmethod
     def from_dict(cls, values: dict) -> "TurnStats":
@@ -208,6 +209,7 @@ class Decoding:
         gen_time = now - first
         stats.tokens_per_s = (len(self.generated) - 1) / gen_time if gen_time > 0 else 0.0
         stats.stopped = not self.finished
+        stats.at_limit = self.finished and self.finish_reason == "length"
 
 
 # Told of every turn once it ends, however it ends (metrics): its stats, its decoding (the

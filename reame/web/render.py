@@ -83,6 +83,9 @@ def stats_text(stats: TurnStats) -> str:
         parts.append("context full: oldest messages dropped, kept window re-evaluated")
     if stats.stopped:
         parts.append("stopped")
+    elif stats.at_limit:
+        parts.append(f"cut at the limit of {stats.generated:,} tokens (Max tokens, in the "
+                     "chat's settings)")
     return " · ".join(parts)
 
 
