@@ -255,7 +255,8 @@ def test_export_a_chat_and_import_it_and_a_chatgpt_export_back(page, server, tmp
         chat_menu(page, "Export me", "Export (Markdown)")
     assert markdown.value.suggested_filename == "Export-me.md"
 
-    # Importing it makes a second chat, shown at once; a ChatGPT export adds its chats.
+    # Importing it makes a second chat (a copy), shown at once; a ChatGPT export adds its
+    # chats.
     before = page.locator(CHATS).count()
     import_file(page, exported)
     expect(page.locator(CHATS)).to_have_count(before + 1)
@@ -266,6 +267,19 @@ def test_export_a_chat_and_import_it_and_a_chatgpt_export_back(page, server, tmp
     import_file(page, chatgpt)
     for title in titles:
         expect(page.locator(CHATS).filter(has_text=title)).to_have_count(1)
+    # ... in the list by their own dates (2024), not under Today, the day of the import.
+    for conversation in json.loads(chatgpt.read_text()):
+        row = page.locator(CHATS).filter(has_text=conversation["title"])
+        group = row.evaluate("b => b.closest('ul').previousElementSibling.textContent")
+        assert group == "May 2024" or group.endswith("2024"), group
+        listed = [c for c in client.predict(api_name="/list_chats")
+                  if c["title"] == conversation["title"]]
+        assert listed and abs(listed[0]["updated_at"] - conversation["update_time"]) < 120
+    # The same file again: nothing doubled, and the page says why.
+    count = page.locator(CHATS).count()
+    import_file(page, chatgpt)
+    expect(page.locator(".toast-body").filter(has_text="2 were here already")).to_be_visible()
+    assert page.locator(CHATS).count() == count
     # A file that is not an export is refused, saying why; nothing is added.
     bad = tmp_path / "notes.json"
     bad.write_text('{"notes": []}')

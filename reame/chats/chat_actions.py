@@ -148,7 +148,7 @@ class ChatActions:
         return {"name": f"{name}.json", "type": "application/json",
                 "text": json.dumps(export_chat(chat, tree), ensure_ascii=False, indent=1)}
 
-    def import_chats(self, data: bytes | str, user: str | None = None) -> list[Chat]:
+    def import_chats(self, data: bytes | str, user: str | None = None) -> "Imported":
         """Chats from an export: Reame's JSON (one chat or all) or ChatGPT's
         conversations.json. All or nothing is checked before anything is stored (BadImport,
         TooManyChats); their KV is built on their first turn. The chats made, newest first."""
@@ -162,19 +162,30 @@ class ChatActions:
         if where is not None:
             raise BadImport(f"{where} is not valid text (it holds a lone UTF-16 surrogate)")
         imported = parse_import(parsed)
-        settings = [chat.settings_over(self.defaults) for chat in imported]
+        # A ChatGPT chat this user has already (the same title and date: the same file
+        # imported again) is not made twice. A Reame export imported again is a copy.
+        here = {(c.title, c.created_at) for c in self.store.list_chats(user)}
+        fresh = [c for c in imported if not c.from_elsewhere or c.created_at is None
+                 or (c.title, c.created_at) not in here]
+        settings = [chat.settings_over(self.defaults) for chat in fresh]
         made = []
-        with self._room_for_a_chat(user, len(imported)):
+        with self._room_for_a_chat(user, len(fresh)):
             try:
-                for chat, chosen in zip(imported, settings):
+                for chat, chosen in zip(fresh, settings):
                     made.append(self.store.create_chat(title=chat.title, owner=user,
+                                                       created_at=chat.created_at,
                                                        **chosen.as_dict()))
                     self.store.add_tree(made[-1].id, chat.messages, chat.current)
+                    last = max((m.created_at for m in chat.messages
+                                if m.created_at is not None), default=chat.created_at)
+                    if last is not None:  # in the list by its own days, not the import's
+                        self.store.update_chat(made[-1].id, updated_at=last)
             except BaseException:  # all or nothing: the chats made so far go again
                 for chat in made:
                     self.store.delete_chat(chat.id)
                 raise
-        return [self.get_chat(chat.id, user) for chat in reversed(made)]
+        return Imported([self.get_chat(chat.id, user) for chat in reversed(made)],
+                        skipped=len(imported) - len(fresh))
 
     def search(self, words: str, user: str | None = None) -> list[Found]:
         """The user's chats whose title or messages hold every word (Store.search)."""
@@ -217,3 +228,11 @@ class ChatActions:
             chat.id for chat in self.store.list_chats(user)}
         stats["chats_ready"] = self.cache.chats_ready(chats)
         return stats
+
+
+class Imported(list):
+    """The chats an import made, newest first, and how many of the file's were here already."""
+
+    def __init__(self, chats: list[Chat], *, skipped: int = 0):
+        super().__init__(chats)
+        self.skipped = skipped

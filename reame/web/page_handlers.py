@@ -387,7 +387,10 @@ class PageHandlers:
             made = self.service.import_chats(data, user)
         except (ChatError, UploadRefused) as exc:
             raise gr.Error(f"Nothing was imported: {exc}", print_exception=False) from None
-        gr.Info(f"Imported {len(made):,} chat{'s' if len(made) != 1 else ''}.")
+        here = getattr(made, "skipped", 0)
+        gr.Info(f"Imported {len(made):,} chat{'s' if len(made) != 1 else ''}."
+                + (f" {here:,} {'was' if here == 1 else 'were'} here already (the same title "
+                   "and date), so not again." if here else ""))
         return self.show(made[0].id if made else chat_id, request)
 
     def save_settings(self, chat_id, prompt, temp, top, max_tok, request: gr.Request):

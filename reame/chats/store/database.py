@@ -130,10 +130,14 @@ class Store:
     @_writes
     def create_chat(self, *, title: str, system_prompt: str, temperature: float,
                     top_p: float, max_tokens: int, owner: str | None = None,
-                    branched_from: int | None = None) -> Chat:
+                    branched_from: int | None = None,
+                    created_at: float | None = None) -> Chat:
+        """A new chat; created_at: when it began, for an imported one (else now)."""
+        dates = {} if created_at is None else {"created_at": created_at,
+                                                "updated_at": created_at}
         chat = Chat(title=title, system_prompt=system_prompt, temperature=temperature,
                     top_p=top_p, max_tokens=max_tokens, owner=owner,
-                    branched_from=branched_from)
+                    branched_from=branched_from, **dates)
         with self._session() as session:
             session.add(chat)
             session.commit()

@@ -74,7 +74,8 @@ def chatgpt_chat(conversation: object) -> ImportedChat:
         title=read_title(title if isinstance(title, str) else None),
         settings={"system_prompt": system_prompt},
         created_at=read_number(conversation.get("create_time")), messages=messages,
-        current=_chatgpt_current(conversation.get("current_node"), kept_above, messages))
+        current=_chatgpt_current(conversation.get("current_node"), kept_above, messages),
+        from_elsewhere=True)
 
 
 def _chatgpt_current(node: object, kept_above: dict[str, str | None],

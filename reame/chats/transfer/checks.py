@@ -59,6 +59,8 @@ class ImportedChat:
     created_at: float | None
     messages: list[ImportedMessage]  # every version; each after its parent
     current: str | None  # the key of the last message of the branch shown
+    # From another product (ChatGPT): imported once (a Reame export imported again is a copy)
+    from_elsewhere: bool = False
 
     def settings_over(self, defaults: ChatSettings) -> ChatSettings:
         """The chat's settings: the file's over the server's defaults (a file may hold some of
