@@ -31,12 +31,15 @@ def test_titles_and_snippets_are_text(tmp_path):
     assert MARK not in found and END_MARK not in found
 
 
-def test_the_current_chat_is_the_one_tab_stop(tmp_path):
+def test_the_current_chat_and_its_menu_are_the_only_tab_stops(tmp_path):
     store = Store(tmp_path / "reame.db")
     chats = [make(store, f"chat {n}") for n in range(3)]
     page = chat_list_html(chats, chats[1].id)
-    assert page.count('tabindex="0"') == 1 and page.count('aria-current="page"') == 1
+    assert page.count('tabindex="0"') == 2 and page.count('aria-current="page"') == 1
     assert page.index('aria-current="page"') > page.index("chat 0")
+    current = page[page.index('data-chat="%d"' % chats[1].id):]
+    current = current[:current.index("</li>")]
+    assert current.count('tabindex="0"') == 2, "its button and its ⋯"
 
 
 def test_a_long_list_shows_the_most_recent_and_says_so(tmp_path):
