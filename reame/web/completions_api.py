@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from reame.chats.service import ChatError, ChatNotFound, ChatService, TurnUpdate
 from reame.web.completions_request import TextRequest, parse_completions
@@ -35,6 +34,7 @@ from reame.web.v1_common import (
     read_json,
     refused,
     sse_error,
+    started,
     system_fingerprint,
     turn_refusal,
     usage_of,
@@ -62,13 +62,12 @@ def add_completions(router: APIRouter, service: ChatService,
             ready()
             parsed = parse_completions(body, model_ids())
             fingerprint, vocab = system_fingerprint(service), service.engine
-            updates = UpdateFeed(await run_in_threadpool(lambda: service.complete_text(
+            updates = await started(lambda: service.complete_text(
                 parsed.prompt, max_tokens=parsed.max_tokens, temperature=parsed.temperature,
                 top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
                 logit_bias=parsed.logit_bias, frequency_penalty=parsed.frequency_penalty,
                 presence_penalty=parsed.presence_penalty, top_logprobs=parsed.logprobs,
-                user=user)))
-            gone.add_done_callback(lambda _: updates.interrupt())
+                user=user), gone)
             # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
             # (too long, empty, no model, full) raise here, before any byte is sent.
             first = await updates.next()

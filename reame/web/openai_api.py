@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from reame.accounts.users import Accounts
 from reame.chats.service import (
@@ -56,6 +55,7 @@ from reame.web.v1_common import (
     read_json,
     refused,
     sse_error,
+    started,
     system_fingerprint,
     turn_refusal,
     usage_of,
@@ -124,8 +124,7 @@ def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
             start = _starter(service, parsed, chat_id, user)
             fingerprint, vocab = system_fingerprint(service), service.engine
-            updates = UpdateFeed(await run_in_threadpool(start))
-            gone.add_done_callback(lambda _: updates.interrupt())
+            updates = await started(start, gone)
             # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
             # (too long, empty, no model, full) raise here, before any byte is sent.
             first = await updates.next()
@@ -274,14 +273,13 @@ async def _many(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
     from the first one's prompt KV (found by its tokens, as any resent conversation's)."""
     feeds = [updates]
     try:
-        done = await _ended(updates, first, gone)
+        done = await _ended(updates, first)
         if done is None:
             return cut_short(gone)
         dones = [done]
         for start in more:
-            feeds.append(UpdateFeed(await run_in_threadpool(start)))
-            gone.add_done_callback(lambda _, feed=feeds[-1]: feed.interrupt())
-        ends = await asyncio.gather(*(_ended(feed, None, gone) for feed in feeds[1:]))
+            feeds.append(await started(start, gone))
+        ends = await asyncio.gather(*(_ended(feed, None) for feed in feeds[1:]))
         if any(end is None for end in ends):
             return cut_short(gone)
         dones += ends
@@ -294,8 +292,7 @@ async def _many(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
     return _whole(dones, completion_id, parsed, fingerprint, vocab)
 
 
-async def _ended(feed: UpdateFeed, first: TurnUpdate | None,
-                 gone: asyncio.Future) -> TurnUpdate | None:
+async def _ended(feed: UpdateFeed, first: TurnUpdate | None) -> TurnUpdate | None:
     """A choice's last update, or None when it ended without one."""
     update = first if first is not None else await feed.next()
     while update is not None and not update.done:
@@ -323,8 +320,7 @@ async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
             yield event
         if len(dones) == 1 and more:
             for start in more:
-                feeds.append(UpdateFeed(await run_in_threadpool(start)))
-                gone.add_done_callback(lambda _, feed=feeds[-1]: feed.interrupt())
+                feeds.append(await started(start, gone))
             async for event in _merged([
                     _choice_events(k, feed, None, parsed, vocab, body, dones)
                     for k, feed in enumerate(feeds[1:], start=1)]):

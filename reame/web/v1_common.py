@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import xxhash
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from reame.chats.service import (
     ChatError,
@@ -22,6 +24,7 @@ from reame.chats.service import (
     TurnUpdate,
 )
 from reame.config.refusals import RETRY_LOADING_S, RETRY_NO_MODEL_S
+from reame.inference.turn_stream import TurnStream
 from reame.web.guard import MAX_V1_BODY_BYTES
 from reame.web.openai_request import ApiError, error_response
 from reame.web.turn_updates import UpdateFeed
@@ -47,6 +50,14 @@ def system_fingerprint(service: ChatService) -> str:
 
 STOPPED_BY_SERVER = ("the reply was stopped by the server (a model switch or a shutdown) before "
                      "its end; what came is what it wrote")
+
+
+async def started(start: Callable[[], TurnStream], gone: asyncio.Future) -> UpdateFeed:
+    """A turn started in a worker thread (its refusals raise here), its updates in the event
+    loop, and stopped when the client hangs up (gone)."""
+    feed = UpdateFeed(await run_in_threadpool(start))
+    gone.add_done_callback(lambda _: feed.interrupt())
+    return feed
 
 
 def refused(gone: asyncio.Future, response: JSONResponse) -> JSONResponse:
