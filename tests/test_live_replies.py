@@ -197,7 +197,7 @@ def test_the_page_reads_a_chat_s_messages_once_per_message_sent(service):
     service.store.tree = lambda chat_id: reads.append(chat_id) or read(chat_id)
 
     async def send(text):
-        chat_id, pending, *_ = handlers.begin_send(text, chat, False, "", *panel, request)
+        chat_id, pending, *_ = handlers.begin_send(text, chat, False, "", [], *panel, request)
         async for _ in handlers.stream_reply(pending, chat_id, request):
             pass
         return handlers.end_send(chat_id, "", request)[0]

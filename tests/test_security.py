@@ -677,14 +677,18 @@ def test_an_import_reads_only_a_file_its_own_session_uploaded(bank):
 
 
 def test_uploads_are_only_chats_within_the_size_set_and_a_few_at_a_time(bank):
-    """Anything but JSON, or over [server] max_upload_mb (1 MB here), is refused and deleted;
-    a session may keep a few uploads waiting to be imported, not a disk's worth."""
+    """Anything but chats (JSON) and documents (text, PDF), a file whose start is not what
+    its name says, or over [server] max_upload_mb (1 MB here), is refused and deleted; a
+    session may keep a few uploads waiting to be imported or attached, not a disk's worth."""
     server, _ = bank
     bob = PageSession(server.url, "bob", USERS["bob"])
     before = uploads_kept(server)
-    for name, content, status in (("tool.sh", b"#!/bin/sh\necho hi\n", 415),
+    for name, content, status in (("tool.exe", b"MZ\x90\x00\x03\x00", 415),
                                   ("chats.json", b"MZ\x90\x00 not json", 415),
-                                  ("big.json", b"[" + b" " * (2 << 20) + b"]", 413)):
+                                  ("notes.txt", b"MZ\x90\x00\x03\x00 binary", 415),
+                                  ("paper.pdf", b"<html>not a pdf</html>", 415),
+                                  ("big.json", b"[" + b" " * (2 << 20) + b"]", 413),
+                                  ("big.md", b"# big\n" + b"words " * (2 << 18), 413)):
         answer = bob.upload(name, content)
         assert answer.status_code == status, (name, answer.status_code, answer.text)
     assert uploads_kept(server) == before, "a refused upload was kept"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from reame.chats.documents import split
 from reame.config.refusals import ChatError
 
 DEFAULT_TITLE = "New chat"
@@ -10,8 +11,10 @@ MAX_TITLE = 200  # characters of a chat's title
 
 
 def title_from(text: str) -> str:
-    """The first words of a message, cut at a word boundary."""
-    line = " ".join(text.split())
+    """The first words of a message (after the documents attached to it; their names if it
+    holds nothing else), cut at a word boundary."""
+    documents, typed = split(text)
+    line = " ".join(typed.split()) or ", ".join(d.name for d in documents)
     if len(line) <= TITLE_LENGTH:
         return line
     cut = line[: TITLE_LENGTH - 1]

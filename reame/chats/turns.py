@@ -123,6 +123,21 @@ class Turns:
                                                  scope=job.scope, background=True)
         return prefilled or 0
 
+    def document_tokens(self, text: str) -> int | None:
+        """The tokens a document's text takes in a prompt (None: no model to count them), or
+        MessageTooLong if it cannot fit in the model's context with room for a reply."""
+        runtime = self.runtime
+        if runtime is None or self.loading:
+            return None
+        self._check_length(text)
+        n_ctx = runtime.engine.n_ctx
+        count = len(runtime.engine.tokenize(text, special=False))
+        if count > n_ctx * 3 // 4:
+            raise MessageTooLong(
+                f"it is {count:,} tokens: more than this model's context of {n_ctx:,} tokens "
+                "holds with room for a question and a reply")
+        return count
+
     # turns
 
     def send(self, chat_id: int, text: str, *, seed: int | None = None,

@@ -71,7 +71,7 @@ SETTINGS: tuple[Setting, ...] = (
             "addresses of reverse proxies (comma-separated, e.g. 127.0.0.1) whose "
             "X-Forwarded-For and X-Forwarded-Proto are believed; empty = none"),
     Setting("server", "max_upload_mb", int, 64,
-            "largest file the page takes (an import of chats) in MB; other kinds are refused",
+            "largest file the page takes (an import of chats, a document) in MB; other kinds are refused",
             1, 4096),
     Setting("server", "warm_up", bool, True,
             "run the model once (one slot) at start, before /health says ok"),

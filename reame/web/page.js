@@ -203,6 +203,17 @@
         }
     });
 
+    // A document's ✕ in the strip above the message box (attachments.py): its place goes
+    // through the hidden textbox to the hidden button's event.
+    document.addEventListener("click", (event) => {
+        const button = event.target.closest?.("[data-reame-detach]");
+        if (!button) return;
+        const box = $("#reame-detach textarea, #reame-detach input");
+        box.value = button.dataset.reameDetach;
+        box.dispatchEvent(new Event("input", {bubbles: true}));
+        setTimeout(() => $("#reame-detach-btn")?.click(), 0);
+    });
+
     // Copying a message copies its text: without the stats line, the tools and the window
     // marker that the page adds to it (all <div class="reame-...">, never nested).
     const clipboard = navigator.clipboard;

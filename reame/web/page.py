@@ -10,8 +10,10 @@ from collections.abc import Callable
 import gradio as gr
 
 from reame.admin.live_settings import Settings
+from reame.chats.documents import KINDS
 from reame.chats.service import ChatService
 from reame.config.chat_settings import FIELD
+from reame.web.attachments import Attachments
 from reame.web.live_replies import LiveReplies
 from reame.web.page_handlers import PageHandlers
 from reame.web.page_parts import (
@@ -104,6 +106,18 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                                  label="Message", show_label=False, lines=1, max_lines=8,
                                  submit_btn=True, stop_btn=False, elem_id="message",
                                  autofocus=True)
+            # Documents for the next message (attachments.py): read, shown, removable.
+            docs = gr.State([])
+            with gr.Row(elem_id="attach-row", equal_height=True):
+                attach_btn = import_button("📎 Attach a document", file_types=list(KINDS),
+                                           file_count="multiple", size="sm",
+                                           variant="secondary", elem_id="attach",
+                                           scale=0, min_width=190)
+                attached = gr.HTML(elem_id="attached", padding=False)
+            detach = gr.Textbox(elem_id="reame-detach", elem_classes=["reame-offscreen"],
+                                show_label=False, container=False)
+            detach_btn = gr.Button("Remove a document", elem_id="reame-detach-btn",
+                                   elem_classes=["reame-offscreen"])
             with panel("Chat settings", "chat-settings"):
                 system_prompt = gr.Textbox(label="System prompt", lines=2,
                                            elem_id="system-prompt")
@@ -155,10 +169,15 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
 
     # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
     # badge over the conversation even with show_progress="hidden".
+    attachments = Attachments(service, uploads)
+    attach_btn.upload(attachments.attach, [attach_btn, docs], [docs, attached], **HIDDEN)
+    detach_btn.click(attachments.detach, [detach, docs], [docs, attached, detach], queue=False,
+                     **HIDDEN)
     sending = message.submit(
-        handlers.begin_send, [message, current, pending, search, *chat_settings],
-        [current, pending, chatbot, message, chat_list], validator=handlers.check_send,
-        js=panel_js(4), show_progress="hidden", show_progress_on=[message], **HIDDEN,
+        handlers.begin_send, [message, current, pending, search, docs, *chat_settings],
+        [current, pending, chatbot, message, chat_list, docs, attached],
+        validator=handlers.check_send,
+        js=panel_js(5), show_progress="hidden", show_progress_on=[message], **HIDDEN,
     )
     # Progress (the "..." bubble) on the chatbot only, not over the textbox.
     streaming = sending.success(

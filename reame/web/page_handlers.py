@@ -18,10 +18,11 @@ from reame.chats.service import ChatService
 from reame.chats.turns import kept_on_regenerate
 from reame.config.chat_settings import FIELD, ChatSettings
 from reame.config.refusals import ChatError, ChatNotFound, EmptyMessage, NoModel
+from reame.web.attachments import strip_html, with_documents
 from reame.web.chat_list import latest_chat_id, listing_html
 from reame.web.live_replies import LiveReplies, LiveReply
 from reame.web.page_parts import download_payload, flatten
-from reame.web.render import inert_html, shown_reply, to_chatbot
+from reame.web.render import shown_reply, to_chatbot, user_html, user_text
 from reame.web.settings_tab import cache_markdown, loading_text
 from reame.web.uploads import UploadRefused, Uploads, session_key
 from reame.web.user import user_of
@@ -112,7 +113,8 @@ class PageHandlers:
         """The model being loaded (from the Settings tab or the API), if any."""
         return self.settings.loading_model if self.settings is not None else None
 
-    def check_send(self, text, _chat_id, _in_progress, _words, _prompt, _temp, _top, _max_tok):
+    def check_send(self, text, _chat_id, _in_progress, _words, _docs, _prompt, _temp, _top,
+                   _max_tok):
         """Runs before begin_send; a refusal shows on the textbox and changes nothing else."""
         try:
             self.service.check_message(text or "")
@@ -122,10 +124,12 @@ class PageHandlers:
         except NoModel as exc:
             problem = f"The model could not be loaded. {exc}"
         return (gr.validate(not problem, problem),
-                *(gr.validate(True, "") for _ in range(3 + len(FIELD))))
+                *(gr.validate(True, "") for _ in range(4 + len(FIELD))))
 
-    def begin_send(self, text, chat_id, in_progress, words, prompt, temp, top, max_tok,
+    def begin_send(self, text, chat_id, in_progress, words, docs, prompt, temp, top, max_tok,
                    request: gr.Request):
+        """The message (with the documents attached to it: attachments.py) shown as sent;
+        stream_reply sends it."""
         user = user_of(request)
         if in_progress or self.live.get(user, chat_id) is not None:
             # A toast: the streaming reply's updates would wipe a validation message.
@@ -142,15 +146,16 @@ class PageHandlers:
         if values != tuple(_settings_values(self.service, chat_id, user)):
             self.save_settings(chat_id, *values, request)
         self.live.showing(request.session_hash, chat_id)
+        text = with_documents(docs, text)
         history = self.shown(chat_id, user)
-        history.append({"role": "user", "content": inert_html(text)})
+        history.append({"role": "user", "content": user_html(text)})
         self.live.drew(request.session_hash, chat_id, list(history))  # stream_reply's base
         loading = self.loading_model()
         if loading is not None:
             # The reply waits for the model: say so where the reply will be.
             history.append({"role": "assistant", "content": loading_text(loading)})
         return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
-                self.listing(user, chat_id, words))
+                self.listing(user, chat_id, words), [], strip_html([]))
 
     def live_view(self, reply: LiveReply) -> list[dict]:
         """A reply being written as the Chatbot shows it: under the chat as it was when it
@@ -198,7 +203,7 @@ class PageHandlers:
         user = user_of(request)
         if base is None:
             base = await in_thread(self.shown, chat_id, user)
-            base.append({"role": "user", "content": inert_html(text)})
+            base.append({"role": "user", "content": user_html(text)})
         send = lambda: self.service.send(chat_id, text, user=user)  # noqa: E731
         async with aclosing(self.write_reply(user, chat_id, request, base, send,
                                              text)) as updates:
@@ -307,7 +312,7 @@ class PageHandlers:
             return
         user = user_of(request)
         index = data.index if isinstance(data.index, int) else data.index[0]
-        text = flatten(data.value)
+        text = user_text(flatten(data.value))
 
         def prepare():
             """The messages kept before the edited one; the turn, refused (not the user's
@@ -324,7 +329,7 @@ class PageHandlers:
             gr.Warning(str(exc))
             yield await in_thread(self.shown, chat_id, user), gr.skip()
             return
-        base = kept + [{"role": "user", "content": inert_html(text)}]
+        base = kept + [{"role": "user", "content": user_html(text)}]
         async with aclosing(self.write_reply(user, chat_id, request, base,
                                         lambda: updates)) as stream:
             async for update in stream:

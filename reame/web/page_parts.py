@@ -203,9 +203,11 @@ def import_button(label: str, *, file_types: list[str], **kwargs) -> gr.UploadBu
 
     def path_only(f: FileData) -> NamedString:
         if not any(f.path.lower().endswith(kind.lower()) for kind in file_types):
-            raise gr.Error(f"Only {', '.join(file_types)} files can be imported.",
+            raise gr.Error(f"Only {', '.join(file_types)} files can be uploaded here.",
                            print_exception=False)
-        return NamedString(f.path)
+        named = NamedString(f.path)
+        named.orig_name = f.orig_name  # the name the person's file had (a document's name)
+        return named
 
     button._process_single_file = path_only
     return button

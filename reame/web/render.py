@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 
+from reame.chats.documents import Document, compose, split
 from reame.chats.store import Message, MessageTree
 from reame.inference.cache_state import FROM_FILES
 from reame.inference.turn import TurnStats, TurnUpdate
@@ -20,6 +21,34 @@ def inert_html(text: str) -> str:
         part if n % 2 else html.escape(part, quote=False).replace("&gt;", ">")
         for n, part in enumerate(parts)
     )
+
+
+# A document in a message, folded (its text on one line of HTML: a blank line inside it would
+# end markdown's HTML block).
+_FOLDED = re.compile(r'<details class="reame-doc" title="([^"]*)">.*?<pre>(.*?)</pre></details>\n*',
+                     re.DOTALL)
+
+
+def user_html(text: str) -> str:
+    """A user's message as shown: its documents folded (their names, their text on demand),
+    then what they typed with HTML made inert."""
+    documents, rest = split(text)
+    folded = "".join(
+        f'<details class="reame-doc" title="{html.escape(d.name)}"><summary>📄 '
+        f'{html.escape(d.name)} · {d.text.count(chr(10)) + 1:,} lines</summary><pre>'
+        f'{html.escape(d.text, quote=False).replace(chr(10), "&#10;")}</pre></details>\n\n'
+        for d in documents)
+    return folded + inert_html(rest)
+
+
+def user_text(shown: str) -> str:
+    """user_html's inverse for the documents, as an edit of a message sends it back: each
+    folded document becomes the document again."""
+    documents, at = [], 0
+    while (found := _FOLDED.match(shown, at)) is not None:
+        documents.append(Document(html.unescape(found.group(1)), html.unescape(found.group(2))))
+        at = found.end()
+    return compose(documents, shown[at:])
 
 
 def reply_markdown(text: str, stats: dict | TurnStats | None = None) -> str:
@@ -107,7 +136,7 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
             if n == last_outside:
                 content += WINDOW_MARKER
         else:
-            content = inert_html(m.content)
+            content = user_html(m.content)
         if tree is not None:
             content += message_tools(m, tree)
         shown.append({"role": m.role, "content": content})

@@ -4,8 +4,10 @@ Gradio's upload route keeps any file anyone sends in its temp folder, and an eve
 file is handed whatever path its client names. So every upload passes through this ledger (an
 ASGI middleware in front of the route):
 
-- only the kinds the page takes (`.json`, starting like JSON) up to max_bytes are kept; any
-  other file is deleted at once and the upload refused with a message that says why;
+- only the kinds the page takes up to max_bytes are kept: chats to import (`.json`, starting
+  like JSON) and documents to attach to a message (text, Markdown and code holding no NUL
+  byte where it starts, PDFs starting with `%PDF-`: reame/chats/documents.py); any other file
+  is deleted at once and the upload refused with a message that says why;
 - each file kept is recorded for the session that sent it (its login cookie; without accounts
   the server has one user, and the key is the same for everyone);
 - an event gets a file's content by its path only if its own session uploaded it, and only
@@ -23,9 +25,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reame.chats import documents
 from reame.web.guard import UPLOAD_PATH, refuse
 
-KINDS = (".json",)
+KINDS = tuple(dict.fromkeys((".json", *documents.KINDS)))
 KEEP_S = 600.0  # an upload not imported within 10 minutes is deleted
 MAX_WAITING = 4  # uploads of one session not taken yet
 
@@ -121,9 +124,11 @@ class Uploads:
 
     def _problem(self, path: Path) -> tuple[int, str] | None:
         """Why an uploaded file is not kept (the HTTP status and the words), or None."""
-        if path.suffix.lower() not in self.kinds:
-            return 415, (f"this kind of file cannot be uploaded here: only "
-                         f"{', '.join(self.kinds)} files (chats exported from Reame or ChatGPT)")
+        kind = path.suffix.lower()
+        if kind not in self.kinds:
+            return 415, (f"this kind of file cannot be uploaded here: only chats exported "
+                         f"from Reame or ChatGPT (.json) and documents "
+                         f"({', '.join(k for k in self.kinds if k != '.json')})")
         try:
             size = path.stat().st_size
             with path.open("rb") as file:
@@ -132,8 +137,12 @@ class Uploads:
             return 400, "the upload could not be read back"
         if size > self.max_bytes:
             return 413, f"the file is over {self.max_bytes:,} bytes"
-        if start[:1] not in (b"{", b"["):
+        if kind == ".json" and start[:1] not in (b"{", b"["):
             return 415, "this kind of file cannot be uploaded here: the file is not JSON"
+        if kind == documents.PDF and not start.startswith(b"%PDF-"):
+            return 415, "this kind of file cannot be uploaded here: the file is not a PDF"
+        if kind != documents.PDF and b"\0" in start:
+            return 415, "this kind of file cannot be uploaded here: the file is not text"
         return None
 
     # The events' side.

@@ -1,0 +1,225 @@
+"""Documents attached to a message, in a real browser: attached, shown with their size, read
+and removed before sending; sent folded into the message, which holds their text; a PDF's
+text read; what cannot be attached refused by name; and the same 3,000-token document in a
+second chat answered at least 5x sooner, its KV reused from the first chat.
+
+Helpers and fixtures: tests/browser_helpers.py.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from reame.chats.documents import Document, compose
+
+from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
+    BOT,
+    BOX,
+    REPLY_TIMEOUT,
+    STATS,
+    TOAST,
+    USER,
+    api,
+    browser,
+    current_id,
+    new_chat,
+    open_app,
+    page,
+    server,
+    wait_for_reply_done,
+)
+from .conftest import Server, start_server
+
+ATTACHED = "#attached .reame-attached"
+
+WORDS = ("harbour lighthouse keeper lamp storm ship rope tide night island stone stairs "
+         "window signal fog horn boat gull winter supply letter log weather wind wave rock "
+         "coast beacon lens oil wick glass bell shore cliff current anchor sail north south "
+         "east west morning evening calm rough gale chart keeper's daughter mainland ferry").split()
+
+
+def prose(n_words: int, seed: int) -> str:
+    """Readable-looking text of n_words, in paragraphs (the same for the same seed)."""
+    rng = random.Random(seed)
+    paragraphs, sentence, words = [], [], []
+    for n in range(n_words):
+        sentence.append(rng.choice(WORDS))
+        if len(sentence) >= rng.randint(8, 16):
+            words.append(" ".join(sentence).capitalize() + ".")
+            sentence = []
+        if len(words) >= 5:
+            paragraphs.append(" ".join(words))
+            words = []
+    paragraphs.append(" ".join(words + [" ".join(sentence)]).strip())
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def pdf_with(text: str) -> bytes:
+    """A one-page PDF whose page shows text (one line), made by hand."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+               b"/Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for n, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % n + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % at for at in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1, xref)
+    return bytes(out)
+
+
+def attach(page: Page, *files: Path) -> None:
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach")
+    chooser.value.set_files([str(f) for f in files])
+
+
+def strip_names(page: Page) -> list[str]:
+    return [re.sub(r"\s+·.*", "", s).lstrip("📄 ").strip()
+            for s in page.locator(f"{ATTACHED} summary").all_inner_texts()]
+
+
+def test_a_document_is_attached_shown_removed_and_sent_folded(page, server, tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Lighthouse log\n\nThe lamp was lit at dusk.\n\nFog came at nine.\n",
+                     encoding="utf-8")
+    other = tmp_path / "other.txt"
+    other.write_text("Not this one.", encoding="utf-8")
+    open_app(page, server)
+    new_chat(page)
+    attach(page, notes)
+    expect(page.locator(ATTACHED)).to_have_count(1)
+    summary = page.locator(f"{ATTACHED} summary").inner_text()
+    assert re.fullmatch(r"📄 notes\.md · \d+ tokens", summary.strip()), summary
+    # Its text can be read before sending.
+    page.locator(f"{ATTACHED} summary").click()
+    expect(page.locator(f"{ATTACHED} pre")).to_contain_text("Fog came at nine.")
+    attach(page, other)
+    expect(page.locator(ATTACHED)).to_have_count(2)
+    assert strip_names(page) == ["notes.md", "other.txt"]
+    page.get_by_role("button", name="Remove other.txt").click()
+    expect(page.locator(ATTACHED)).to_have_count(1)
+    assert strip_names(page) == ["notes.md"]
+
+    box = page.locator(BOX)
+    box.fill("When did the fog come?")
+    box.press("Enter")
+    wait_for_reply_done(page, 1)
+    expect(page.locator(ATTACHED)).to_have_count(0)  # sent with the message, gone from here
+    user = page.locator(USER)
+    expect(user.locator("details.reame-doc summary")).to_have_text(re.compile(r"📄 notes\.md"))
+    expect(user.locator("details.reame-doc pre")).to_be_hidden()  # folded
+    assert user.inner_text().strip().endswith("When did the fog come?")
+    chat = api(server).predict(current_id(page), api_name="/get_chat")
+    assert chat["title"] == "When did the fog come?"
+    sent = chat["messages"][0]["content"]
+    assert sent == compose([Document("notes.md", notes.read_text().strip("\n"))],
+                           "When did the fog come?")
+    # After a reload the message still shows its document folded.
+    page.reload()
+    expect(page.locator(USER).locator("details.reame-doc summary")).to_have_text(
+        re.compile(r"📄 notes\.md"))
+
+
+def test_a_pdf_is_read_and_what_cannot_be_attached_is_named(page, server, tmp_path):
+    paper = tmp_path / "paper.pdf"
+    paper.write_bytes(pdf_with("The keeper logged forty ships in March."))
+    huge = tmp_path / "huge.md"
+    huge.write_text(prose(3000, 7), encoding="utf-8")  # more than 2,048 tokens can hold
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    open_app(page, server)
+    new_chat(page)
+    attach(page, paper)
+    expect(page.locator(ATTACHED)).to_have_count(1)
+    page.locator(f"{ATTACHED} summary").click()
+    expect(page.locator(f"{ATTACHED} pre")).to_have_text(
+        "The keeper logged forty ships in March.")
+    attach(page, huge, empty)
+    toast = page.locator(TOAST).filter(has_text="Not attached")
+    expect(toast).to_contain_text("huge.md: it is")
+    expect(toast).to_contain_text("more than this model's context of 2,048 tokens")
+    expect(toast).to_contain_text("empty.txt holds no text")
+    assert strip_names(page) == ["paper.pdf"], "a refused file was attached"
+
+
+@pytest.fixture(scope="module")
+def wide_server(tmp_path_factory, model_path) -> Server:
+    """A server whose context holds a 3,000-token document with room for a reply."""
+    server = start_server(tmp_path_factory.mktemp("documents"), model_path=model_path,
+                          n_ctx=4096, max_tokens=8)
+    yield server
+    server.stop()
+
+
+# From the keydown of Enter in the message box to the first words of the reply.
+FIRST_WORDS_JS = """() => {
+    let started = null;
+    const box = document.querySelector('#message textarea');
+    box.addEventListener('keydown', (event) => {
+        if (event.key === 'Enter' && started === null) started = performance.now();
+    }, {capture: true, once: true});
+    window.__firstWords = new Promise(resolve => {
+        const observer = new MutationObserver(() => {
+            const bots = document.querySelectorAll('#chatbot [data-testid=bot]');
+            const last = bots[bots.length - 1];
+            if (started !== null && last && last.innerText.trim()
+                    && !last.querySelector('.reame-queued')) {
+                observer.disconnect();
+                resolve((performance.now() - started) / 1000);
+            }
+        });
+        observer.observe(document.querySelector('#chatbot'),
+                         {subtree: true, childList: true, characterData: true});
+    });
+}"""
+
+
+def first_words_after_enter(page: Page, question: str) -> float:
+    """Type question, press Enter, and the seconds until the reply's first words show."""
+    box = page.locator(BOX)
+    box.fill(question)
+    page.evaluate(FIRST_WORDS_JS)
+    box.press("Enter")
+    return page.evaluate("window.__firstWords")
+
+
+def test_the_same_document_in_a_second_chat_answers_5x_sooner(page, wide_server, tmp_path):
+    """The document is the chats' first content: the second chat starts from the first one's
+    KV (the cache finds the shared opening by its tokens), so only the question is read."""
+    report = tmp_path / "report.md"
+    report.write_text(prose(2500, 11), encoding="utf-8")
+    open_app(page, wide_server)
+    seconds, tokens = [], None
+    for question in ("Who is the keeper?", "What is the weather like?"):
+        new_chat(page)
+        attach(page, report)
+        expect(page.locator(ATTACHED)).to_have_count(1)
+        tokens = int(re.search(r"([\d,]+) tokens", page.locator(
+            f"{ATTACHED} summary").inner_text()).group(1).replace(",", ""))
+        seconds.append(first_words_after_enter(page, question))
+        wait_for_reply_done(page, 1)
+        expect(page.locator(BOT)).to_have_count(1, timeout=REPLY_TIMEOUT)
+    assert 2700 <= tokens <= 3300, f"the document is {tokens} tokens, not about 3,000"
+    first, second = seconds
+    stats = api(wide_server).predict(current_id(page), api_name="/get_chat")["messages"][1][
+        "stats"]
+    assert stats["reused"] >= tokens - 128, stats  # whole chunks of the shared opening
+    assert first >= 5 * second, (
+        f"first chat {first:.2f} s, second {second:.2f} s to the first words: "
+        f"{first / second:.1f}x, not 5x")
+    print(f"\nfirst words after Enter: first chat {first:.2f} s, second {second:.2f} s "
+          f"({first / second:.1f}x), a {tokens:,}-token document")
+    expect(page.locator(STATS)).to_have_count(1)
