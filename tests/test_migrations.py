@@ -28,7 +28,9 @@ from .postgres import postgres, postgres_url  # noqa: F401 - fixtures
 # The steps of the runner before Alembic, as it named them in its migrations table.
 OLD_STEPS = ["001_create_chat_and_message", "002_chat_window_start", "003_chat_owner",
              "004_message_tree", "005_search_and_pins", "006_ids_never_reused"]
-HEAD = OLD_STEPS[-1]
+# The steps since, which every database the old runner made still gets.
+NEW_STEPS = ["007_archive"]
+HEAD = NEW_STEPS[-1]
 OLD_RELEASE = Path(__file__).parent / "data" / "reame-before-autoincrement.db"
 
 
@@ -93,7 +95,8 @@ def write_chat(engine: Engine, title: str, contents: list[str]) -> int:
         chat_columns = {column["name"] for column in inspect(conn).get_columns("chat")}
         tree = "leaf_id" in chat_columns
         # create_all's tables have no server defaults: those columns are given, if there
-        given = {name: value for name, value in (("window_start", "0"), ("pinned", "false"))
+        given = {name: value for name, value in (("window_start", "0"), ("pinned", "false"),
+                                                 ("archived", "false"))
                  if name in chat_columns}
         chat_id = conn.execute(text(
             f"INSERT INTO chat (title, system_prompt, temperature, top_p, max_tokens, "
@@ -122,14 +125,14 @@ def differences(engine: Engine) -> list:
 
 
 def test_the_revisions_keep_the_old_runners_names_and_order():
-    assert revisions() == OLD_STEPS
+    assert revisions() == OLD_STEPS + NEW_STEPS
 
 
 def test_a_database_the_old_runner_made_is_stamped_not_migrated_again(database):
     engine = engine_of(database)
     made_by_the_old_runner(engine)
     chat_id = write_chat(engine, "Un café", ["bonjour", "salut"])
-    assert migrate(engine) == [], "every step was done: nothing runs again"
+    assert migrate(engine) == NEW_STEPS, "the old runner's steps do not run again"
     assert rows(engine, "SELECT version_num FROM alembic_version") == [(HEAD,)]
     assert "migrations" not in tables(engine), "Alembic's record replaces it"
     assert migrate(engine) == []
@@ -160,7 +163,7 @@ def test_an_old_runner_database_from_before_some_steps_gets_the_rest(database):
     assert migrate(engine, "003_chat_owner") == OLD_STEPS[:3]  # the schema as of 003
     chat_id = write_chat(engine, "Trip", ["Kilimanjaro in March?", "In the dry season.", "ok"])
     record_as_the_old_runner(engine, OLD_STEPS[:3])
-    assert migrate(engine) == OLD_STEPS[3:]
+    assert migrate(engine) == OLD_STEPS[3:] + NEW_STEPS
     assert rows(engine, "SELECT version_num FROM alembic_version") == [(HEAD,)]
     assert "migrations" not in tables(engine)
     store = Store(database)
@@ -177,7 +180,7 @@ def test_a_database_stamped_at_an_older_revision_gets_the_rest(database):
     engine = engine_of(database)
     assert migrate(engine, "002_chat_window_start") == OLD_STEPS[:2]
     chat_id = write_chat(engine, "Old", ["a", "b"])
-    assert migrate(engine) == OLD_STEPS[2:]
+    assert migrate(engine) == OLD_STEPS[2:] + NEW_STEPS
     store = Store(database)
     chat = store.get_chat(chat_id)
     assert (chat.owner, chat.pinned, chat.window_start) == (None, False, 0)
@@ -202,7 +205,7 @@ def test_the_previous_releases_sqlite_file_is_stamped_then_rebuilt(tmp_path):
     path = tmp_path / "reame.db"
     shutil.copy(OLD_RELEASE, path)
     engine = engine_of(path)
-    assert migrate(engine) == ["006_ids_never_reused"], "001-005 were not run again"
+    assert migrate(engine) == ["006_ids_never_reused", *NEW_STEPS], "001-005 not run again"
     assert rows(engine, "SELECT version_num FROM alembic_version") == [(HEAD,)]
     assert differences(engine) == []
 
@@ -215,7 +218,7 @@ def test_an_old_runner_that_recorded_006_without_its_rebuild_gets_it(tmp_path):
     with sqlite3.connect(path) as conn:
         conn.execute("INSERT INTO migrations VALUES ('006_ids_never_reused', 0)")
     engine = engine_of(path)
-    assert migrate(engine) == ["006_ids_never_reused"]
+    assert migrate(engine) == ["006_ids_never_reused", *NEW_STEPS]
     sql = rows(engine, "SELECT sql FROM sqlite_master WHERE name IN ('chat', 'message')")
     assert all("AUTOINCREMENT" in row[0] for row in sql)
 
@@ -229,7 +232,7 @@ def test_starting_on_an_up_to_date_database_logs_nothing(tmp_path, caplog):
 
     Store(tmp_path / "reame.db")
     assert said() == [f"reame.chats.store.migrations: database migrated: "
-                      f"{', '.join(OLD_STEPS)}"], "one line, none of Alembic's"
+                      f"{', '.join(OLD_STEPS + NEW_STEPS)}"], "one line, none of Alembic's"
     caplog.clear()
     Store(tmp_path / "reame.db")
     assert said() == []

@@ -72,11 +72,12 @@ class ChatActions:
                 if not self._reserved[user]:
                     del self._reserved[user]
 
-    def list_chats(self, user: str | None = None, limit: int | None = None) -> list[Chat]:
-        return self.store.list_chats(owner=user, limit=limit)
+    def list_chats(self, user: str | None = None, limit: int | None = None, *,
+                   archived: bool | None = None) -> list[Chat]:
+        return self.store.list_chats(owner=user, limit=limit, archived=archived)
 
-    def count_chats(self, user: str | None = None) -> int:
-        return self.store.count_chats(user)
+    def count_chats(self, user: str | None = None, *, archived: bool | None = None) -> int:
+        return self.store.count_chats(user, archived=archived)
 
     def latest_chat(self, user: str | None = None) -> Chat | None:
         """The user's most recently active chat, pinned or not: the one a page opens on."""
@@ -195,6 +196,11 @@ class ChatActions:
         """Pin the chat to the top of the list, or unpin it."""
         chat = self.get_chat(chat_id, user)
         return self.store.update_chat(chat_id, pinned=not chat.pinned)
+
+    def toggle_archive(self, chat_id: int, user: str | None = None) -> Chat:
+        """Archive the chat (out of the list, still found by search), or bring it back."""
+        chat = self.get_chat(chat_id, user)
+        return self.store.update_chat(chat_id, archived=not chat.archived)
 
     def rename_chat(self, chat_id: int, title: str, user: str | None = None) -> Chat:
         self.get_chat(chat_id, user)

@@ -21,18 +21,34 @@ SHOWN = 200  # rows at most; older chats are found by searching
 
 
 def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None = None,
-                   writing: frozenset[int] = frozenset()) -> str:
+                   writing: frozenset[int] = frozenset(), archived: int = 0) -> str:
     """The list of chats (pinned first, then most recent), current one marked; total: how
     many the user has (when chats holds only the first SHOWN); writing: the chats whose reply
-    is being written (marked so)."""
+    is being written (marked so); archived: how many chats are archived (a button shows
+    them)."""
+    more = (f'<button class="reame-archived-link" data-reame-action="archived:0">Archived '
+            f"chats ({archived:,})</button>" if archived else "")
     if not chats:
-        return _nav('<p class="reame-list-note">No chats yet.</p>')
+        return _nav(f'<p class="reame-list-note">No chats yet.</p>{more}')
     rows = [_row(chat, chat.id == current, writing=chat.id in writing)
             for chat in chats[:SHOWN]]
     total = len(chats) if total is None else total
     note = (f'<p class="reame-list-note">Showing the {SHOWN:,} most recent of {total:,} '
             "chats: search to find the others.</p>" if total > SHOWN else "")
-    return _nav(f'<ul class="reame-rows">{"".join(rows)}</ul>{note}')
+    return _nav(f'<ul class="reame-rows">{"".join(rows)}</ul>{note}{more}')
+
+
+def archived_html(chats: list[Chat], current: int | None, *,
+                  writing: frozenset[int] = frozenset()) -> str:
+    """The archived chats, with the way back to the list."""
+    back = '<button class="reame-archived-link" data-reame-action="chats:0">← All chats</button>'
+    if not chats:
+        body = '<p class="reame-list-note">No archived chats.</p>'
+    else:
+        body = "".join(_row(chat, chat.id == current, writing=chat.id in writing)
+                       for chat in chats)
+        body = f'<ul class="reame-rows">{body}</ul>'
+    return _nav(f'<p class="reame-list-note">Archived chats</p>{body}{back}', archived=True)
 
 
 def search_results_html(found: list[Found], current: int | None, words: str, *,
@@ -46,10 +62,10 @@ def search_results_html(found: list[Found], current: int | None, words: str, *,
     return _nav(f'<ul class="reame-rows">{"".join(rows)}</ul>', searching=True)
 
 
-def _nav(body: str, *, searching: bool = False) -> str:
-    label = "Search results" if searching else "Chats"
+def _nav(body: str, *, searching: bool = False, archived: bool = False) -> str:
+    label = "Search results" if searching else "Archived chats" if archived else "Chats"
     return (f'<nav class="reame-chats" aria-label="{label}" '
-            f'data-searching="{str(searching).lower()}">{body}</nav>')
+            f'data-searching="{str(searching or archived).lower()}">{body}</nav>')
 
 
 def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False) -> str:
@@ -58,7 +74,10 @@ def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False)
     if writing:  # a reply goes on being written there while another chat is shown
         shown += ('<span class="reame-writing">'
                   '<span aria-hidden="true">● </span>writing a reply…</span>')
+    if chat.archived:
+        shown += '<span class="reame-archived-tag">Archived</span>'
     pin = "Unpin" if chat.pinned else "Pin"
+    archive = "Unarchive" if chat.archived else "Archive"
     marked = ' aria-current="page"' if current else ""
     # The chat's button opens it; only the current one and its ⋯ are Tab stops (the arrow keys
     # move between rows), so that the message box is a few Tabs away whatever the number of
@@ -73,6 +92,7 @@ def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False)
         f'tabindex="{0 if current else -1}" title="Options">⋯</summary><div class="reame-menu-items" role="group">'
         f'<button data-reame-action="pin:{chat.id}">{pin}</button>'
         f'<button data-reame-action="rename:{chat.id}" data-title="{title}">Rename</button>'
+        f'<button data-reame-action="archive:{chat.id}">{archive}</button>'
         f'<button data-reame-action="export:{chat.id}">Export (JSON)</button>'
         f'<button data-reame-action="markdown:{chat.id}">Export (Markdown)</button>'
         f'<button data-reame-action="delete:{chat.id}" data-title="{title}" '
@@ -93,8 +113,14 @@ def listing_html(service: ChatService, user: str | None, chat_id: int | None,
     if words.strip():
         return search_results_html(service.search(words, user), chat_id, words,
                                    writing=writing)
-    return chat_list_html(service.list_chats(user, limit=SHOWN), chat_id,
-                          total=service.count_chats(user), writing=writing)
+    return chat_list_html(service.list_chats(user, limit=SHOWN, archived=False), chat_id,
+                          total=service.count_chats(user, archived=False), writing=writing,
+                          archived=service.count_chats(user, archived=True))
+
+
+def archived_listing_html(service: ChatService, user: str | None, chat_id: int | None,
+                          writing: frozenset[int] = frozenset()) -> str:
+    return archived_html(service.list_chats(user, archived=True), chat_id, writing=writing)
 
 
 def latest_chat_id(service: ChatService, user: str | None) -> int | None:

@@ -277,6 +277,15 @@ def register_api(service: ChatService, *, settings_group: str,
             raise _user_error(exc) from None
         return {**chat_summary(chat), "pinned": chat.pinned}
 
+    def archive_chat(chat_id: int, request: gr.Request = None) -> dict:
+        """Archive a chat (out of your list, still found by search), or bring it back;
+        returns it with "archived"."""
+        try:
+            chat = service.toggle_archive(int(chat_id), user_of(request))
+        except ChatNotFound as exc:
+            raise _user_error(exc) from None
+        return {**chat_summary(chat), "archived": chat.archived}
+
     def export_chat(chat_id: int, format: str | None = "json",
                     request: gr.Request = None) -> str:
         """One chat as a file's text: "json" (every version; docs/export-format.md) or
@@ -334,7 +343,7 @@ def register_api(service: ChatService, *, settings_group: str,
         # Any number at once: the scheduler runs them in turn, or says the server is full.
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
     for fn in (new_chat, list_chats, search_chats, get_chat, get_thread, show_version, branch,
-               rename_chat, pin_chat, update_chat, delete_chat, export_chat, export_chats,
+               rename_chat, pin_chat, archive_chat, update_chat, delete_chat, export_chat, export_chats,
                import_chats, type_ahead, cache_stats):
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
 

@@ -19,7 +19,7 @@ from reame.chats.turns import kept_on_regenerate
 from reame.config.chat_settings import FIELD, ChatSettings
 from reame.config.refusals import ChatError, ChatNotFound, EmptyMessage, NoModel
 from reame.web.attachments import strip_html, with_documents
-from reame.web.chat_list import latest_chat_id, listing_html
+from reame.web.chat_list import archived_listing_html, latest_chat_id, listing_html
 from reame.web.live_replies import LiveReplies, LiveReply
 from reame.web.page_parts import download_payload, flatten
 from reame.web.render import shown_reply, to_chatbot, user_html, user_text
@@ -337,7 +337,8 @@ class PageHandlers:
 
     def act(self, action, chat_id, request: gr.Request):
         """A button of the chat list or inside a message (chat_list.py, render.message_tools):
-        "KIND:ID[:TEXT]". open, pin, rename, delete, export and markdown name a chat; show
+        "KIND:ID[:TEXT]". open, pin, archive, rename, delete, export and markdown name a chat;
+        archived and chats (ID 0) list the archived chats or all the others; show
         (a version) and branch (from here) a message of the chat shown. The view, and an
         export's file for the browser to save ("" for none), and the Cache panel."""
         kind, _, rest = (action or "").partition(":")
@@ -351,6 +352,12 @@ class PageHandlers:
                 chat_id = target
             elif kind == "pin":
                 self.service.toggle_pin(target, user)
+            elif kind == "archive":
+                self.service.toggle_archive(target, user)
+            elif kind in ("archived", "chats"):  # the archived chats, or back to the list
+                listed = (archived_listing_html(self.service, user, chat_id, self.writing(user))
+                          if kind == "archived" else self.listing(user, chat_id))
+                return skip[:1] + (listed,) + skip[2:]
             elif kind == "rename":
                 self.service.rename_chat(target, text, user)
             elif kind == "delete":

@@ -78,6 +78,19 @@ h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9
                            padding: 0.45em 0.6em; border-radius: 6px; cursor: pointer; }
 .reame-menu-items button:hover { background: var(--background-fill-secondary); }
 .reame-danger { color: var(--error-text-color, #dc2626) !important; }
+.reame-archived-tag { display: inline-block; font-size: 0.75em; font-weight: normal;
+                      opacity: 0.85; border: 1px solid currentColor; border-radius: 4px;
+                      padding: 0 0.3em; margin-top: 0.15em; align-self: flex-start; }
+.reame-archived-link { background: none; border: none; color: inherit; cursor: pointer;
+                       font-size: 0.8em; text-decoration: underline; margin: 0.4em; padding: 0; }
+.reame-attachments { list-style: none; margin: 0; padding: 0; display: flex; flex-wrap: wrap;
+                     gap: 0.4em; }
+.reame-attached { display: flex; align-items: flex-start; gap: 0.2em; max-width: 100%;
+                  border: 1px solid var(--border-color-primary); border-radius: 6px;
+                  padding: 0.1em 0.4em; font-size: 0.85em; }
+.reame-attached pre, .reame-doc pre { max-height: 16em; overflow: auto; white-space: pre-wrap;
+                                      font-size: 0.85em; }
+.reame-detach { background: none; border: none; color: inherit; cursor: pointer; }
 .reame-rename { flex: 1 1 auto; min-width: 0; margin: 0.2em; padding: 0.3em 0.4em; }
 #reame-hint { font-size: 0.85em; min-height: 1.2em; margin: 0.2em 0.4em; }
 @media (max-width: 768px) {

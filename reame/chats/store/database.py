@@ -161,12 +161,16 @@ class Store:
             chat = session.get(Chat, chat_id)
             return chat is not None and (owner is ANY_OWNER or chat.owner == owner)
 
-    def list_chats(self, owner: str | None = None, limit: int | None = None) -> list[Chat]:
+    def list_chats(self, owner: str | None = None, limit: int | None = None, *,
+                   archived: bool | None = None) -> list[Chat]:
         """The owner's chats (None: the chats made without accounts): pinned ones first, then
-        the most recently active first; the first limit of them (None: all)."""
+        the most recently active first; the first limit of them (None: all). archived: only
+        the archived ones (True) or the others (False); None: all."""
         with self._session() as session:
-            query = select(Chat).where(owned_by(owner)).order_by(
-                Chat.pinned.desc(), Chat.updated_at.desc(), Chat.id.desc())
+            query = select(Chat).where(owned_by(owner))
+            if archived is not None:
+                query = query.where(Chat.archived == archived)
+            query = query.order_by(Chat.pinned.desc(), Chat.updated_at.desc(), Chat.id.desc())
             return list(session.exec(query.limit(limit) if limit is not None else query))
 
     def search(self, owner: str | None, words: str, limit: int = 50) -> list[Found]:
@@ -194,15 +198,20 @@ class Store:
         """The owner's chat made last, or (active) the most recently active, pinned or not
         (None if they have none)."""
         order = (Chat.updated_at.desc(), Chat.id.desc()) if active else (Chat.id.desc(),)
+        query = select(Chat).where(owned_by(owner))
+        if active:  # the page opens on it: not an archived one
+            query = query.where(Chat.archived == False)  # noqa: E712 - SQL, not Python
         with self._session() as session:
-            return session.exec(select(Chat).where(owned_by(owner))
-                                .order_by(*order).limit(1)).first()
+            return session.exec(query.order_by(*order).limit(1)).first()
 
-    def count_chats(self, owner: str | None = None) -> int:
-        """How many chats the owner has (None: chats made without accounts)."""
+    def count_chats(self, owner: str | None = None, *, archived: bool | None = None) -> int:
+        """How many chats the owner has (None: chats made without accounts); archived: only
+        the archived ones (True) or the others (False); None: all."""
+        query = select(func.count()).select_from(Chat).where(owned_by(owner))
+        if archived is not None:
+            query = query.where(Chat.archived == archived)
         with self._session() as session:
-            return session.exec(select(func.count()).select_from(Chat)
-                                .where(owned_by(owner))).one()
+            return session.exec(query).one()
 
     @_writes
     def give_chats(self, owner: str | None, to: str) -> int:

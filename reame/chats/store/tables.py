@@ -87,6 +87,7 @@ class Chat(SQLModel, table=True):
     # history they share.
     branched_from: int | None = Field(default=None, sa_type=_ID)
     pinned: bool = False  # shown at the top of the chat list
+    archived: bool = False  # out of the chat list; search still finds it
 
 
 class Message(SQLModel, table=True):
