@@ -9,9 +9,17 @@ decode.
 `poll_gently` makes the queue look every 1 ms only while events wait for a free place, and
 every IDLE_S otherwise: an event sent to an idle server starts at most IDLE_S later. The page
 uses no gr.Progress, so progress is looked for every PROGRESS_S.
+
+And it turns off the queue's analytics summary: after every event Gradio builds a pandas
+DataFrame of the last 10,000 events and groups it by function (for its /monitoring page), in a
+worker thread beside llama.cpp's, and it is what made the server import pandas at all (30 MB
+more held from the first event on). Reame's own figures are on /metrics. The summary is never
+recomputed and the queue keeps one event's record, not 10,000.
 """
 
 from __future__ import annotations
+
+import sys
 
 from gradio.queueing import Queue
 
@@ -40,6 +48,8 @@ class GentleQueue(Queue):
 
 def poll_gently(queue: Queue) -> Queue:
     """The queue Blocks.queue() made, polling as GentleQueue does (the same object: Gradio
-    keeps references to it)."""
+    keeps references to it), its analytics summary off."""
     queue.__class__ = GentleQueue
+    queue.ANAYLTICS_CACHE_FREQUENCY = sys.maxsize  # (Gradio's spelling) never recomputed
+    queue.ANALYTICS_MAX_EVENTS = 1
     return queue

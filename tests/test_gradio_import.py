@@ -1,4 +1,4 @@
-"""Gradio's type-stub writer is skipped (reame/web/gradio_stubs.py): a component class defined
+"""Gradio's type-stub writer is skipped (reame/web/gradio_import.py): a component class defined
 after Reame's web layer is imported writes no .pyi beside its module, as it does without it."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from .conftest import ROOT
 
@@ -34,3 +35,16 @@ def test_no_type_stub_is_written_once_reames_web_layer_is_imported(tmp_path):
         "mycomponent.py", "mycomponent.pyi"], "Gradio itself writes the stub (the test's premise)"
     (tmp_path / "reame").mkdir()
     assert define_component(tmp_path / "reame", reame_first=True) == ["mycomponent.py"]
+
+
+def test_a_server_that_answered_gradio_events_never_loaded_pandas(page_server):
+    """Gradio imports pandas at start, and after every queued event built a DataFrame of its
+    last 10,000 events (for its /monitoring page): pandas now loads only when used, and the
+    queue's summary is off (reame/web/queue_polling.py), so it never is."""
+    from .gradio_api import ApiClient
+
+    client = ApiClient(page_server.url)
+    chat = client.predict("pandas check", None, api_name="/new_chat")
+    assert client.predict(api_name="/list_chats") and chat
+    maps = Path(f"/proc/{page_server.process.pid}/maps").read_text()
+    assert "pandas" not in maps, "the server loaded pandas"

@@ -1,0 +1,88 @@
+"""Gradio's import made lighter for a server: its type-stub writer skipped, pandas loaded
+only if something uses it.
+
+The type-stub writer (0.9 s off every start):
+
+Gradio 6 writes or checks a `.pyi` type stub for every component class as the class is
+defined (gradio/component_meta.py, create_or_modify_pyi, called from ComponentMeta): it reads
+the class's source file, parses all of it, renders a Jinja template and compares it with the
+stub on disk. That is tooling for Gradio's own developers and custom-component authors; a
+server never reads the stubs, and for a subclass of a component it even writes one into the
+subclass's package. Measured here (`import gradio`, 2 cores): 2.1-2.3 s with it, 1.2 s
+without; it was most of Reame's start to /health 200.
+
+A finder first on sys.meta_path replaces that one function, when gradio.component_meta is
+loaded, by one that does nothing: right after the module runs and before any component class
+is defined (Gradio's own import of it comes first). If a Gradio version has no such function,
+nothing is replaced.
+
+pandas: Gradio imports it at start (gradio/caching.py, `import pandas as pd`, used only to
+hash DataFrames for gr.cache, which Reame does not use): 0.25-0.4 s of the start and about
+40 MB of memory held for nothing. A second finder gives pandas Python's own lazy loader
+(importlib.util.LazyLoader): the module object exists, and pandas runs the first time any
+of its attributes is used, by whatever uses it (the same pandas, only later).
+
+`lighten_gradio_import()` installs both; reame/web/__init__.py calls it before anything in
+Reame imports Gradio.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from types import ModuleType
+
+MODULE = "gradio.component_meta"
+FUNCTION = "create_or_modify_pyi"
+
+
+def _no_stub(*args, **kwargs) -> None:
+    """What a server needs of a component's type stub: nothing."""
+
+
+class _StubWriterSkipped(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def run_then_skip(module: ModuleType) -> None:
+            run(module)
+            if callable(getattr(module, FUNCTION, None)):
+                setattr(module, FUNCTION, _no_stub)
+
+        spec.loader.exec_module = run_then_skip  # this spec's loader only
+        return spec
+
+
+class _LoadedWhenUsed(importlib.abc.MetaPathFinder):
+    """pandas (the top package only) with Python's lazy loader."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != LAZY:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
+
+
+LAZY = "pandas"
+
+
+def lighten_gradio_import() -> bool:
+    """Install the finders (once); False if Gradio is imported already (too late)."""
+    if MODULE in sys.modules:
+        return False
+    for finder in (_StubWriterSkipped, _LoadedWhenUsed):
+        if finder is _LoadedWhenUsed and LAZY in sys.modules:
+            continue
+        if not any(isinstance(f, finder) for f in sys.meta_path):
+            sys.meta_path.insert(0, finder())
+    return True
