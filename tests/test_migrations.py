@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
-from reame.chats.store import Store, revisions
+from reame.chats.store import Store, migrations, revisions
 from reame.chats.store.migrations import alembic_config, enable_wal, migrate, schema_object
 
 from .conftest import at_once
@@ -126,6 +126,7 @@ def differences(engine: Engine) -> list:
 
 def test_the_revisions_keep_the_old_runners_names_and_order():
     assert revisions() == OLD_STEPS + NEW_STEPS
+    assert migrations.HEAD == revisions()[-1], "migrations.HEAD names the newest revision"
 
 
 def test_a_database_the_old_runner_made_is_stamped_not_migrated_again(database):
@@ -236,3 +237,18 @@ def test_starting_on_an_up_to_date_database_logs_nothing(tmp_path, caplog):
     caplog.clear()
     Store(tmp_path / "reame.db")
     assert said() == []
+
+
+def test_a_start_on_an_up_to_date_database_imports_no_alembic(tmp_path):
+    """Alembic (11.5 MB, 0.1 s) is imported only when there is something to migrate."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    opened = ("import sys; from pathlib import Path; from reame.chats.store import Store; "
+              f"Store(Path({str(tmp_path / 'reame.db')!r})); print('alembic' in sys.modules)")
+    runs = [subprocess.run([sys.executable, "-c", opened], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, check=True).stdout.strip()
+            for _ in range(2)]
+    assert runs == ["True", "False"], "new: migrated with Alembic; then at head: no Alembic"
