@@ -188,9 +188,14 @@ class Accounts:
             self._save()
 
     def remove_user(self, name: str) -> None:
+        """Remove a user (their chats stay, owned by their id); never the last admin: then
+        nobody could manage the others, nor the settings, from the page."""
         with self._changing():
             self.reload()
-            self._user(name)
+            if self._user(name).get("admin") and not any(
+                    user.get("admin") for other, user in self._users.items() if other != name):
+                raise AccountError(f"{name!r} is the last admin and cannot be removed "
+                                   f"(add another admin first)")
             del self._users[name]
             self._save()
 
