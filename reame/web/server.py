@@ -27,6 +27,7 @@ from reame.web.page import build_page
 from reame.web.page_parts import CSS, PAGE_JS
 from reame.web.queue_polling import poll_gently
 from reame.web.uploads import Uploads
+from reame.web.users_panel import USERS_CSS, UsersPanel
 from reame.web.v1_common import internal_error
 
 log = logging.getLogger("reame")
@@ -48,7 +49,8 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
         build_page(demo, service, settings_group=SETTINGS_GROUP, settings=settings, title="Reame",
                    can_configure=can_configure,
                    name_of=accounts.name_of if accounts is not None else lambda user: None,
-                   uploads=uploads, unwatched_s=config.server.stalled_reply_s)
+                   uploads=uploads, unwatched_s=config.server.stalled_reply_s,
+                   users=UsersPanel(accounts, service) if accounts is not None else None)
     demo.queue(default_concurrency_limit=8)
     poll_gently(demo._queue)  # not Gradio's 1 ms polling: it takes from the decodes
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
@@ -63,7 +65,7 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     app.add_exception_handler(Exception, internal_error)
     app = gr.mount_gradio_app(
         app, demo, path="/", auth=accounts.check_password if accounts is not None else None,
-        auth_message="Reame: log in with your user name and password.", css=CSS, js=PAGE_JS,
+        auth_message="Reame: log in with your user name and password.", css=CSS + USERS_CSS, js=PAGE_JS,
         # Only gr.Error messages reach clients; anything else is logged, not shown.
         show_error=False, ssr_mode=False, run_history=False,
         # Behind a proxy that serves it under a path: the page's own links and API calls.
