@@ -242,3 +242,72 @@ def test_reset_a_password_make_and_revoke_a_key_and_remove_a_user(page, server):
     expect(page.locator(STATUS)).to_contain_text("now belongs to carol")
     carol = ApiClient(server.url, auth=("carol", PASSWORDS["carol"]), verbose=False)
     assert [c["title"] for c in carol.predict(api_name="/list_chats")] == ["New chat"]
+
+
+def test_accounts_are_turned_on_old_chats_adopted_and_a_user_added_without_a_terminal(
+        browser, page, tmp_path, model_path):
+    """A server started without accounts (on this machine, open to whoever reaches it): its
+    Users tab makes the first admin, and accounts are on at once, by every route."""
+    config = write_config(tmp_path, model_path=model_path, max_tokens=8)
+    server = Server(config, tmp_path / "server.log").start()
+    try:
+        anyone = ApiClient(server.url, verbose=False)
+        for title in OLD_TITLES[:2]:
+            anyone.predict(title, api_name="/new_chat")
+        page.goto(server.url)
+        page.get_by_role("tab", name="Users").click()
+        expect(page.locator("#accounts-off")).to_contain_text("Accounts are off")
+        expect(page.locator("#accounts-on")).to_be_hidden()
+        assert serious_violations(page) == []
+        page.fill("#first-admin-name input", "alice")
+        page.fill("#first-admin-password input", PASSWORDS["alice"])
+        page.fill("#first-admin-again input", PASSWORDS["alice"] + "x")
+        page.click("#turn-accounts-on")
+        expect(page.locator("#accounts-off-status")).to_contain_text("the passwords differ")
+        assert "users_file = \n" in config.read_text(), "nothing written"
+        page.fill("#first-admin-password input", PASSWORDS["alice"])
+        page.fill("#first-admin-again input", PASSWORDS["alice"])
+        page.click("#turn-accounts-on")
+        expect(page.locator("#accounts-off-status")).to_contain_text(
+            "Accounts are on; user alice added (admin)")
+        expect(page.locator("#first-admin-password input")).to_have_value("")
+
+        # On at once, by every route, and in reame.conf for the next start.
+        assert "users_file = users.json" in config.read_text()
+        assert Accounts(tmp_path / "users.json").is_admin("alice")
+        with pytest.raises(Exception):
+            ApiClient(server.url, verbose=False)
+        assert v1_models(server, "rk-none") == 401
+
+        # Log in, adopt the chats made so far, add bob: he sees none of them.
+        page.click("#log-in-now")
+        page.fill("#username", "alice")
+        page.fill("#password", PASSWORDS["alice"])
+        with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as load:
+            page.click("button[type=submit]")
+        shown_as_loaded(page, load.value)
+        expect(page.locator(NOTE)).to_contain_text("2 chats from before accounts are not shown")
+        page.locator(NOTE).get_by_role("button", name="Adopt them").click()
+        expect(page.locator(NOTE)).to_be_hidden()
+        for title in OLD_TITLES[:2]:
+            expect(page.locator(f"{CHATS} .reame-title").filter(has_text=title)).to_have_count(1)
+        open_users(page)
+        expect(page.locator("#accounts-off")).to_be_hidden()
+        page.fill("#new-user-name input", "bob")
+        page.fill("#new-user-password input", PASSWORDS["bob"])
+        page.click("#add-user")
+        expect(page.locator(STATUS)).to_contain_text("User bob added")
+        bob = ApiClient(server.url, auth=("bob", PASSWORDS["bob"]), verbose=False)
+        assert bob.predict(api_name="/list_chats") == []
+
+        # Once on, nobody turns them on again (alice's login, past the page).
+        alice = PageSession(server.url, "alice", PASSWORDS["alice"])
+        try:
+            ok, said = alice.run(alice.fn_index("turn-accounts-on", "click"), "mallory",
+                                 "mallory-secret", "mallory-secret")
+            assert ok and "accounts are on already" in said[0]
+        finally:
+            alice.close()
+        assert Accounts(tmp_path / "users.json").names() == ["alice", "bob"]
+    finally:
+        server.stop()

@@ -15,10 +15,9 @@ from pathlib import Path
 
 from reame.accounts import manage
 from reame.accounts.users import AccountError, Accounts
-from reame.config.reame_conf import ConfigError, load_config, update_config
+from reame.config.reame_conf import ConfigError, load_config
 
 COMMANDS = ("adduser", "passwd", "deluser", "addkey", "revokekey", "users", "adopt")
-DEFAULT_USERS_FILE = "users.json"
 
 
 def run_command(argv: list[str], default_config: Path) -> int:
@@ -90,14 +89,10 @@ def _config_first(argv: list[str]) -> list[str]:
 
 
 def _accounts(config_path: Path, *, create: bool) -> Accounts:
-    config = load_config(config_path)
-    if config.users_path is None:
-        if not create:
-            raise AccountError(f"{config_path} has no [server] users_file: no accounts yet "
-                               f"(adduser makes the first)")
-        config = update_config(config_path, {("server", "users_file"): DEFAULT_USERS_FILE})
-        print(f"[server] users_file = {DEFAULT_USERS_FILE} written to {config_path}")
-    return Accounts(config.users_path)
+    accounts, written = manage.open_accounts(config_path, create=create)
+    if written:
+        print(written)
+    return accounts
 
 
 def _adopt(args: argparse.Namespace, accounts: Accounts) -> int:

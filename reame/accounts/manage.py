@@ -8,8 +8,41 @@ the chats that follow users.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from reame.accounts.users import AccountError, Accounts
+from reame.accounts.users import AccountError, Accounts, check_new_user
+from reame.config.reame_conf import load_config, update_config
+
+DEFAULT_USERS_FILE = "users.json"
+
+
+def open_accounts(config_path: Path, *, create: bool) -> tuple[Accounts, str | None]:
+    """The accounts file reame.conf names, and what was written to get it: with create, when
+    reame.conf names none, `users_file = users.json` (beside it) is written first."""
+    config = load_config(config_path)
+    if config.users_path is not None:
+        return Accounts(config.users_path), None
+    if not create:
+        raise AccountError(f"{config_path} has no [server] users_file: no accounts yet "
+                           f"(adduser makes the first)")
+    config = update_config(config_path, {("server", "users_file"): DEFAULT_USERS_FILE})
+    return (Accounts(config.users_path),
+            f"[server] users_file = {DEFAULT_USERS_FILE} written to {config_path}")
+
+
+def first_admin(config_path: Path, name: str, password: str) -> tuple[Accounts, str]:
+    """Turn accounts on with their first user, an admin (the page of a server without
+    accounts does it): reame.conf gets a users_file if it has none. Refused, with nothing
+    written, for a bad name or password, or when the users file has users already (made by
+    `python app.py adduser` while this server ran: a restart turns them on)."""
+    check_new_user(name, password)
+    config = load_config(config_path)
+    if config.users_path is not None and Accounts(config.users_path).names():
+        raise AccountError(f"{config.users_path} has users already (made with `python app.py "
+                           f"adduser`): restart Reame to turn accounts on")
+    accounts, _ = open_accounts(config_path, create=True)
+    said = add_user(accounts, name, password, admin=True)
+    return accounts, f"accounts are on; {said}"
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                                                    can_configure=can_configure)
         if users is not None:
             with gr.Tab("Users", id="users", elem_id="users-tab"):
-                users.build_tab()
+                users.build_tab(settings_group=settings_group)
 
     handlers = PageHandlers(service, live, settings=settings, can_configure=can_configure,
                             uploads=uploads)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import gradio as gr
 
 from reame.accounts import manage
+from reame.accounts.live import LiveAccounts
 from reame.accounts.users import MIN_PASSWORD, AccountError, Accounts
 from reame.chats.service import ChatService
 from reame.web.page_parts import HIDDEN
@@ -28,8 +29,8 @@ html[data-reame-role=user] #users-tab-button { display: none !important; }
 .reame-old-chats { border: 1px solid var(--border-color-accent, #f97316); border-radius: 8px;
                    padding: 0.5em; font-size: 0.85em; }
 /* The primary buttons' white text, readable (as #new-chat's: tests/test_page_access.py). */
-#adopt-old-chats, #add-user { background: #c2410c !important; border-color: #c2410c !important;
-                              color: #fff; }
+#adopt-old-chats, #add-user, #turn-accounts-on, #log-in-now {
+    background: #c2410c !important; border-color: #c2410c !important; color: #fff; }
 #remove-user { background: #b91c1c !important; border-color: #b91c1c !important; color: #fff; }
 /* An empty dropdown's text ("subdued" by Gradio) is still read. */
 #users-tab input.subdued { color: #52525b !important; }
@@ -42,6 +43,7 @@ html[data-reame-role=user] #users-tab-button { display: none !important; }
                                    border-bottom: 1px solid var(--border-color-primary); }
 """
 _BUTTON = dict(scale=0, min_width=150)  # the tab's buttons: beside their field, not filling
+ACCOUNTS_OFF = """**Accounts are off.** Anyone who can open this page can read, change and delete every chat and change the settings: that is fine on your own computer. To share this server, turn accounts on: you become its first admin, everyone then logs in and sees only their own chats, and you add the others here. The chats made so far are then shown to nobody until you adopt them (one click, once logged in)."""
 NOT_ADMIN = "Only an admin can manage users."
 BEFORE_ACCOUNTS = "before-accounts"  # the adopt source meaning "made without accounts"
 # Remove asks first; no: the event goes on with no name, and nothing is done.
@@ -78,21 +80,29 @@ class UsersPanel:
     """The Users tab (build_tab, inside a gr.Tab) and the note (build_note, in the sidebar),
     over the server's accounts and chats."""
 
-    def __init__(self, accounts: Accounts, service: ChatService):
-        self.accounts, self.service = accounts, service
+    def __init__(self, live: LiveAccounts, service: ChatService):
+        self.live, self.service = live, service
         self.moved_chats: list = []  # the events that give chats: the page then lists them
+
+    @property
+    def accounts(self) -> Accounts | None:
+        """The server's accounts (None: off, and this tab offers to turn them on)."""
+        return self.live.current
 
     # who may
 
     def admin_name(self, request: gr.Request | None) -> str:
         """The admin asking, by name; gr.Error for anyone else (also past the page)."""
-        name = self.accounts.name_of(user_of(request))
-        if name is None or not self.accounts.is_admin(name):
+        accounts = self.accounts
+        name = accounts.name_of(user_of(request)) if accounts is not None else None
+        if name is None or not accounts.is_admin(name):
             raise gr.Error(NOT_ADMIN, print_exception=False)
         return name
 
     def is_admin(self, request: gr.Request | None) -> bool:
-        return self.accounts.is_admin(self.accounts.name_of(user_of(request)))
+        """An admin is logged in (never without accounts: then nobody's chats are hidden)."""
+        accounts = self.accounts
+        return accounts is not None and accounts.is_admin(accounts.name_of(user_of(request)))
 
     # the sidebar's note
 
@@ -111,8 +121,35 @@ class UsersPanel:
 
     # the tab
 
-    def build_tab(self) -> None:
-        """The Users tab's content (call inside a gr.Tab)."""
+    def build_tab(self, *, settings_group: str) -> None:
+        """The Users tab's content (call inside a gr.Tab): without accounts, the form that
+        turns them on (in settings_group: it writes reame.conf, as Apply does); with them,
+        an admin's management of users."""
+        with gr.Column(visible=False, elem_id="accounts-off") as self.off:
+            gr.Markdown(ACCOUNTS_OFF)
+            with gr.Row():
+                first_name = gr.Textbox(label="Your user name", elem_id="first-admin-name",
+                                        max_lines=1)
+                first_password = gr.Textbox(
+                    label=f"Password (at least {MIN_PASSWORD} characters)", type="password",
+                    elem_id="first-admin-password", max_lines=1)
+                first_again = gr.Textbox(label="Password again", type="password",
+                                         elem_id="first-admin-again", max_lines=1)
+            turn_on = gr.Button("Turn accounts on", variant="primary",
+                                elem_id="turn-accounts-on", **_BUTTON)
+            turned = gr.Markdown(elem_id="accounts-off-status")
+            log_in = gr.Button("Log in", variant="primary", visible=False, elem_id="log-in-now",
+                               **_BUTTON)
+        log_in.click(None, None, None, js="() => { location.reload(); }", **HIDDEN)
+        turn_on.click(self.turn_on, [first_name, first_password, first_again],
+                      [turned, first_password, first_again, log_in],
+                      concurrency_id=settings_group,
+                      concurrency_limit=1, show_progress_on=[turned], **HIDDEN)
+        with gr.Column(visible=False, elem_id="accounts-on") as self.on:
+            self._build_management()
+        self.outputs = [self.off, *self._common]  # what show() fills
+
+    def _build_management(self) -> None:
         gr.Markdown("Users log in with their name and password; an admin also changes the "
                     "settings and manages users here. API keys are for `/v1` "
                     "(`Authorization: Bearer <key>`).")
@@ -143,21 +180,24 @@ class UsersPanel:
             adopt = gr.Button("Adopt", elem_id="adopt-chats", **_BUTTON)
         remove = gr.Button("Remove user", variant="stop", elem_id="remove-user", **_BUTTON)
 
-        common = [self.status, self.table, self.pick, self.key_pick, self.key, self.source,
+        common = [self.on, self.status, self.table, self.pick, self.key_pick, self.key, self.source,
                   self.note, self.note_text]
+        # Progress on the status line alone: not over the fields and buttons.
+        quiet = dict(show_progress_on=[self.status], **HIDDEN)
         add.click(self.add, [new_name, new_password, new_admin],
-                  [*common, new_name, new_password, new_admin], **HIDDEN)
+                  [*common, new_name, new_password, new_admin], **quiet)
         set_password.click(self.set_password, [self.pick, password], [*common, password],
-                           **HIDDEN)
-        new_key.click(self.new_key, [self.pick], common, **HIDDEN)
-        revoke.click(self.revoke, [self.pick, self.key_pick], common, **HIDDEN)
-        remove.click(self.remove, [self.pick], common, js=CONFIRM_REMOVE_JS, **HIDDEN)
+                           **quiet)
+        new_key.click(self.new_key, [self.pick], common, **quiet)
+        revoke.click(self.revoke, [self.pick, self.key_pick], common, **quiet)
+        remove.click(self.remove, [self.pick], common, js=CONFIRM_REMOVE_JS, **quiet)
         self._fields = [new_name, new_password, new_admin, password]
-        self.pick.input(self.picked, [self.pick], common, **HIDDEN)
+        self.pick.input(self.picked, [self.pick], common, **quiet)
         self.moved_chats += [
-            adopt.click(self.adopt, [self.pick, self.source], common, **HIDDEN),
-            self.note_adopt.click(self.adopt_old, None, common, **HIDDEN)]
-        self.outputs = common
+            adopt.click(self.adopt, [self.pick, self.source], common, **quiet),
+            self.note_adopt.click(self.adopt_old, None, common,
+                                  show_progress_on=[self.note_text], **HIDDEN)]
+        self._common = common
 
     def view(self, request: gr.Request | None, said: str = "", *, pick: str | None = None,
              key: str = "") -> dict:
@@ -174,6 +214,7 @@ class UsersPanel:
         sources += [(f"{_chats(n)} of a removed user ({old})", old)
                     for old, n in manage.left_behind(self.accounts, self.service.store).items()]
         return {
+            self.on: gr.Column(visible=True),
             self.status: said,
             self.table: users_table(rows),
             self.pick: gr.Dropdown(choices=names, value=chosen),
@@ -189,10 +230,11 @@ class UsersPanel:
         """For the page's load, in the order of `outputs`: an admin's tab and note; nothing
         of them to anyone else."""
         if not self.is_admin(request):
-            return (*(gr.skip() for _ in self.outputs[:-2]),
+            return (gr.Column(visible=self.accounts is None),
+                    *(gr.skip() for _ in self.outputs[1:-2]),
                     *self.note_update(request).values())
         view = self.view(request)
-        return tuple(view[part] for part in self.outputs)
+        return (gr.Column(visible=False), *(view[part] for part in self.outputs[1:]))
 
     def _do(self, request, change: Callable[[], str], *, pick: str | None,
             key_of: Callable[[], str] | None = None) -> dict:
@@ -260,6 +302,20 @@ class UsersPanel:
         me = self.admin_name(request)
         return self._do(request, lambda: manage.adopt(self.accounts, self.service.store, me),
                         pick=me)
+
+    def turn_on(self, name, password, again, request: gr.Request):
+        """Without accounts: make the first admin, and accounts are on at once (anyone who
+        can open this page may: they can change everything already)."""
+        try:
+            if (password or "") != (again or ""):
+                raise AccountError("the passwords differ")
+            said = self.live.turn_on((name or "").strip(), password or "")
+        except AccountError as exc:
+            gr.Warning(str(exc))
+            return f"**Not done:** {inert_html(str(exc))}", "", "", gr.skip()
+        return (f"{_sentence(said)} From now on everyone logs in: log in as "
+                f"{html.escape(name.strip())} to add users and adopt the chats made so far "
+                "(until then, they are shown to nobody).", "", "", gr.Button(visible=True))
 
     # the fields some events empty (build_tab sets them)
 
