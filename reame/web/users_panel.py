@@ -285,7 +285,7 @@ class UsersPanel:
 
         def remove() -> str:
             said = manage.remove_user(self.accounts, name)
-            return (said + " (or here, once chosen: Chats to adopt into this user)")
+            return f"{said}; here: choose that user, then Chats to adopt into this user"
         return self._do(request, remove, pick=None)
 
     def picked(self, name, request: gr.Request):
