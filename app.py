@@ -61,7 +61,8 @@ def warn_of_ownerless_chats(store) -> None:
     ownerless = store.count_chats(None)
     if ownerless:
         log.warning("%d chat%s made before accounts were turned on belong%s to nobody and are "
-                    "not shown to anyone; give them to a user with `python app.py adopt NAME`",
+                    "not shown to anyone; an admin who logs in is offered to adopt them, or "
+                    "give them to a user with `python app.py adopt NAME`",
                     ownerless, "" if ownerless == 1 else "s", "s" if ownerless == 1 else "")
 
 

@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from reame.accounts import manage
 from reame.accounts.users import AccountError, Accounts
 from reame.chats.store import Store
 
@@ -186,3 +187,19 @@ def test_chats_from_before_accounts_are_shown_to_nobody_until_a_user_adopts_them
     handed = cli(server.config, "adopt", "alice", "--from", "bob")
     assert handed.returncode == 0 and "of bob now belong" in handed.stdout
     assert OLD_TITLE in titles(alice) and OLD_TITLE not in titles(bob)
+
+
+def test_the_last_admin_cannot_be_removed(tmp_path):
+    """Nobody could manage the users from the page, nor the settings: deluser and the Users
+    tab (both reame/accounts/manage.py) refuse, saying why."""
+    accounts = Accounts(tmp_path / "users.json")
+    assert manage.add_user(accounts, "alice", "alice-secret-1") == \
+        "user alice added (admin: the first user)"
+    manage.add_user(accounts, "bob", "bob-secret-22")
+    with pytest.raises(AccountError, match="'alice' is the last admin and cannot be removed"):
+        manage.remove_user(accounts, "alice")
+    manage.add_user(accounts, "carol", "carol-secret-3", admin=True)
+    assert manage.remove_user(accounts, "alice").startswith("user alice removed; their chats "
+                                                            "stay, owned by u:")
+    assert [manage.users_line(row) for row in manage.users(accounts)] == [
+        "bob: no keys", "carol (admin): no keys"]

@@ -1,6 +1,7 @@
 """`python app.py adduser|passwd|deluser|addkey|revokekey|users|adopt ...`: manage accounts.
 
-The users file is the one reame.conf names in [server] users_file; adduser sets it to
+What each command does is in manage.py (the page's Users tab does the same). The users file
+is the one reame.conf names in [server] users_file; adduser sets it to
 users.json (beside reame.conf) when it is empty. Passwords are read from the terminal without
 echo, or from standard input with --password-stdin (one line), for scripts.
 """
@@ -12,11 +13,11 @@ import getpass
 import sys
 from pathlib import Path
 
+from reame.accounts import manage
 from reame.accounts.users import AccountError, Accounts
-from reame.config.reame_conf import ConfigError, load_config, update_config
+from reame.config.reame_conf import ConfigError, load_config
 
 COMMANDS = ("adduser", "passwd", "deluser", "addkey", "revokekey", "users", "adopt")
-DEFAULT_USERS_FILE = "users.json"
 
 
 def run_command(argv: list[str], default_config: Path) -> int:
@@ -88,27 +89,15 @@ def _config_first(argv: list[str]) -> list[str]:
 
 
 def _accounts(config_path: Path, *, create: bool) -> Accounts:
-    config = load_config(config_path)
-    if config.users_path is None:
-        if not create:
-            raise AccountError(f"{config_path} has no [server] users_file: no accounts yet "
-                               f"(adduser makes the first)")
-        config = update_config(config_path, {("server", "users_file"): DEFAULT_USERS_FILE})
-        print(f"[server] users_file = {DEFAULT_USERS_FILE} written to {config_path}")
-    return Accounts(config.users_path)
+    accounts, written = manage.open_accounts(config_path, create=create)
+    if written:
+        print(written)
+    return accounts
 
 
 def _adopt(args: argparse.Namespace, accounts: Accounts) -> int:
-    if args.name not in accounts.names():
-        raise AccountError(f"no user {args.name!r} (add one with `python app.py adduser NAME`)")
-    store = _store(args.config)
-    source = args.from_user
-    if source is not None:  # a user's name, else an id (of a removed user) or an old name
-        source = accounts.user_id(source) or source
-    moved = store.give_chats(source, accounts.user_id(args.name))
-    whose = f"of {args.from_user}" if args.from_user else "made without accounts"
-    print(f"{moved} chat{'' if moved == 1 else 's'} {whose} now belong{'s' if moved == 1 else ''}"
-          f" to {args.name}")
+    manage.known(accounts, args.name)  # before the database is opened
+    print(manage.adopt(accounts, _store(args.config), args.name, args.from_user))
     return 0
 
 
@@ -123,29 +112,20 @@ def _password(from_stdin: bool) -> str:
 
 def _run(args: argparse.Namespace, accounts: Accounts) -> int:
     if args.command == "adduser":
-        first = not accounts.names()
-        accounts.add_user(args.name, _password(args.password_stdin), admin=args.admin or first)
-        print(f"user {args.name} added to {accounts.path}"
-              + (" (admin: the first user)" if first and not args.admin else
-                 " (admin)" if args.admin else ""))
+        said = manage.add_user(accounts, args.name, _password(args.password_stdin),
+                               admin=args.admin)
+        print(f"{said}, in {accounts.path}")
         if args.key:
-            print(f"API key (shown once): {accounts.add_key(args.name)}")
+            print(f"API key (shown once): {manage.add_key(accounts, args.name)}")
     elif args.command == "passwd":
-        accounts.set_password(args.name, _password(args.password_stdin))
-        print(f"password of {args.name} changed")
+        print(manage.set_password(accounts, args.name, _password(args.password_stdin)))
     elif args.command == "deluser":
-        user_id = accounts.user_id(args.name)
-        accounts.remove_user(args.name)
-        print(f"user {args.name} removed; their chats stay, owned by {user_id}: "
-              f"`python app.py adopt NAME --from {user_id}` gives them to another user")
+        print(manage.remove_user(accounts, args.name))
     elif args.command == "addkey":
-        print(f"API key for {args.name} (shown once): {accounts.add_key(args.name)}")
+        print(f"API key for {args.name} (shown once): {manage.add_key(accounts, args.name)}")
     elif args.command == "revokekey":
-        accounts.revoke_key(args.name, args.key_id)
-        print(f"key {args.key_id} of {args.name} revoked")
+        print(manage.revoke_key(accounts, args.name, args.key_id))
     elif args.command == "users":
-        for name in accounts.names():
-            keys = ", ".join(k["id"] for k in accounts.keys(name)) or "no keys"
-            admin = " (admin)" if accounts.is_admin(name) else ""
-            print(f"{name}{admin}: {keys}")
+        for row in manage.users(accounts):
+            print(manage.users_line(row))
     return 0

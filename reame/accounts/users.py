@@ -167,9 +167,7 @@ class Accounts:
     # changes
 
     def add_user(self, name: str, password: str, *, admin: bool = False) -> None:
-        if not _NAME.match(name):
-            raise AccountError("a user name is 1-64 letters, digits or _ . @ -")
-        _check_password(password)
+        check_new_user(name, password)
         with self._changing():
             self.reload()
             if name in self._users:
@@ -188,9 +186,14 @@ class Accounts:
             self._save()
 
     def remove_user(self, name: str) -> None:
+        """Remove a user (their chats stay, owned by their id); never the last admin: then
+        nobody could manage the others, nor the settings, from the page."""
         with self._changing():
             self.reload()
-            self._user(name)
+            if self._user(name).get("admin") and not any(
+                    user.get("admin") for other, user in self._users.items() if other != name):
+                raise AccountError(f"{name!r} is the last admin and cannot be removed "
+                                   f"(add another admin first)")
             del self._users[name]
             self._save()
 
@@ -260,6 +263,13 @@ class Accounts:
                                                sort_keys=True), mode=0o600)
         self._mtime = self.path.stat().st_mtime
         self._version += 1
+
+
+def check_new_user(name: str, password: str) -> None:
+    """AccountError unless name and password may be a new user's."""
+    if not _NAME.match(name):
+        raise AccountError("a user name is 1-64 letters, digits or _ . @ -")
+    _check_password(password)
 
 
 def _check_password(password: str) -> None:

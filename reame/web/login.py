@@ -28,6 +28,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Mount
 
+from reame.accounts.live import LiveAccounts
 from reame.accounts.users import Accounts
 
 MAX_FAILURES = 10  # failed logins per address within FAILURE_WINDOW_S; then it waits
@@ -171,8 +172,8 @@ class NameDelays:
 class WebLogins:
     """The logins of the page (and of gradio_client), kept in Gradio's token table."""
 
-    def __init__(self, accounts: Accounts):
-        self.accounts = accounts
+    def __init__(self, live: LiveAccounts):
+        self.live = live
         self.failures = FailedLogins()  # per address
         self.name_delays = NameDelays()
         self._device_key = secrets.token_bytes(32)  # device cookies of this process
@@ -183,21 +184,33 @@ class WebLogins:
 
     def install(self, app: FastAPI) -> None:
         """Add the /login route and the check that ends changed accounts' sessions; call it
-        before Gradio is mounted (the first matching route answers)."""
+        before Gradio is mounted (the first matching route answers). Both do nothing while
+        the server has no accounts; once they are turned on (the page's first admin),
+        Gradio's own check asks for a login too."""
+        self.live.when_turned_on(
+            lambda accounts: setattr(_gradio(app), "auth", accounts.check_password))
 
         @app.post("/login")
         @app.post("/login/")
         async def login(request: Request):
+            if self.accounts is None:
+                return JSONResponse({"detail": "This server has no accounts."}, status_code=400)
             return await self._login(request, _gradio(app))
 
         @app.middleware("http")
         async def end_changed_sessions(request: Request, call_next):
+            if self.accounts is None:
+                return await call_next(request)
             gradio = _gradio(app)
             self.prune(gradio)
             if (request.method == "GET" and request.url.path.rstrip("/") == ""
                     and not _logged_in(request, gradio)):
                 return HTMLResponse(LOGIN_PAGE)  # not Gradio's: ours keeps the name typed
             return await call_next(request)
+
+    @property
+    def accounts(self) -> Accounts | None:
+        return self.live.current
 
     async def _login(self, request: Request, gradio) -> JSONResponse:
         form = await request.form()

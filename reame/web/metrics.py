@@ -28,6 +28,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from reame.accounts.live import LiveAccounts
 from reame.accounts.users import Accounts
 from reame.chats.service import ChatService
 from reame.config.reame_conf import LOOPBACK_NAMES
@@ -155,12 +156,12 @@ def may_read(request: Request, accounts: Accounts | None) -> bool:
     return client in LOOPBACK_NAMES and not any(h in request.headers for h in FORWARDING_HEADERS)
 
 
-def build_metrics_router(metrics: Metrics, accounts: Accounts | None) -> APIRouter:
+def build_metrics_router(metrics: Metrics, live: LiveAccounts) -> APIRouter:
     router = APIRouter()
 
     @router.get("/metrics")
     def read_metrics(request: Request) -> Response:
-        if not may_read(request, accounts):
+        if not may_read(request, live.current):
             return JSONResponse({"error": "metrics are for an admin's API key or this "
                                           "machine"}, status_code=403)
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)

@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from reame.accounts.users import Accounts
+from reame.accounts.live import LiveAccounts
 from reame.chats.service import (
     ChatError,
     ChatNotFound,
@@ -64,11 +64,12 @@ from reame.web.v1_common import (
 log = logging.getLogger(__name__)
 
 
-def build_router(service: ChatService, accounts: Accounts | None) -> APIRouter:
+def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
     """The /v1 routes. With accounts, every request needs `Authorization: Bearer <key>`."""
     router = APIRouter(prefix="/v1")
 
     def caller(request: Request) -> str | None:
+        accounts = live.current
         if accounts is None:
             return None
         header = request.headers.get("authorization", "")

@@ -30,6 +30,7 @@ from reame.web.page_parts import (
 from reame.web.settings_tab import banner_texts, build_settings_tab, cache_markdown
 from reame.web.uploads import Uploads
 from reame.web.user import user_of
+from reame.web.users_panel import UsersPanel
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,15 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                settings: Settings | None = None, title: str = "Reame",
                can_configure: Callable[[str | None], bool] = lambda user: True,
                name_of: Callable[[str | None], str | None] = lambda user: None,
-               uploads: Uploads | None = None, unwatched_s: float = 10) -> None:
+               uploads: Uploads | None = None, unwatched_s: float = 10,
+               users: UsersPanel | None = None) -> None:
     """The page, built into demo (the Blocks being defined). Settings changes run one at a time
     (the concurrency group settings_group); turns, any number at once (the service's scheduler
     lines them up). can_configure(user) says who may change the settings (with accounts:
     admins); name_of(user) is the name a logged-in user goes by (None: no accounts).
     Replies go on being written when the page shows another chat (live_replies); one that no
-    open tab watches is stopped after unwatched_s."""
+    open tab watches is stopped after unwatched_s. users: the admin's Users tab and note
+    (with accounts)."""
     live = LiveReplies(unwatched_s)
     current = gr.State(None)  # the chat shown, by id
     pending = gr.State("")  # the message being sent (the textbox clears at once)
@@ -65,6 +68,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         search = gr.Textbox(label="Search chats", show_label=False, container=False,
                             placeholder="Search chats (Ctrl+K)", max_lines=1,
                             elem_id="chat-search")
+        if users is not None:  # an admin's note: the chats from before accounts, to adopt
+            users.build_note()
         chat_list = gr.HTML(elem_id="chat-list", padding=False)
         with gr.Row(elem_id="transfer-row"):
             import_btn = import_button("Import", file_types=[".json"], size="sm",
@@ -137,6 +142,9 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                 settings_view = build_settings_tab(settings, settings_group=settings_group,
                                                    banner=banner,
                                                    can_configure=can_configure)
+        if users is not None:
+            with gr.Tab("Users", id="users", elem_id="users-tab"):
+                users.build_tab(settings_group=settings_group)
 
     handlers = PageHandlers(service, live, settings=settings, can_configure=can_configure,
                             uploads=uploads)
@@ -160,9 +168,12 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                      f'Signed in as <strong>{html.escape(name)}</strong> · '
                      '<a href="logout" class="reame-logout">Log out</a>')
         return (*handlers.on_load(request), cache_markdown(service, user, whole_server=admin),
-                "admin" if admin else "user", signed_in, *show_settings(request))
+                "admin" if admin else "user", signed_in, *show_settings(request),
+                *(users.show(request) if users is not None else ()))
 
-    demo.load(on_load_page, None, [*view, cache_md, role, account, *settings_outputs],
+    users_outputs = users.outputs if users is not None else []
+    demo.load(on_load_page, None, [*view, cache_md, role, account, *settings_outputs,
+                                   *users_outputs],
               queue=False,
               **HIDDEN).then(None, [role], None, js=ROLE_JS, **HIDDEN).then(
                   None, None, None, js=FOLLOW_JS, **HIDDEN)
@@ -229,6 +240,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN).then(
             None, None, None, js=FOLLOW_JS, **HIDDEN)
     download.change(None, [download], None, js=DOWNLOAD_JS, **HIDDEN)
+    for event in users.moved_chats if users is not None else ():  # chats adopted: list them
+        event.then(handlers.find, [search, current], [chat_list], **HIDDEN)
     # change, not input: Gradio 6's Textbox sends no input event for a deletion, so clearing
     # the box left the list on its last search.
     search.change(handlers.find, [search, current], [chat_list], trigger_mode="always_last",

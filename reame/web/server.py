@@ -11,6 +11,7 @@ import gradio as gr
 import uvicorn
 from fastapi import FastAPI
 
+from reame.accounts.live import LiveAccounts
 from reame.accounts.users import Accounts
 from reame.admin.live_settings import Settings
 from reame.chats.service import ChatService
@@ -27,6 +28,7 @@ from reame.web.page import build_page
 from reame.web.page_parts import CSS, PAGE_JS
 from reame.web.queue_polling import poll_gently
 from reame.web.uploads import Uploads
+from reame.web.users_panel import USERS_CSS, UsersPanel
 from reame.web.v1_common import internal_error
 
 log = logging.getLogger("reame")
@@ -35,10 +37,11 @@ SETTINGS_GROUP = "settings"  # one settings change at a time (turns: the schedul
 
 def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     """One ASGI app: /v1 (OpenAI-compatible) and the Gradio page and API at /, behind the
-    Guard (host names, origins, body sizes, cookies: reame/web/guard.py)."""
+    Guard (host names, origins, body sizes, cookies: reame/web/guard.py). Without accounts,
+    the page's Users tab can turn them on (live: every part reads them at each request)."""
     settings = Settings(config, service)
-    can_configure = ((lambda user: accounts.is_admin(accounts.name_of(user)))
-                     if accounts is not None else lambda user: True)
+    live = LiveAccounts(accounts, config.path)
+    can_configure = live.can_configure
     max_upload = config.server.max_upload_bytes
     uploads = Uploads(max_bytes=max_upload)  # the page's uploads, each for its own session
     with gr.Blocks(title="Reame", analytics_enabled=False, fill_height=True) as demo:
@@ -47,23 +50,22 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
                      can_configure=can_configure)
         build_page(demo, service, settings_group=SETTINGS_GROUP, settings=settings, title="Reame",
                    can_configure=can_configure,
-                   name_of=accounts.name_of if accounts is not None else lambda user: None,
-                   uploads=uploads, unwatched_s=config.server.stalled_reply_s)
+                   name_of=live.name_of, uploads=uploads,
+                   unwatched_s=config.server.stalled_reply_s, users=UsersPanel(live, service))
     demo.queue(default_concurrency_limit=8)
     poll_gently(demo._queue)  # not Gradio's 1 ms polling: it takes from the decodes
     app = FastAPI(title="Reame", docs_url=None, redoc_url=None, openapi_url=None)
-    if accounts is not None:
-        WebLogins(accounts).install(app)  # before Gradio's own /login is mounted
+    WebLogins(live).install(app)  # before Gradio's own /login is mounted
 
-    app.include_router(build_router(service, accounts))
+    app.include_router(build_router(service, live))
     app.include_router(build_health_router(service))  # no login: it tells only the state
     metrics = Metrics(service)
-    app.include_router(build_metrics_router(metrics, accounts))  # admin or this machine
+    app.include_router(build_metrics_router(metrics, live))  # admin or this machine
     # Unexpected errors: OpenAI's error shape, no traceback (uvicorn logs it).
     app.add_exception_handler(Exception, internal_error)
     app = gr.mount_gradio_app(
         app, demo, path="/", auth=accounts.check_password if accounts is not None else None,
-        auth_message="Reame: log in with your user name and password.", css=CSS, js=PAGE_JS,
+        auth_message="Reame: log in with your user name and password.", css=CSS + USERS_CSS, js=PAGE_JS,
         # Only gr.Error messages reach clients; anything else is logged, not shown.
         show_error=False, ssr_mode=False, run_history=False,
         # Behind a proxy that serves it under a path: the page's own links and API calls.

@@ -213,6 +213,13 @@ class Store:
         with self._session() as session:
             return session.exec(query).one()
 
+    def owners(self) -> dict[str | None, int]:
+        """How many chats each owner has (None: the chats made without accounts), for the
+        admin's list of users and of chats left by removed ones."""
+        query = select(Chat.owner, func.count()).group_by(Chat.owner)
+        with self._session() as session:
+            return dict(session.exec(query).all())
+
     @_writes
     def give_chats(self, owner: str | None, to: str) -> int:
         """Move every chat of owner (None: the chats made without accounts) to `to`; the
