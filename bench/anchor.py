@@ -17,6 +17,8 @@ Scenarios, in this order, per model:
   the first round is their first contact (not counted), the later rounds are measured;
 - after a restart: both servers restarted, then the 4 chats of "hot" continued;
 - one reply: a reply of about 200 tokens alone; tokens/s from its first token to its end;
+- reply in a chat: the same at the end of a chat of about 800 tokens (chat 0 as the scenarios
+  before left it): the speed a person sees in a conversation;
 - at once: 1, 2, 4, 8 new prompts sent together; aggregate tokens/s, p50/p95 first token;
 - start to ready (process start to GET /health 200, mean of the two starts) and the RSS of the
   server with its children: idle after the first start, peak over the run.
@@ -179,6 +181,23 @@ class Run:
                     lambda server: ask(server, messages, self.plan.reply_tokens)).items():
                 self.record("one reply", system, answer, run=run)
 
+    def reply_in_a_chat(self) -> None:
+        """One reply of reply_tokens at the end of a chat of about history tokens (each
+        server's own copy of chat 0, as the earlier scenarios left it): the speed a person
+        sees in a conversation, where the attention reads the whole history at every token."""
+        log.info("one reply in a chat, up to %d tokens, %d run(s)", self.plan.reply_tokens,
+                 self.plan.reply_runs)
+        for run in range(self.plan.reply_runs):
+            ask_for = {"role": "user", "content": "Now write a long, detailed story about a "
+                       f"lighthouse keeper and {STORIES[(run + 1) % len(STORIES)]}."}
+
+            def one(server: Server) -> dict:
+                talk = self.talks.get((server.system, 0)) or list(self.chats[0].history)
+                return ask(server, [*talk, ask_for], self.plan.reply_tokens)
+
+            for system, answer in self.step(one).items():
+                self.record("reply in a chat", system, answer, run=run)
+
     def at_once(self) -> None:
         for n in self.plan.at_once:
             log.info("%d at once", n)
@@ -231,6 +250,7 @@ def run_model(name: str, model: Path, binary: Path, plan: Plan, work: Path) -> d
         run.switching()
         run.after_restart()
         run.one_reply()
+        run.reply_in_a_chat()
         run.at_once()
     finally:
         run.stop()

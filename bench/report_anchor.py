@@ -30,14 +30,17 @@ def summary(model: dict, plan) -> list[dict]:
                         {s: sum(r["ttft_s"] for r in ok[s]) for s in SYSTEMS},
                         reused={s: _reused(ok[s]) for s in SYSTEMS},
                         errors=_errors(requests, scenario)))
-    replies = {s: [r["tok_s"] for r in requests if r["scenario"] == "one reply"
-                   and r["system"] == s and r.get("tok_s")] for s in SYSTEMS}
-    tokens = sorted({r["tokens"] for r in requests if r["scenario"] == "one reply"
-                     and "error" not in r}) or [0]
-    span = f"{tokens[0]}" if len(tokens) == 1 else f"{tokens[0]}-{tokens[-1]}"
-    rows.append(row("one reply", f"tokens/s ({span} tokens, first token to end)", "higher",
-                    {s: statistics.median(v) if v else None for s, v in replies.items()},
-                    errors=_errors(requests, "one reply")))
+    for scenario in ("one reply", "reply in a chat"):
+        replies = {s: [r["tok_s"] for r in requests if r["scenario"] == scenario
+                       and r["system"] == s and r.get("tok_s")] for s in SYSTEMS}
+        if scenario != "one reply" and not any(replies.values()):
+            continue  # a run from before this scenario
+        tokens = sorted({r["tokens"] for r in requests if r["scenario"] == scenario
+                         and "error" not in r}) or [0]
+        span = f"{tokens[0]}" if len(tokens) == 1 else f"{tokens[0]}-{tokens[-1]}"
+        rows.append(row(scenario, f"tokens/s ({span} tokens, first token to end)", "higher",
+                        {s: statistics.median(v) if v else None for s, v in replies.items()},
+                        errors=_errors(requests, scenario)))
     for n in plan.at_once:
         ok = {s: [r for r in requests if r["scenario"] == "at once" and r.get("n") == n
                   and r["system"] == s and "error" not in r] for s in SYSTEMS}
@@ -137,6 +140,8 @@ def markdown(data: dict) -> str:
         "contact) not counted; **after a restart**: both servers restarted, the chats of "
         f"\"hot\" continued; chat turns reply up to {p['chat_reply']} tokens. **one reply**: a "
         f"story of up to {p['reply_tokens']} tokens alone, median of {p['reply_runs']}; "
+        "**reply in a chat**: the same at the end of the first chat (its history as the "
+        "scenarios before left it); "
         f"**N at once**: N new prompts sent together, replies up to {p['at_once_tokens']} "
         "tokens, aggregate tokens/s = all tokens / wall time; **start to ready**: process "
         "start to GET /health 200; **RSS**: resident memory of the server process and its "
