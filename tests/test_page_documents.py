@@ -21,6 +21,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     BOT,
     BOX,
     REPLY_TIMEOUT,
+    SCREENSHOTS,
     STATS,
     TOAST,
     USER,
@@ -87,7 +88,7 @@ def attach(page: Page, *files: Path) -> None:
 
 
 def strip_names(page: Page) -> list[str]:
-    return [re.sub(r"\s+·.*", "", s).lstrip("📄 ").strip()
+    return [re.sub(r"\s+·.*", "", s).strip()
             for s in page.locator(f"{ATTACHED} summary").all_inner_texts()]
 
 
@@ -102,7 +103,7 @@ def test_a_document_is_attached_shown_removed_and_sent_folded(page, server, tmp_
     attach(page, notes)
     expect(page.locator(ATTACHED)).to_have_count(1)
     summary = page.locator(f"{ATTACHED} summary").inner_text()
-    assert re.fullmatch(r"📄 notes\.md · \d+ tokens", summary.strip()), summary
+    assert re.fullmatch(r"notes\.md · \d+ tokens", summary.strip()), summary
     # Its text can be read before sending.
     page.locator(f"{ATTACHED} summary").click()
     expect(page.locator(f"{ATTACHED} pre")).to_contain_text("Fog came at nine.")
@@ -119,7 +120,8 @@ def test_a_document_is_attached_shown_removed_and_sent_folded(page, server, tmp_
     wait_for_reply_done(page, 1)
     expect(page.locator(ATTACHED)).to_have_count(0)  # sent with the message, gone from here
     user = page.locator(USER)
-    expect(user.locator("details.reame-doc summary")).to_have_text(re.compile(r"📄 notes\.md"))
+    expect(user.locator("details.reame-doc summary")).to_have_text(
+        re.compile(r"Attached: notes\.md"))
     expect(user.locator("details.reame-doc pre")).to_be_hidden()  # folded
     assert user.inner_text().strip().endswith("When did the fog come?")
     chat = api(server).predict(current_id(page), api_name="/get_chat")
@@ -127,10 +129,15 @@ def test_a_document_is_attached_shown_removed_and_sent_folded(page, server, tmp_
     sent = chat["messages"][0]["content"]
     assert sent == compose([Document("notes.md", notes.read_text().strip("\n"))],
                            "When did the fog come?")
-    # After a reload the message still shows its document folded.
+    # After a reload the message still shows its document folded; and in dark mode (the
+    # browser's preference), for README's screenshot.
+    page.emulate_media(color_scheme="dark")
     page.reload()
     expect(page.locator(USER).locator("details.reame-doc summary")).to_have_text(
-        re.compile(r"📄 notes\.md"))
+        re.compile(r"Attached: notes\.md"))
+    wait_for_reply_done(page, 1)
+    page.screenshot(path=SCREENSHOTS / "dark.png")
+    page.emulate_media(color_scheme="light")
 
 
 def test_a_pdf_is_read_and_what_cannot_be_attached_is_named(page, server, tmp_path):

@@ -29,7 +29,7 @@ def strip_html(docs: list[dict]) -> str:
         size = (f'{doc["tokens"]:,} tokens' if doc.get("tokens") is not None
                 else f'{len(doc["text"]):,} characters')
         items.append(
-            f'<li class="reame-attached"><details><summary>📄 {name} · {size}</summary>'
+            f'<li class="reame-attached"><details><summary>{name} · {size}</summary>'
             f'<pre class="reame-doc-text">{html.escape(doc["text"])}</pre></details>'
             f'<button type="button" class="reame-detach" data-reame-detach="{n}" '
             f'aria-label="Remove {name}" title="Remove {name}">✕</button></li>')

@@ -114,7 +114,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             # Documents for the next message (attachments.py): read, shown, removable.
             docs = gr.State([])
             with gr.Row(elem_id="attach-row", equal_height=True):
-                attach_btn = import_button("📎 Attach a document", file_types=list(KINDS),
+                attach_btn = import_button("Attach a document", file_types=list(KINDS),
                                            file_count="multiple", size="sm",
                                            variant="secondary", elem_id="attach",
                                            scale=0, min_width=190)

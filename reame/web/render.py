@@ -34,7 +34,7 @@ def user_html(text: str) -> str:
     then what they typed with HTML made inert."""
     documents, rest = split(text)
     folded = "".join(
-        f'<details class="reame-doc" title="{html.escape(d.name)}"><summary>📄 '
+        f'<details class="reame-doc" title="{html.escape(d.name)}"><summary>Attached: '
         f'{html.escape(d.name)} · {d.text.count(chr(10)) + 1:,} lines</summary><pre>'
         f'{html.escape(d.text, quote=False).replace(chr(10), "&#10;")}</pre></details>\n\n'
         for d in documents)
