@@ -31,13 +31,16 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     UI_TIMEOUT,
     USER,
     VIEWPORT,
+    address,
     api,
     browser,
     chat_menu,
     current_chat,
+    import_chat,
     new_chat,
     open_app,
     page,
+    reload,
     selected_title,
     send,
     server,
@@ -389,3 +392,38 @@ def test_the_list_takes_two_tab_stops_its_chosen_chat_and_that_chat_s_menu(page,
     page.locator(CURRENT).focus()
     page.keyboard.press("ArrowDown")
     assert page.locator("#chat-list summary[tabindex='0']").count() == 1
+
+
+def test_the_address_names_the_chat_shown_and_back_and_forward_retrace_the_chats(page, server):
+    """?chat=ID in the address bar, the rest of the address kept; Back and Forward go between
+    the chats opened; a reload or the address opened anew shows that chat; New chat drops
+    it."""
+    client = api(server)
+    ids = {city: import_chat(client, f"Address {city}", [f"Where is {city}?", "Far north."])
+           for city in ("Oslo", "Lima")}
+
+    def shows(city: str) -> None:
+        expect(page.locator(USER)).to_have_text([f"Where is {city}?"])
+        assert selected_title(page) == f"Address {city}"
+        assert address(page) == {"lang": "en", "chat": str(ids[city])}
+        assert page.url.startswith(server.url + "?"), page.url
+
+    open_app(page, server, "?lang=en")
+    for city in ("Oslo", "Lima"):
+        page.locator(CHATS).filter(has_text=f"Address {city}").click()
+        shows(city)
+    page.go_back()
+    shows("Oslo")
+    page.go_forward()
+    shows("Lima")
+    reload(page)
+    shows("Lima")
+    open_app(page, server, f"?lang=en&chat={ids['Oslo']}")
+    shows("Oslo")
+    expect(page.locator("#chat-note")).to_be_hidden()
+    # A new chat is no chat to name; Back goes back to the chat before it.
+    new_chat(page)
+    expect(page).to_have_url(re.compile(r"\?lang=en$"))
+    page.go_back()
+    shows("Oslo")
+

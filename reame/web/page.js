@@ -71,6 +71,30 @@
         send(action);
     }, true);
 
+    // The address bar names the chat shown (?chat=ID; none for a new or no chat), the rest of
+    // the address kept (a proxy's path, other parameters). Each chat opened is a step of the
+    // history, which Back and Forward retrace; the page's own load and a step retraced add
+    // none. The page shows the chat asked for when it loads (page.py, ASKED_JS).
+    let replaceUrl = true;
+    window.reameShowUrl = (id) => {
+        const url = new URL(location.href);
+        const replace = replaceUrl;
+        replaceUrl = false;
+        if ((url.searchParams.get("chat") || "") === (id || "")) return;
+        if (id) url.searchParams.set("chat", id);
+        else url.searchParams.delete("chat");
+        history[replace ? "replaceState" : "pushState"](history.state, "", url);
+    };
+    window.addEventListener("popstate", () => {
+        const id = new URLSearchParams(location.search).get("chat") || "";
+        const shown = $("#reame-shown textarea, #reame-shown input")?.value || "";
+        if (id === shown) return;
+        replaceUrl = true;  // the chat shown instead, if that one is not here: no new step
+        if (/^\d+$/.test(id)) send(`open:${id}`);
+        else if (!id) $("#new-chat")?.click();
+        else send("open:0");
+    });
+
     // On a phone the sidebar covers the chat: it starts closed, and closes once a chat is
     // picked or made (its button toggles it).
     const narrow = window.matchMedia("(max-width: 768px)");

@@ -105,6 +105,10 @@ h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9
 footer, footer a, footer button { color: #52525b !important; }
 .dark footer, .dark footer a, .dark footer button { color: #d4d4d8 !important; }
 .reame-list-note { font-size: 0.8em; opacity: 0.85; margin: 0.6em 0.4em; }
+#chat-note:not(:has(.reame-note)) { display: none !important; }
+.reame-note { margin: 0; padding: 0.4em 0.8em; border-radius: 8px; font-size: 0.9em;
+              border: 1px solid var(--border-color-primary);
+              background: var(--background-fill-secondary); }
 """
 
 # Runs once when the page loads (mount_gradio_app's js): the chat list's grouping and keys,
@@ -150,6 +154,10 @@ CLEAR_JS = """(action, chat) => {
     return [`${sure ? 'delete' : 'open'}:${id}`, chat];
 }"""
 FOLLOW_JS = "() => { document.getElementById('reame-follow-btn')?.click(); }"
+# The address bar: the page's load asks for the chat it names (?chat=ID); once a chat is
+# shown, it names that one (page.js, reameShowUrl).
+ASKED_JS = "(shown) => [new URLSearchParams(location.search).get('chat') || '']"
+SHOW_URL_JS = "(shown) => { window.reameShowUrl?.(shown); }"
 
 
 @contextmanager
