@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.sync_api import expect
@@ -24,6 +26,8 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     CAPITAL,
     CHATS,
     CURRENT,
+    EDIT,
+    EDIT_BOX,
     ERROR_BADGE,
     REPLY_TIMEOUT,
     SCREENSHOTS,
@@ -427,3 +431,32 @@ def test_the_address_names_the_chat_shown_and_back_and_forward_retrace_the_chats
     page.go_back()
     shows("Oslo")
 
+
+def test_each_message_and_each_chat_says_when_it_was_written_on_hover(browser, server):
+    """In the person's own time (the browser's time zone, here India's, UTC+5:30)."""
+    context = browser.new_context(viewport=VIEWPORT, timezone_id="Asia/Kolkata",
+                                  locale="en-GB")
+    context.set_default_timeout(UI_TIMEOUT)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        client = api(server)
+        # 1 May 2024, 10:00:00 and 10:01:03 UTC.
+        chat_id = import_chat(client, "Written when", ["Hello there.", "Hi!"],
+                              [1714557600.5, 1714557663.0])
+        open_app(page, server, f"?chat={chat_id}")
+        expect(page.locator(USER)).to_have_attribute("title", "1 May 2024, 15:30")
+        expect(page.locator(BOT)).to_have_attribute("title", "1 May 2024, 15:31")
+        updated = next(c["updated_at"] for c in client.predict(api_name="/list_chats")
+                       if c["id"] == chat_id)
+        local = datetime.fromtimestamp(updated, ZoneInfo("Asia/Kolkata"))
+        expect(page.locator(CURRENT)).to_have_attribute("title", re.compile(
+            rf"^Written when\nLast updated {local.day} \w+ {local.year}, {local:%H:%M}$"))
+        # The time is the page's, not the message's: editing shows the text alone.
+        page.locator(USER).hover()
+        page.locator(EDIT).click()
+        expect(page.locator(EDIT_BOX)).to_have_value("Hello there.")
+        assert errors == []
+    finally:
+        context.close()

@@ -106,6 +106,29 @@
     whenSidebar();
     window.reameCloseSidebarOnPhone = closeSidebarOnPhone;
 
+    // When something was written, in the person's own time and words.
+    const when = (seconds) => new Date(seconds * 1000).toLocaleString(
+        undefined, {dateStyle: "medium", timeStyle: "short"});
+    // Each message says on hover when it was written: its marker (render.when_marker, an
+    // empty div of class reame-at-SECONDS) gives its bubble a title.
+    const dateMessages = () => {
+        for (const marker of document.querySelectorAll('#chatbot div[class^="reame-at-"]')) {
+            const message = marker.closest("[data-testid=user], [data-testid=bot]");
+            const seconds = Number(marker.className.match(/^reame-at-(\d+)/)?.[1]);
+            const title = seconds ? when(seconds) : "";
+            if (message && title && message.title !== title) message.title = title;
+        }
+    };
+    // An edited message's box holds the message as the Chatbot has it: without what the
+    // page adds under its text (its versions' buttons, its time).
+    const ADDED = /(?:\s*<div class="reame-tools">[\s\S]*?<\/div>)?\s*<div class="reame-at-\d+"><\/div>\s*$/;
+    const cleanEdits = () => {
+        for (const box of document.querySelectorAll("#chatbot textarea.edit-textarea")) {
+            if (!ADDED.test(box.value)) continue;
+            box.value = box.value.replace(ADDED, "");
+            box.dispatchEvent(new Event("input", {bubbles: true}));
+        }
+    };
     // The chat list: rows grouped by the browser's own days; arrow keys move between rows.
     const groupOf = (seconds) => {
         const day = (d) => new Date(d.getFullYear(), d.getMonth(), d.getDate()).getTime();
@@ -142,6 +165,10 @@
             list.replaceWith(groups);
         }
         const buttons = nav.querySelectorAll(".reame-open");
+        for (const button of buttons) {  // its title, and when it was last written in
+            const updated = Number(button.closest(".reame-row")?.dataset.updated);
+            if (updated) button.title = `${button.dataset.title}\nLast updated ${when(updated)}`;
+        }
         if (buttons.length && !nav.querySelector('.reame-open[tabindex="0"]')) {
             buttons[0].tabIndex = 0;
         }
@@ -170,6 +197,8 @@
     new MutationObserver(() => {
         document.querySelectorAll("#chat-list nav.reame-chats").forEach(arrange);
         name();
+        dateMessages();
+        cleanEdits();
     }).observe(document.body, {childList: true, subtree: true});
 
     // While a reply is written, Enter keeps the next message in the box and says why, instead
@@ -238,12 +267,13 @@
         setTimeout(() => $("#reame-detach-btn")?.click(), 0);
     });
 
-    // Copying a message copies its text: without the stats line, the tools and the window
-    // marker that the page adds to it (all <div class="reame-...">, never nested).
+    // Copying a message copies its text: without the stats line, the tools, the window
+    // marker and the time that the page adds to it (all <div class="reame-...">, never
+    // nested).
     const clipboard = navigator.clipboard;
     if (clipboard && clipboard.writeText) {
         const write = clipboard.writeText.bind(clipboard);
         clipboard.writeText = (text) => write(String(text)
-            .replace(/\s*<div class="reame-[a-z]+">[\s\S]*?<\/div>/g, "").trimEnd());
+            .replace(/\s*<div class="reame-[a-z0-9-]+">[\s\S]*?<\/div>/g, "").trimEnd());
     }
 }

@@ -22,7 +22,13 @@ from reame.web.attachments import strip_html, with_documents
 from reame.web.chat_list import archived_listing_html, latest_chat_id, listing_html
 from reame.web.live_replies import LiveReplies, LiveReply
 from reame.web.page_parts import download_payload, flatten
-from reame.web.render import shown_reply, to_chatbot, user_html, user_text
+from reame.web.render import (
+    shown_reply,
+    to_chatbot,
+    user_html,
+    user_text,
+    without_added,
+)
 from reame.web.settings_tab import cache_markdown, loading_text
 from reame.web.uploads import UploadRefused, Uploads, session_key
 from reame.web.user import user_of
@@ -331,7 +337,7 @@ class PageHandlers:
             return
         user = user_of(request)
         index = data.index if isinstance(data.index, int) else data.index[0]
-        text = user_text(flatten(data.value))
+        text = user_text(without_added(flatten(data.value)))
 
         def prepare():
             """The messages kept before the edited one; the turn, refused (not the user's

@@ -150,7 +150,7 @@ CLEAR_JS = """(action, chat) => {
     const id = row ? row.dataset.reameAction.split(':')[1] : '';
     if (!id) return ['', chat];
     const sure = window.confirm(
-        `Delete “${row.title}” and all its messages? This cannot be undone.`);
+        `Delete “${row.dataset.title}” and all its messages? This cannot be undone.`);
     return [`${sure ? 'delete' : 'open'}:${id}`, chat];
 }"""
 FOLLOW_JS = "() => { document.getElementById('reame-follow-btn')?.click(); }"
