@@ -129,6 +129,44 @@
             box.dispatchEvent(new Event("input", {bubbles: true}));
         }
     };
+    // A chat's ⋯ menu opens whole, wherever its row is in the list's scroll box: placed
+    // over the page (position: fixed), under its ⋯ or, if there is no room below, above it;
+    // a scroll under it closes it.
+    const placeMenu = (menu) => {
+        const items = $(".reame-menu-items", menu);
+        const anchor = $("summary", menu)?.getBoundingClientRect();
+        if (!items || !anchor) return;
+        Object.assign(items.style, {top: "0px", left: "0px"});
+        // Where (0, 0) lands: a transformed sidebar (Gradio slides it) moves it.
+        const origin = items.getBoundingClientRect();
+        const width = items.offsetWidth, height = items.offsetHeight;
+        const room = window.innerHeight - 4;
+        let top = anchor.bottom + height <= room || anchor.top - height < 4
+            ? anchor.bottom : anchor.top - height;
+        top = Math.max(4, Math.min(top, room - height));
+        const left = Math.max(4, Math.min(anchor.right - width, window.innerWidth - width - 4));
+        Object.assign(items.style, {top: `${top - origin.top}px`,
+                                    left: `${left - origin.left}px`});
+        items.dataset.placed = "true";
+    };
+    document.addEventListener("toggle", (event) => {
+        const menu = event.target;
+        if (!menu.matches?.("#chat-list details.reame-menu")) return;
+        if (menu.open) placeMenu(menu);
+        else delete $(".reame-menu-items", menu)?.dataset.placed;
+    }, true);
+    const closeMenus = (under) => {
+        for (const menu of document.querySelectorAll("#chat-list details.reame-menu[open]")) {
+            if (!under || under.contains?.(menu)) menu.removeAttribute("open");
+        }
+    };
+    document.addEventListener("scroll", (event) => {
+        if (!event.target.closest?.(".reame-menu-items")) {
+            closeMenus(event.target === document ? null : event.target);
+        }
+    }, true);
+    window.addEventListener("resize", () => closeMenus(null));
+
     // The chat list: rows grouped by the browser's own days; arrow keys move between rows.
     const groupOf = (seconds) => {
         const day = (d) => new Date(d.getFullYear(), d.getMonth(), d.getDate()).getTime();
