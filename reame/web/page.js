@@ -129,6 +129,14 @@
             box.dispatchEvent(new Event("input", {bubbles: true}));
         }
     };
+    // Gradio's footer links ("Use via API", "Built with Gradio") stay clickable but are no
+    // Tab stops: from the message box, Tab goes round the page's own controls.
+    const untabFooter = () => {
+        for (const link of document.querySelectorAll("footer a, footer button")) {
+            if (link.tabIndex !== -1) link.tabIndex = -1;
+        }
+    };
+
     // A chat's ⋯ menu opens whole, wherever its row is in the list's scroll box: placed
     // over the page (position: fixed), under its ⋯ or, if there is no room below, above it;
     // a scroll under it closes it.
@@ -237,6 +245,7 @@
         name();
         dateMessages();
         cleanEdits();
+        untabFooter();
     }).observe(document.body, {childList: true, subtree: true});
 
     // While a reply is written, Enter keeps the next message in the box and says why, instead
