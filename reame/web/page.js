@@ -121,7 +121,8 @@
     };
     // An edited message's box holds the message as the Chatbot has it: without what the
     // page adds under its text (its versions' buttons, its time).
-    const ADDED = /(?:\s*<div class="reame-tools">[\s\S]*?<\/div>)?\s*<div class="reame-at-\d+"><\/div>\s*$/;
+    const ADDED = new RegExp('(?:\\s*<div class="reame-tools">[^\\n]*</div>)?'
+                             + '\\s*<div class="reame-at-\\d+"></div>\\s*$');
     const cleanEdits = () => {
         for (const box of document.querySelectorAll("#chatbot textarea.edit-textarea")) {
             if (!ADDED.test(box.value)) continue;

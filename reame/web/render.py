@@ -129,8 +129,8 @@ def when_marker(created_at: float) -> str:
 
 
 # What to_chatbot adds after a message's own text: its tools, then when it was written.
-_ADDED = re.compile(r'(?:\n*<div class="reame-tools">.*?</div>)?'
-                    r'\n*<div class="reame-at-\d+"></div>\s*\Z', re.DOTALL)
+_ADDED = re.compile(r'(?:\n*<div class="reame-tools">[^\n]*</div>)?'
+                    r'\n*<div class="reame-at-\d+"></div>\s*\Z')
 
 
 def without_added(shown: str) -> str:
