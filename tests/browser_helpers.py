@@ -18,6 +18,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -114,15 +115,48 @@ def api(server: Server) -> ApiClient:
     return ApiClient(server.url, verbose=False)
 
 
-def open_app(page: Page, server: Server) -> None:
-    """Open the page and wait for its load event (the chat list and the chat shown)."""
-    with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
-        page.goto(server.url)
+def page_load(response) -> bool:
+    """Whether response answers a call of the page's events that are not queued: the page's
+    load is the first (Gradio adds the page's own query to its address)."""
+    return urlsplit(response.url).path.endswith("/gradio_api/run/predict")
+
+
+def open_app(page: Page, server: Server, query: str = "") -> dict:
+    """Open the page (at its address with query, e.g. "?chat=12") and wait for its load event
+    (the chat list and the chat shown); the load's answer."""
+    with page.expect_response(page_load) as loaded:
+        page.goto(server.url + query)
     shown_as_loaded(page, loaded.value)
+    return loaded.value.json()
+
+
+def address(page: Page) -> dict[str, str]:
+    """The query of the page's address, e.g. {"chat": "12"}."""
+    return dict(parse_qsl(urlsplit(page.url).query))
+
+
+def chat_document(title: str, texts: list[str], written: list[float] | None = None) -> dict:
+    """A chat of alternate user and assistant messages, in Reame's export format (imported
+    by the API's /import_chats or the page's Import): a chat with messages, no model needed.
+    written: when each message was written (seconds since 1970)."""
+    written = written or [time.time()] * len(texts)
+    messages = [{"id": n + 1, "parent": n or None, "role": ("user", "assistant")[n % 2],
+                 "content": text, "created_at": at}
+                for n, (text, at) in enumerate(zip(texts, written))]
+    return {"format": "reame-chat", "version": 1, "title": title, "created_at": written[0],
+            "updated_at": written[-1], "settings": {}, "current": len(messages),
+            "messages": messages}
+
+
+def import_chat(client: ApiClient, title: str, texts: list[str],
+                written: list[float] | None = None) -> int:
+    """A chat made by importing chat_document(...): its id."""
+    return client.predict(json.dumps(chat_document(title, texts, written)),
+                          api_name="/import_chats")[0]
 
 
 def reload(page: Page) -> None:
-    with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
+    with page.expect_response(page_load) as loaded:
         page.reload()
     shown_as_loaded(page, loaded.value)
 

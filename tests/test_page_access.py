@@ -154,3 +154,25 @@ def test_a_phone_can_do_everything_by_touch(browser, server):
         expect(page.locator(USER).first).to_have_text("Write a long story about a ship.")
     finally:
         context.close()
+
+
+def test_tab_from_the_message_box_goes_round_the_page_never_to_the_footer_links(page, server):
+    """Gradio's footer links ("Use via API", "Built with Gradio") are no Tab stops; the
+    mouse still reaches them."""
+    open_app(page, server)
+    page.locator(BOX).focus()
+    stops = []
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        stops.append(page.evaluate("""() => {
+            const e = document.activeElement;
+            return [e.closest('footer') !== null, e.outerHTML.slice(0, 100)];
+        }"""))
+        if page.evaluate("() => !!document.activeElement.closest('#sidebar')"):
+            break  # round the page, back at the top
+    assert [html for in_footer, html in stops if in_footer] == []
+    assert page.evaluate("() => !!document.activeElement.closest('#sidebar')"), stops
+    for name in ("Use via API", "Built with Gradio"):
+        link = page.locator("footer").get_by_text(name)
+        expect(link).to_be_visible()
+        link.click(trial=True)  # nothing over it: a click would reach it

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.sync_api import expect
@@ -24,6 +26,8 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     CAPITAL,
     CHATS,
     CURRENT,
+    EDIT,
+    EDIT_BOX,
     ERROR_BADGE,
     REPLY_TIMEOUT,
     SCREENSHOTS,
@@ -31,13 +35,16 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     UI_TIMEOUT,
     USER,
     VIEWPORT,
+    address,
     api,
     browser,
     chat_menu,
     current_chat,
+    import_chat,
     new_chat,
     open_app,
     page,
+    reload,
     selected_title,
     send,
     server,
@@ -389,3 +396,67 @@ def test_the_list_takes_two_tab_stops_its_chosen_chat_and_that_chat_s_menu(page,
     page.locator(CURRENT).focus()
     page.keyboard.press("ArrowDown")
     assert page.locator("#chat-list summary[tabindex='0']").count() == 1
+
+
+def test_the_address_names_the_chat_shown_and_back_and_forward_retrace_the_chats(page, server):
+    """?chat=ID in the address bar, the rest of the address kept; Back and Forward go between
+    the chats opened; a reload or the address opened anew shows that chat; New chat drops
+    it."""
+    client = api(server)
+    ids = {city: import_chat(client, f"Address {city}", [f"Where is {city}?", "Far north."])
+           for city in ("Oslo", "Lima")}
+
+    def shows(city: str) -> None:
+        expect(page.locator(USER)).to_have_text([f"Where is {city}?"])
+        assert selected_title(page) == f"Address {city}"
+        assert address(page) == {"lang": "en", "chat": str(ids[city])}
+        assert page.url.startswith(server.url + "?"), page.url
+
+    open_app(page, server, "?lang=en")
+    for city in ("Oslo", "Lima"):
+        page.locator(CHATS).filter(has_text=f"Address {city}").click()
+        shows(city)
+    page.go_back()
+    shows("Oslo")
+    page.go_forward()
+    shows("Lima")
+    reload(page)
+    shows("Lima")
+    open_app(page, server, f"?lang=en&chat={ids['Oslo']}")
+    shows("Oslo")
+    expect(page.locator("#chat-note")).to_be_hidden()
+    # A new chat is no chat to name; Back goes back to the chat before it.
+    new_chat(page)
+    expect(page).to_have_url(re.compile(r"\?lang=en$"))
+    page.go_back()
+    shows("Oslo")
+
+
+def test_each_message_and_each_chat_says_when_it_was_written_on_hover(browser, server):
+    """In the person's own time (the browser's time zone, here India's, UTC+5:30)."""
+    context = browser.new_context(viewport=VIEWPORT, timezone_id="Asia/Kolkata",
+                                  locale="en-GB")
+    context.set_default_timeout(UI_TIMEOUT)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        client = api(server)
+        # 1 May 2024, 10:00:00 and 10:01:03 UTC.
+        chat_id = import_chat(client, "Written when", ["Hello there.", "Hi!"],
+                              [1714557600.5, 1714557663.0])
+        open_app(page, server, f"?chat={chat_id}")
+        expect(page.locator(USER)).to_have_attribute("title", "1 May 2024, 15:30")
+        expect(page.locator(BOT)).to_have_attribute("title", "1 May 2024, 15:31")
+        updated = next(c["updated_at"] for c in client.predict(api_name="/list_chats")
+                       if c["id"] == chat_id)
+        local = datetime.fromtimestamp(updated, ZoneInfo("Asia/Kolkata"))
+        expect(page.locator(CURRENT)).to_have_attribute("title", re.compile(
+            rf"^Written when\nLast updated {local.day} \w+ {local.year}, {local:%H:%M}$"))
+        # The time is the page's, not the message's: editing shows the text alone.
+        page.locator(USER).hover()
+        page.locator(EDIT).click()
+        expect(page.locator(EDIT_BOX)).to_have_value("Hello there.")
+        assert errors == []
+    finally:
+        context.close()

@@ -23,6 +23,7 @@ from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
     CHATS,
     browser,
     page,
+    page_load,
     shown_as_loaded,
 )
 from .conftest import Server, write_config
@@ -64,7 +65,7 @@ def log_in(page: Page, server: Server, name: str, password: str | None = None) -
     page.goto(server.url)
     page.fill("#username", name)
     page.fill("#password", password or PASSWORDS[name])
-    with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as loaded:
+    with page.expect_response(page_load) as loaded:
         page.click("button[type=submit]")
     shown_as_loaded(page, loaded.value)
     return loaded.value.json()
@@ -283,7 +284,7 @@ def test_accounts_are_turned_on_old_chats_adopted_and_a_user_added_without_a_ter
         page.click("#log-in-now")
         page.fill("#username", "alice")
         page.fill("#password", PASSWORDS["alice"])
-        with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict")) as load:
+        with page.expect_response(page_load) as load:
             page.click("button[type=submit]")
         shown_as_loaded(page, load.value)
         expect(page.locator(NOTE)).to_contain_text("2 chats from before accounts are not shown")

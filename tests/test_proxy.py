@@ -11,8 +11,16 @@ from types import SimpleNamespace
 
 import pytest
 from openai import OpenAI
+from playwright.sync_api import expect
 
-from .browser_helpers import BOT, browser, open_app, page, send  # noqa: F401 - fixtures
+from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
+    BOT,
+    browser,
+    current_id,
+    open_app,
+    page,
+    send,
+)
 from .conftest import ROOT, Server, write_config
 from .gradio_api import ApiClient
 from .nginx import Nginx
@@ -59,6 +67,10 @@ def test_the_page_works_under_the_path(proxied, page):  # noqa: F811
     reply = send(page, "What is the capital city of France? Answer in one word.")
     assert reply.strip()
     assert page.locator(BOT).count() == 1
+    # The chat's address is under the path, and opens it.
+    expect(page).to_have_url(f"{proxied.url}?chat={current_id(page)}")
+    open_app(page, SimpleNamespace(url=proxied.url), f"?chat={current_id(page)}")
+    expect(page.locator(BOT)).to_have_count(1)
     origin = f"http://127.0.0.1:{proxied.port}"
     ours = [u for u in requests if u.startswith(origin)]
     assert ours and all(u.startswith(proxied.url) for u in ours), (

@@ -85,7 +85,8 @@ def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False)
     return (
         f'<li class="reame-row" data-chat="{chat.id}" data-updated="{chat.updated_at:.0f}" '
         f'data-pinned="{str(chat.pinned).lower()}" data-writing="{str(writing).lower()}">'
-        f'<button class="reame-open" data-reame-action="open:{chat.id}" title="{title}"'
+        f'<button class="reame-open" data-reame-action="open:{chat.id}" title="{title}" '
+        f'data-title="{title}"'
         f'{marked} tabindex="{0 if current else -1}">'
         f'<span class="reame-title">{title}</span>{shown}</button>'
         f'<details class="reame-menu"><summary aria-label="Options for {title}" '

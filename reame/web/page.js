@@ -71,6 +71,30 @@
         send(action);
     }, true);
 
+    // The address bar names the chat shown (?chat=ID; none for a new or no chat), the rest of
+    // the address kept (a proxy's path, other parameters). Each chat opened is a step of the
+    // history, which Back and Forward retrace; the page's own load and a step retraced add
+    // none. The page shows the chat asked for when it loads (page.py, ASKED_JS).
+    let replaceUrl = true;
+    window.reameShowUrl = (id) => {
+        const url = new URL(location.href);
+        const replace = replaceUrl;
+        replaceUrl = false;
+        if ((url.searchParams.get("chat") || "") === (id || "")) return;
+        if (id) url.searchParams.set("chat", id);
+        else url.searchParams.delete("chat");
+        history[replace ? "replaceState" : "pushState"](history.state, "", url);
+    };
+    window.addEventListener("popstate", () => {
+        const id = new URLSearchParams(location.search).get("chat") || "";
+        const shown = $("#reame-shown textarea, #reame-shown input")?.value || "";
+        if (id === shown) return;
+        replaceUrl = true;  // the chat shown instead, if that one is not here: no new step
+        if (/^\d+$/.test(id)) send(`open:${id}`);
+        else if (!id) $("#new-chat")?.click();
+        else send("open:0");
+    });
+
     // On a phone the sidebar covers the chat: it starts closed, and closes once a chat is
     // picked or made (its button toggles it).
     const narrow = window.matchMedia("(max-width: 768px)");
@@ -81,6 +105,76 @@
         : requestAnimationFrame(whenSidebar));
     whenSidebar();
     window.reameCloseSidebarOnPhone = closeSidebarOnPhone;
+
+    // When something was written, in the person's own time and words.
+    const when = (seconds) => new Date(seconds * 1000).toLocaleString(
+        undefined, {dateStyle: "medium", timeStyle: "short"});
+    // Each message says on hover when it was written: its marker (render.when_marker, an
+    // empty div of class reame-at-SECONDS) gives its bubble a title.
+    const dateMessages = () => {
+        for (const marker of document.querySelectorAll('#chatbot div[class^="reame-at-"]')) {
+            const message = marker.closest("[data-testid=user], [data-testid=bot]");
+            const seconds = Number(marker.className.match(/^reame-at-(\d+)/)?.[1]);
+            const title = seconds ? when(seconds) : "";
+            if (message && title && message.title !== title) message.title = title;
+        }
+    };
+    // An edited message's box holds the message as the Chatbot has it: without what the
+    // page adds under its text (its versions' buttons, its time).
+    const ADDED = new RegExp('(?:\\s*<div class="reame-tools">[^\\n]*</div>)?'
+                             + '\\s*<div class="reame-at-\\d+"></div>\\s*$');
+    const cleanEdits = () => {
+        for (const box of document.querySelectorAll("#chatbot textarea.edit-textarea")) {
+            if (!ADDED.test(box.value)) continue;
+            box.value = box.value.replace(ADDED, "");
+            box.dispatchEvent(new Event("input", {bubbles: true}));
+        }
+    };
+    // Gradio's footer links ("Use via API", "Built with Gradio") stay clickable but are no
+    // Tab stops: from the message box, Tab goes round the page's own controls.
+    const untabFooter = () => {
+        for (const link of document.querySelectorAll("footer a, footer button")) {
+            if (link.tabIndex !== -1) link.tabIndex = -1;
+        }
+    };
+
+    // A chat's ⋯ menu opens whole, wherever its row is in the list's scroll box: placed
+    // over the page (position: fixed), under its ⋯ or, if there is no room below, above it;
+    // a scroll under it closes it.
+    const placeMenu = (menu) => {
+        const items = $(".reame-menu-items", menu);
+        const anchor = $("summary", menu)?.getBoundingClientRect();
+        if (!items || !anchor) return;
+        Object.assign(items.style, {top: "0px", left: "0px"});
+        // Where (0, 0) lands: a transformed sidebar (Gradio slides it) moves it.
+        const origin = items.getBoundingClientRect();
+        const width = items.offsetWidth, height = items.offsetHeight;
+        const room = window.innerHeight - 4;
+        let top = anchor.bottom + height <= room || anchor.top - height < 4
+            ? anchor.bottom : anchor.top - height;
+        top = Math.max(4, Math.min(top, room - height));
+        const left = Math.max(4, Math.min(anchor.right - width, window.innerWidth - width - 4));
+        Object.assign(items.style, {top: `${top - origin.top}px`,
+                                    left: `${left - origin.left}px`});
+        items.dataset.placed = "true";
+    };
+    document.addEventListener("toggle", (event) => {
+        const menu = event.target;
+        if (!menu.matches?.("#chat-list details.reame-menu")) return;
+        if (menu.open) placeMenu(menu);
+        else delete $(".reame-menu-items", menu)?.dataset.placed;
+    }, true);
+    const closeMenus = (under) => {
+        for (const menu of document.querySelectorAll("#chat-list details.reame-menu[open]")) {
+            if (!under || under.contains?.(menu)) menu.removeAttribute("open");
+        }
+    };
+    document.addEventListener("scroll", (event) => {
+        if (!event.target.closest?.(".reame-menu-items")) {
+            closeMenus(event.target === document ? null : event.target);
+        }
+    }, true);
+    window.addEventListener("resize", () => closeMenus(null));
 
     // The chat list: rows grouped by the browser's own days; arrow keys move between rows.
     const groupOf = (seconds) => {
@@ -118,6 +212,10 @@
             list.replaceWith(groups);
         }
         const buttons = nav.querySelectorAll(".reame-open");
+        for (const button of buttons) {  // its title, and when it was last written in
+            const updated = Number(button.closest(".reame-row")?.dataset.updated);
+            if (updated) button.title = `${button.dataset.title}\nLast updated ${when(updated)}`;
+        }
         if (buttons.length && !nav.querySelector('.reame-open[tabindex="0"]')) {
             buttons[0].tabIndex = 0;
         }
@@ -146,6 +244,9 @@
     new MutationObserver(() => {
         document.querySelectorAll("#chat-list nav.reame-chats").forEach(arrange);
         name();
+        dateMessages();
+        cleanEdits();
+        untabFooter();
     }).observe(document.body, {childList: true, subtree: true});
 
     // While a reply is written, Enter keeps the next message in the box and says why, instead
@@ -214,12 +315,13 @@
         setTimeout(() => $("#reame-detach-btn")?.click(), 0);
     });
 
-    // Copying a message copies its text: without the stats line, the tools and the window
-    // marker that the page adds to it (all <div class="reame-...">, never nested).
+    // Copying a message copies its text: without the stats line, the tools, the window
+    // marker and the time that the page adds to it (all <div class="reame-...">, never
+    // nested).
     const clipboard = navigator.clipboard;
     if (clipboard && clipboard.writeText) {
         const write = clipboard.writeText.bind(clipboard);
         clipboard.writeText = (text) => write(String(text)
-            .replace(/\s*<div class="reame-[a-z]+">[\s\S]*?<\/div>/g, "").trimEnd());
+            .replace(/\s*<div class="reame-[a-z0-9-]+">[\s\S]*?<\/div>/g, "").trimEnd());
     }
 }

@@ -17,12 +17,14 @@ from reame.web.attachments import Attachments
 from reame.web.live_replies import LiveReplies
 from reame.web.page_handlers import PageHandlers
 from reame.web.page_parts import (
+    ASKED_JS,
     CLEAR_JS,
     DOWNLOAD_JS,
     FOCUS_MESSAGE_JS,
     FOLLOW_JS,
     HIDDEN,
     ROLE_JS,
+    SHOW_URL_JS,
     import_button,
     panel,
     panel_js,
@@ -90,6 +92,9 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                            elem_classes=["reame-offscreen"])
     # While replies are written in chats not shown, the list is checked for their end.
     list_timer = gr.Timer(2.0, active=False)
+    # The chat the address bar names ("" for none): SHOW_URL_JS puts it there.
+    shown_id = gr.Textbox(elem_id="reame-shown", elem_classes=["reame-offscreen"],
+                          show_label=False, container=False)
     # An export for the browser to save: {"name", "type", "text"} as JSON (DOWNLOAD_JS).
     download = gr.Textbox(elem_id="reame-download", elem_classes=["reame-offscreen"],
                           show_label=False, container=False)
@@ -101,6 +106,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             model_info = gr.Markdown(info, visible=info is not None, elem_id="model-info")
             model_error = gr.Markdown(error, visible=error is not None, elem_id="model-error")
             banner = [model_info, model_error]
+            # A short note about the chat asked for (NOT_HERE), until another is shown.
+            note = gr.HTML(elem_id="chat-note", padding=False)
             chatbot = gr.Chatbot(elem_id="chatbot", label="Chat", height="65vh",
                                  show_label=False,
                                  editable="user",
@@ -151,7 +158,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
 
     # wiring
 
-    view = [current, chat_list, chatbot, *chat_settings, search]
+    view = [current, chat_list, chatbot, *chat_settings, search, note, shown_id]
     # One load event for the whole page, not queued: a quick read that fills it at once
     # (tests/browser_helpers.py waits for its one /run/predict answer as "page ready").
     show_settings, settings_outputs = settings_view or (lambda request: (), [])
@@ -160,23 +167,26 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     # an inactive tab is rendered only when opened, so an update to it is not applied.
     role = gr.Textbox(visible=False, elem_id="reame-role")
 
-    def on_load_page(request: gr.Request):
+    def on_load_page(asked: str, request: gr.Request):
         user = user_of(request)
         admin = can_configure(user)
         name = name_of(user)
         signed_in = ("" if name is None else
                      f'Signed in as <strong>{html.escape(name)}</strong> · '
                      '<a href="logout" class="reame-logout">Log out</a>')
-        return (*handlers.on_load(request), cache_markdown(service, user, whole_server=admin),
+        return (*handlers.on_load(asked, request),
+                cache_markdown(service, user, whole_server=admin),
                 "admin" if admin else "user", signed_in, *show_settings(request),
                 *(users.show(request) if users is not None else ()))
 
     users_outputs = users.outputs if users is not None else []
-    demo.load(on_load_page, None, [*view, cache_md, role, account, *settings_outputs,
-                                   *users_outputs],
-              queue=False,
-              **HIDDEN).then(None, [role], None, js=ROLE_JS, **HIDDEN).then(
-                  None, None, None, js=FOLLOW_JS, **HIDDEN)
+    # The chat asked for is the address bar's ?chat=ID (read by ASKED_JS).
+    loaded = demo.load(on_load_page, [shown_id], [*view, cache_md, role, account,
+                                                  *settings_outputs, *users_outputs],
+                       js=ASKED_JS, queue=False, **HIDDEN)
+    loaded.then(None, [role], None, js=ROLE_JS, **HIDDEN).then(
+        None, None, None, js=FOLLOW_JS, **HIDDEN)
+    loaded.then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)
 
     # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
     # badge over the conversation even with show_progress="hidden".
@@ -186,10 +196,11 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                      **HIDDEN)
     sending = message.submit(
         handlers.begin_send, [message, current, pending, search, docs, *chat_settings],
-        [current, pending, chatbot, message, chat_list, docs, attached],
+        [current, pending, chatbot, message, chat_list, docs, attached, note, shown_id],
         validator=handlers.check_send,
         js=panel_js(5), show_progress="hidden", show_progress_on=[message], **HIDDEN,
     )
+    sending.then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)
     # Progress (the "..." bubble) on the chatbot only, not over the textbox.
     streaming = sending.success(
         handlers.stream_reply, [pending, current], [chatbot, message], show_progress="minimal",
@@ -237,6 +248,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                              cancels=replies,
                              js="(action, chat) => [window.reameAction || '', chat]",
                              **HIDDEN)):
+        event.then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)
         event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN).then(
             None, None, None, js=FOLLOW_JS, **HIDDEN)
     download.change(None, [download], None, js=DOWNLOAD_JS, **HIDDEN)
@@ -247,7 +259,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     search.change(handlers.find, [search, current], [chat_list], trigger_mode="always_last",
                  queue=False, show_progress="hidden", **HIDDEN)
     export_all_btn.click(handlers.export_all, None, [download], **HIDDEN)
-    import_btn.upload(handlers.import_chats, [import_btn, current], view, cancels=replies, **HIDDEN)
+    import_btn.upload(handlers.import_chats, [import_btn, current], view, cancels=replies,
+                      **HIDDEN).then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)
     for control in (system_prompt, max_tokens):
         control.blur(handlers.save_settings, [current, *chat_settings], None, js=panel_js(1),
                      **HIDDEN)

@@ -22,15 +22,25 @@ from reame.web.attachments import strip_html, with_documents
 from reame.web.chat_list import archived_listing_html, latest_chat_id, listing_html
 from reame.web.live_replies import LiveReplies, LiveReply
 from reame.web.page_parts import download_payload, flatten
-from reame.web.render import shown_reply, to_chatbot, user_html, user_text
+from reame.web.render import (
+    shown_reply,
+    to_chatbot,
+    user_html,
+    user_text,
+    without_added,
+)
 from reame.web.settings_tab import cache_markdown, loading_text
 from reame.web.uploads import UploadRefused, Uploads, session_key
 from reame.web.user import user_of
 
 log = logging.getLogger(__name__)
 
-# What show() gives the page: the chat id, the list, the Chatbot, the chat settings, the search.
-VIEW = 4 + len(FIELD)
+# What show() gives the page: the chat id, the list, the Chatbot, the chat settings, the
+# search, the note over the chat, and the chat the address bar names.
+VIEW = 6 + len(FIELD)
+# A chat asked for (the address bar's ?chat=ID, Back, a stale link) that the user cannot see:
+# the same words whether no chat has that id or another user's has (nothing told apart).
+NOT_HERE = '<p class="reame-note" role="status">That chat is not here.</p>'
 
 
 async def in_thread(fn, *args):
@@ -77,9 +87,11 @@ class PageHandlers:
     def listing(self, user, chat_id, words=""):
         return listing_html(self.service, user, chat_id, words, self.writing(user))
 
-    def show(self, chat_id, request: gr.Request):
+    def show(self, chat_id, request: gr.Request, *, note: str = ""):
         """Everything that depends on which chat is shown; a reply being written in it is
-        shown as far as it got (FOLLOW_JS then follows it)."""
+        shown as far as it got (FOLLOW_JS then follows it). A chat the user cannot see (none
+        has its id, or another user's) shows the latest chat instead, with NOT_HERE; the
+        address bar names the chat shown (page.js), none while it is empty."""
         user = user_of(request)
         reply = self.live.get(user, chat_id)
         if reply is not None:
@@ -88,7 +100,11 @@ class PageHandlers:
             try:
                 messages = self.shown(chat_id, user)
             except ChatNotFound:
-                chat_id, messages = None, []
+                if note:  # the latest chat, gone meanwhile too
+                    chat_id, messages = None, []
+                else:
+                    return self.show(latest_chat_id(self.service, user), request,
+                                     note=NOT_HERE)
             else:  # restore its KV while the user reads and types
                 threading.Thread(target=self.service.restore_ahead, args=(chat_id, user),
                                  daemon=True).start()
@@ -96,10 +112,19 @@ class PageHandlers:
             messages = []
         self.live.showing(request.session_hash, chat_id)  # a following of another chat ends
         return (chat_id, self.listing(user, chat_id), messages,
-                *_settings_values(self.service, chat_id, user), "")
+                *_settings_values(self.service, chat_id, user), "", note,
+                str(chat_id) if chat_id is not None and messages else "")
 
-    def on_load(self, request: gr.Request):
-        return self.show(latest_chat_id(self.service, user_of(request)), request)
+    def on_load(self, asked: str, request: gr.Request):
+        """The page as it opens: the chat the address bar names (asked, from ?chat=), or the
+        latest. Anything but an id of the user's own chats is NOT_HERE, told apart by
+        nothing."""
+        asked = (asked or "").strip()
+        if not asked:
+            return self.show(latest_chat_id(self.service, user_of(request)), request)
+        if asked.isascii() and asked.isdigit() and len(asked) <= 18:
+            return self.show(int(asked), request)
+        return self.show(latest_chat_id(self.service, user_of(request)), request, note=NOT_HERE)
 
     def on_new_chat(self, request: gr.Request):
         try:
@@ -155,7 +180,7 @@ class PageHandlers:
             # The reply waits for the model: say so where the reply will be.
             history.append({"role": "assistant", "content": loading_text(loading)})
         return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
-                self.listing(user, chat_id, words), [], strip_html([]))
+                self.listing(user, chat_id, words), [], strip_html([]), "", str(chat_id))
 
     def live_view(self, reply: LiveReply) -> list[dict]:
         """A reply being written as the Chatbot shows it: under the chat as it was when it
@@ -312,7 +337,7 @@ class PageHandlers:
             return
         user = user_of(request)
         index = data.index if isinstance(data.index, int) else data.index[0]
-        text = user_text(flatten(data.value))
+        text = user_text(without_added(flatten(data.value)))
 
         def prepare():
             """The messages kept before the edited one; the turn, refused (not the user's

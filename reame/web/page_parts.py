@@ -41,8 +41,13 @@ html[data-reame-role=user] #settings-tab-button { display: none !important; }
 button.reame-tool:hover { background: var(--background-fill-secondary); }
 .reame-sr { position: absolute; width: 1px; height: 1px; overflow: hidden;
             clip: rect(0 0 0 0); white-space: nowrap; }
-/* Only the list scrolls: the buttons above it and the panels below stay in view. */
-#chat-list { max-height: calc(100vh - 22rem); min-height: 8rem; overflow-y: auto !important; }
+/* Only the list scrolls: the sidebar is the window's height, and the list takes what the
+   buttons above it and the panels below it (Log out last) leave. */
+#sidebar .sidebar-content { height: 100%; box-sizing: border-box; display: flex;
+                            flex-direction: column; }
+#sidebar .sidebar-content > .column { flex: 1 1 auto; min-height: 0; }
+#sidebar .sidebar-content > .column > * { flex: none; }
+#chat-list { flex: 0 1 auto !important; min-height: 8rem; overflow-y: auto !important; }
 #transfer-row { flex-wrap: nowrap !important; gap: 0.5rem; }
 #transfer-row > * { min-width: 0 !important; flex: 1 1 0 !important; }
 .reame-chats ul { list-style: none; margin: 0; padding: 0; }
@@ -69,11 +74,13 @@ h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9
 .reame-menu summary::-webkit-details-marker { display: none; }
 .reame-menu summary:hover, .reame-menu[open] summary { opacity: 1;
                       background: var(--background-fill-primary); }
-.reame-menu-items { position: absolute; right: 0; top: 100%; z-index: 20; display: flex;
+/* Placed by page.js over the page, outside the list's scroll box (hidden until placed). */
+.reame-menu-items { position: fixed; z-index: 50; display: flex;
                     flex-direction: column; min-width: 11em; padding: 0.3em;
                     background: var(--background-fill-primary); border-radius: 8px;
                     border: 1px solid var(--border-color-primary);
                     box-shadow: 0 4px 16px rgba(0, 0, 0, 0.18); }
+.reame-menu-items:not([data-placed]) { visibility: hidden; }
 .reame-menu-items button { text-align: left; background: none; border: none; color: inherit;
                            padding: 0.45em 0.6em; border-radius: 6px; cursor: pointer; }
 .reame-menu-items button:hover { background: var(--background-fill-secondary); }
@@ -105,6 +112,10 @@ h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9
 footer, footer a, footer button { color: #52525b !important; }
 .dark footer, .dark footer a, .dark footer button { color: #d4d4d8 !important; }
 .reame-list-note { font-size: 0.8em; opacity: 0.85; margin: 0.6em 0.4em; }
+#chat-note:not(:has(.reame-note)) { display: none !important; }
+.reame-note { margin: 0; padding: 0.4em 0.8em; border-radius: 8px; font-size: 0.9em;
+              border: 1px solid var(--border-color-primary);
+              background: var(--background-fill-secondary); }
 """
 
 # Runs once when the page loads (mount_gradio_app's js): the chat list's grouping and keys,
@@ -146,10 +157,14 @@ CLEAR_JS = """(action, chat) => {
     const id = row ? row.dataset.reameAction.split(':')[1] : '';
     if (!id) return ['', chat];
     const sure = window.confirm(
-        `Delete “${row.title}” and all its messages? This cannot be undone.`);
+        `Delete “${row.dataset.title}” and all its messages? This cannot be undone.`);
     return [`${sure ? 'delete' : 'open'}:${id}`, chat];
 }"""
 FOLLOW_JS = "() => { document.getElementById('reame-follow-btn')?.click(); }"
+# The address bar: the page's load asks for the chat it names (?chat=ID); once a chat is
+# shown, it names that one (page.js, reameShowUrl).
+ASKED_JS = "(shown) => [new URLSearchParams(location.search).get('chat') || '']"
+SHOW_URL_JS = "(shown) => { window.reameShowUrl?.(shown); }"
 
 
 @contextmanager

@@ -122,11 +122,29 @@ WINDOW_MARKER = ('\n\n<div class="reame-window">⋯ earlier messages are outside
                  'memory ⋯</div>')
 
 
+def when_marker(created_at: float) -> str:
+    """When a message was written, for the page to show on hover in the person's own time
+    (page.js): an empty div whose class says it (the Chatbot's sanitizer keeps classes)."""
+    return f'\n\n<div class="reame-at-{created_at:.0f}"></div>'
+
+
+# What to_chatbot adds after a message's own text: its tools, then when it was written.
+_ADDED = re.compile(r'(?:\n*<div class="reame-tools">[^\n]*</div>)?'
+                    r'\n*<div class="reame-at-\d+"></div>\s*\Z')
+
+
+def without_added(shown: str) -> str:
+    """A message as the Chatbot holds it (e.g. an edit's text), without what to_chatbot added
+    after its text."""
+    return _ADDED.sub("", shown)
+
+
 def to_chatbot(messages: list[Message], window_start: int = 0,
                tree: MessageTree | None = None) -> list[dict]:
     """Messages in the Chatbot's format; each reply carries its stats line, and the last reply
     before the model's window (window_start, a message position) carries a quiet marker.
-    With the chat's tree, each message also carries its tools (message_tools)."""
+    With the chat's tree, each message also carries its tools (message_tools). Each ends with
+    when it was written (when_marker)."""
     last_outside = max((n for n, m in enumerate(messages) if m.position < window_start),
                        default=None)
     shown = []
@@ -139,6 +157,7 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
             content = user_html(m.content)
         if tree is not None:
             content += message_tools(m, tree)
+        content += when_marker(m.created_at)
         shown.append({"role": m.role, "content": content})
     return shown
 
