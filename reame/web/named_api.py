@@ -343,8 +343,8 @@ def register_api(service: ChatService, *, settings_group: str,
         # Any number at once: the scheduler runs them in turn, or says the server is full.
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
     for fn in (new_chat, list_chats, search_chats, get_chat, get_thread, show_version, branch,
-               rename_chat, pin_chat, archive_chat, update_chat, delete_chat, export_chat, export_chats,
-               import_chats, type_ahead, cache_stats):
+               rename_chat, pin_chat, archive_chat, update_chat, delete_chat, export_chat,
+               export_chats, import_chats, type_ahead, cache_stats):
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
 
 
