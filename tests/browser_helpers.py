@@ -65,7 +65,8 @@ PLANET = "Which planet do we live on? Answer in one word."
 ITALY = "What is the capital of Italy?"
 STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")
 # The buttons under a message (reame/web/render.py, message_tools), as its text shows them.
-TOOLS_LINE = re.compile(r"(?:\s|[‹›]|Previous version|Next version|\d+/\d+|Branch from here)*$")
+TOOLS_LINE = re.compile(
+    r"(?:\s|[‹›]|Previous version|Next version|\d+/\d+|Continue|Branch from here)*$")
 VERSIONS = "#chatbot .reame-version-of"
 PREVIOUS = "#chatbot .reame-tool[title='Previous version']"
 NEXT = "#chatbot .reame-tool[title='Next version']"

@@ -4,7 +4,7 @@ import pytest
 
 from reame.chats.service import ChatService, EmptyMessage, MessageTooLong, NoModel
 from reame.chats.window import turns_of
-from reame.config.refusals import ChatNotFound
+from reame.config.refusals import ChatError, ChatNotFound
 
 from .conftest import GREEDY, THREADS
 from .reference import assert_answers, model_answer
@@ -209,3 +209,39 @@ def test_a_settings_change_on_a_full_server_stands_without_sharing_the_opening(t
     finally:
         reply.close()
         engine.close()
+
+
+def test_a_reply_cut_at_max_tokens_continues_reusing_its_kv(service):
+    """Continue: the prompt ends inside the cut reply, so its KV is reused whole and only a
+    token or so is evaluated; the reply goes on as a new version of it, its text and tokens
+    followed by the new ones, and with greedy sampling it is the reply a larger Max tokens
+    would have written in one go (compared with that reply, computed here)."""
+    question = "Write a short poem about the sea."
+    chat = service.new_chat()
+    service.update_settings(chat.id, max_tokens=12)
+    cut = reply(service, chat.id, question)[-1]
+    assert cut.stats.at_limit and cut.stats.generated == 12
+    updates = list(service.continue_reply(chat.id))
+    done = updates[-1]
+    assert done.done and all(u.text.startswith(cut.text) for u in updates if not u.queued)
+    assert done.stats.reused >= done.stats.prompt_tokens - 1, done.stats
+    assert done.stats.prefilled <= 1, "only the last token is evaluated again"
+    messages = service.messages(chat.id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    tree = service.store.tree(chat.id)
+    assert tree.version(messages[1]) == (2, 2), "the cut reply stays as version 1"
+    assert messages[1].content == done.text
+    first = next(m for m in tree.messages if m.role == "assistant" and m.id != messages[1].id)
+    assert first.content == cut.text and messages[1].token_list[:12] == first.token_list
+
+    whole = service.new_chat()
+    service.update_settings(whole.id, max_tokens=24)
+    in_one_go = reply(service, whole.id, question)[-1]
+    assert messages[1].token_list == service.messages(whole.id)[1].token_list
+    assert done.text == in_one_go.text
+
+
+def test_only_a_reply_can_be_continued(service):
+    chat = service.new_chat()
+    with pytest.raises(ChatError, match="no reply to continue"):
+        service.continue_reply(chat.id)

@@ -314,3 +314,30 @@ def test_a_reply_cut_at_max_tokens_says_so(page, server):
     expect(stats.nth(0)).to_contain_text(f"cut at the limit of {limit} tokens")
     if replies[1]["stats"]["generated"] < limit:
         expect(stats.nth(1)).not_to_contain_text("cut at the limit")
+
+
+def test_continue_makes_a_cut_reply_go_on_reusing_its_kv(page, server):
+    """Continue under the last reply, when it was cut at Max tokens: the same reply goes on in
+    the same bubble (it starts with the words it had), only the last token or so is evaluated
+    again, and the cut reply stays as its version 1/2."""
+    client = api(server)
+    chat_id = client.predict("Continue me", None, api_name="/new_chat")
+    client.predict(chat_id, "Write a long story about a dragon, chapter by chapter.",
+                   api_name="/send")
+    cut = client.predict(chat_id, api_name="/get_chat")["messages"][1]
+    assert cut["stats"]["at_limit"]
+    open_app(page, server)
+    page.locator(f"#chat-list [data-chat='{chat_id}'] .reame-open").click()
+    expect(page.locator(STATS)).to_have_count(1)
+    expect(page.locator(STATS)).to_contain_text("cut at the limit")
+    continue_button = page.locator("#chatbot button.reame-tool", has_text="Continue")
+    expect(continue_button).to_have_count(1)
+    continue_button.click()
+    expect(page.locator("#chatbot .reame-version-of")).to_have_text("2/2",
+                                                                     timeout=REPLY_TIMEOUT)
+    wait_for_reply_done(page, 1)
+    reply = client.predict(chat_id, api_name="/get_chat")["messages"][1]
+    assert reply["id"] != cut["id"] and reply["content"].startswith(cut["content"])
+    assert len(reply["content"]) > len(cut["content"])
+    assert reply["stats"]["prefilled"] <= 1, reply["stats"]
+    assert words(without_stats(page.locator(BOT).inner_text())) == words(reply["content"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from reame.chats.conversation import (
     STATELESS_TEMPERATURE,
@@ -46,11 +46,15 @@ class ChatKeeper:
     sharing the database may)."""
 
     def __init__(self, store: Store, chat: Chat, messages: list[Message], model: str,
-                 after: int | None):
+                 after: int | None, continued: Message | None = None):
         self.store, self.chat, self.model = store, chat, model
         self.messages = messages  # the chat's, every version, the user's message included
         self.after = after  # the message the reply follows (the user may show another meanwhile)
+        # A reply this turn continues (Continue): kept as a new version of it, its text and
+        # tokens followed by the turn's.
+        self.continued = continued
         self.kept: MessageTree | None = None
+        self.text = ""  # the reply's text as kept
 
     def alive(self) -> bool:
         return self.store.has_chat(self.chat.id, self.chat.owner)
@@ -58,11 +62,17 @@ class ChatKeeper:
     def keep(self, decoding: Decoding, stats: TurnStats) -> int:
         """The turn's write at its end, one transaction (Turns._prepare_turn says why there is
         one before): the reply with its stats, as the chat's leaf, its updated time."""
-        reply = decoding.text
+        reply, tokens = decoding.text, None if decoding.cut else decoding.generated
+        if self.continued is not None:
+            reply = self.continued.content + reply
+            earlier = (self.continued.token_list
+                       if self.continued.tokens_model == self.model else None)
+            tokens = None if tokens is None or earlier is None else earlier + list(tokens)
+        self.text = reply.strip() if decoding.finished else reply
         message = self.store.add_message(
-            self.chat.id, "assistant", reply.strip() if decoding.finished else reply,
+            self.chat.id, "assistant", self.text,
             # A reply cut at a stop string holds tokens past its text: re-tokenize it.
-            tokens=None if decoding.cut else decoding.generated,
+            tokens=tokens,
             tokens_model=self.model, stats=asdict(stats), stopped=stats.stopped,
             after=self.after, expect_owner=self.chat.owner)
         self.kept = MessageTree(self.messages + [message], message.id)
@@ -165,6 +175,18 @@ class Turns:
         return TurnStream(lambda stream: self._turn(stream, chat, None, seed=seed,
                                                     cut_at=cut_at))
 
+    def continue_reply(self, chat_id: int, *, user: str | None = None) -> TurnStream:
+        """The last reply goes on where it stopped (cut at Max tokens, or stopped): the prompt
+        ends inside it, so its KV is reused whole, and what follows is kept with it as a new
+        version of it (the cut one stays). Its updates hold the whole reply so far."""
+        chat = self._chat_for_turn(chat_id, user)
+        messages = self.store.messages(chat_id)
+        if not messages or messages[-1].role != "assistant":
+            raise ChatError("there is no reply to continue: the chat's last message is not a "
+                            "reply")
+        return TurnStream(lambda stream: self._turn(stream, chat, None, seed=None,
+                                                    continued=messages[-1]))
+
     def edit_message(self, chat_id: int, message_id: int, text: str, *,
                      seed: int | None = None, user: str | None = None) -> TurnStream:
         """Replace one of the user's messages (and drop what followed it), then answer it."""
@@ -205,7 +227,8 @@ class Turns:
 
     def _turn(self, stream: TurnStream, chat: Chat, text: str | None, *,
               cut_at: int | None = None, seed: int | None, max_tokens: int | None = None,
-              stop: tuple[str, ...] = ()) -> Iterator[TurnUpdate]:
+              stop: tuple[str, ...] = (),
+              continued: Message | None = None) -> Iterator[TurnUpdate]:
         scope = chat_scope(chat)
         while True:  # until a slot of the current model's (a switch sends turns on)
             runtime = self._current()
@@ -223,7 +246,7 @@ class Turns:
                     yield TurnUpdate("", queued=waiting.position, chat_id=chat.id)
                 with runtime.lease():
                     job, keeper = self._prepare_turn(runtime, chat.id, chat.owner, text,
-                                                     cut_at, seed, max_tokens, stop)
+                                                     cut_at, seed, max_tokens, stop, continued)
             except Replaced:
                 continue
             except Stopped:  # before its slot: nothing was stored
@@ -233,15 +256,20 @@ class Turns:
                 raise
             break
         runner = self._runner(runtime)
+        before = continued.content if continued is not None else ""
         for update in self._updates(runtime.scheduler.results(place, lambda: runner.run(
                 job, keeper)), job):
+            if before and not update.queued:  # the whole reply so far, as it is kept
+                update = replace(update, text=keeper.text if update.done and keeper.kept
+                                 else before + update.text)
             if update.done:
                 update.kept = keeper.kept
             yield update
 
     def _prepare_turn(self, runtime: ModelRuntime, chat_id: int, owner: str | None,
                       text: str | None, cut_at: int | None, seed: int | None,
-                      max_tokens: int | None, stop: tuple[str, ...]) -> tuple[Job, ChatKeeper]:
+                      max_tokens: int | None, stop: tuple[str, ...],
+                      continued: Message | None = None) -> tuple[Job, ChatKeeper]:
         """Store the user's message and make the turn's job (its slot is held meanwhile).
 
         A turn writes twice, each time one transaction: here, before its reply (the user's
@@ -252,6 +280,8 @@ class Turns:
         chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
         tree = self.store.tree(chat.id)
         history = tree.branch
+        if continued is not None and (not history or history[-1].id != continued.id):
+            raise ChatError("the reply to continue is no longer the chat's last message")
         kept = [m for m in history if cut_at is None or m.position < cut_at]
         window = fit(runtime.prompts, chat, chat_scope(chat), kept,
                      PromptMessage("user", text) if text is not None else None, cut_at)
@@ -272,9 +302,12 @@ class Turns:
             if added is not None:
                 user_message_id, messages = added.id, messages + [added]
         after = user_message_id if text is not None else (kept[-1].id if kept else None)
+        if continued is not None:
+            after = continued.parent_id  # the continued reply's new version, beside it
         job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
                         user_message_id=user_message_id)
-        return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after)
+        return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after,
+                               continued)
 
     def _restore_ahead_prelude(self, runtime: ModelRuntime, chat_id: int,
                                scope: Scope) -> Callable[[], Iterator[bool]] | None:

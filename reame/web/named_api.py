@@ -188,6 +188,15 @@ def register_api(service: ChatService, *, settings_group: str,
             async for text in texts:
                 yield text
 
+    async def continue_reply(chat_id: int, request: gr.Request = None) -> AsyncIterator[str]:
+        """Make the last reply go on where it stopped (cut at max_tokens): its KV reused, kept
+        as a new version of it; streams the whole reply like /send."""
+        user = user_of(request)
+        async with aclosing(_stream(lambda: service.continue_reply(int(chat_id),
+                                                                   user=user))) as texts:
+            async for text in texts:
+                yield text
+
     async def edit_message(chat_id: int, message_id: int, message: str,
                            request: gr.Request = None) -> AsyncIterator[str]:
         """Replace one of the user's messages, drop what followed, and stream the new reply."""
@@ -339,7 +348,7 @@ def register_api(service: ChatService, *, settings_group: str,
 
     if settings is not None:
         _register_settings(settings, settings_group=settings_group, can_configure=can_configure)
-    for fn in (send, regenerate, edit_message):
+    for fn in (send, regenerate, continue_reply, edit_message):
         # Any number at once: the scheduler runs them in turn, or says the server is full.
         gr.api(_guarded(fn), api_name=fn.__name__, concurrency_limit=None)
     for fn in (new_chat, list_chats, search_chats, get_chat, get_thread, show_version, branch,

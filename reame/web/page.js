@@ -68,6 +68,10 @@
             return;
         }
         if (kind === "open" || kind === "branch") closeSidebarOnPhone();
+        if (kind === "continue") {  // a reply that streams: an event of its own
+            window.reameAction = action;
+            return $("#reame-continue-btn").click();
+        }
         send(action);
     }, true);
 

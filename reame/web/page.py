@@ -88,6 +88,9 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                            elem_classes=["reame-offscreen"])
     # Follows the reply of the chat shown, if one is being written (FOLLOW_JS clicks it once
     # a chat is shown).
+    # Continue under a reply cut at Max tokens (render.message_tools; page.js clicks it).
+    continue_btn = gr.Button("Continue the reply", elem_id="reame-continue-btn",
+                             elem_classes=["reame-offscreen"])
     follow_btn = gr.Button("Follow the reply", elem_id="reame-follow-btn",
                            elem_classes=["reame-offscreen"])
     # While replies are written in chats not shown, the list is checked for their end.
@@ -217,6 +220,12 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                         show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN)
         reply.then(handlers.end_send, [current, search], after, queue=False, **HIDDEN)
         replies.append(reply)
+    reply = continue_btn.click(handlers.continue_reply, [action, current], [chatbot, message],
+                               js="(action, chat) => [window.reameAction || '', chat]",
+                               show_progress="minimal", show_progress_on=[chatbot],
+                               concurrency_limit=None, **HIDDEN)
+    reply.then(handlers.end_send, [current, search], after, queue=False, **HIDDEN)
+    replies.append(reply)
     replies.append(follow_btn.click(
         handlers.follow, [current, search], [chatbot, message, chat_list, cache_md, listed_writing,
                                     list_timer],

@@ -332,6 +332,31 @@ class PageHandlers:
             async for update in ups:
                 yield update
 
+    async def continue_reply(self, action, chat_id, request: gr.Request):
+        """Continue (under a reply cut at Max tokens): the same reply goes on, streamed like
+        a retry; action is "continue:ID", the reply's id, which must be the chat's last."""
+        if chat_id is None:
+            return
+        user = user_of(request)
+
+        def prepare():
+            messages = self.service.messages(chat_id, user)
+            if not messages or f"continue:{messages[-1].id}" != action:
+                raise ChatError("This reply is no longer the chat's last: nothing to continue.")
+            return self.shown(chat_id, user, messages[:-1])
+
+        try:
+            base = await in_thread(prepare)
+        except (ChatError, ChatNotFound) as exc:
+            gr.Warning(str(exc))
+            yield await in_thread(self.shown, chat_id, user), gr.skip()
+            return
+        async with aclosing(self.write_reply(
+                user, chat_id, request, base,
+                lambda: self.service.continue_reply(chat_id, user=user))) as ups:
+            async for update in ups:
+                yield update
+
     async def edit(self, chat_id, data: gr.EditData, request: gr.Request):
         if chat_id is None:
             return

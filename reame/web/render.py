@@ -176,6 +176,9 @@ def message_tools(message: Message, tree: MessageTree) -> str:
             f'<span class="reame-version-of">{version}/{versions}</span>',
             _tool("›", "Next version", f"show-{ids[version]}" if version < versions else None)]
     if message.role == "assistant":
+        if message.id == tree.leaf_id and (message.stats_dict or {}).get("at_limit"):
+            # Cut at Max tokens: the same reply goes on (ChatService.continue_reply).
+            buttons.append(_tool("Continue", "Continue", f"continue-{message.id}"))
         buttons.append(_tool("Branch from here", "Branch from here", f"branch-{message.id}"))
     if not buttons:
         return ""
