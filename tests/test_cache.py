@@ -608,6 +608,26 @@ def test_the_cache_s_totals_and_prefill_speed_outlive_a_restart(folder, model_pa
     assert Node(folder, model_path).service.cache_stats()["tokens_restored"] == 0
 
 
+def test_the_time_saved_is_counted_once_per_hit_and_only_grows(folder, model_path):
+    """It was the tokens restored over today's prefill rate: as the rate's estimate rose, the
+    sidebar's "time saved" fell (3 min, 2 min, 51 s). Each hit now adds its own seconds, at
+    the rate measured then; a later, faster rate leaves them as they were."""
+    node = Node(folder, model_path)
+    chat = node.service.new_chat(system_prompt=LONG_SYSTEM)
+    node.say(chat.id, "Which planet do we live on?")
+    node.kv.flush()
+    later = Node(folder, model_path)
+    later.say(chat.id, "Say hello.")  # restored from disk: a hit
+    saved = later.service.cache_stats()["time_saved_s"]
+    assert saved > 0
+    later.service.cache.prefill_rate *= 10  # the estimate moves (a faster prefill measured)
+    assert later.service.cache_stats()["time_saved_s"] == saved
+    later.kv.flush()
+    third = Node(folder, model_path)  # a restart: the next turn restores from disk again
+    third.say(chat.id, "And the moon?")
+    assert third.service.cache_stats()["time_saved_s"] > saved
+
+
 def test_the_chats_ready_are_counted_as_files_come_and_go(folder):
     """KVStore.ready_chats: the chats with a file of the store's model, kept as files are
     written, evicted, deleted and swept, and found at start: always what looking for each

@@ -122,7 +122,7 @@ class KVCache(CacheFigures):
                 counts = self._count()
                 counts.lookups += 1
                 counts.hits += 1
-                counts.tokens_saved += live
+                self.count_saved(counts, live)
             return Restored(live, ahead.source, ahead.restore_ms, typed=ahead.typed)
         # The live KV is this chat's own (its file holds the same tokens): nothing to look up.
         if self.files is None or live >= usable or (
@@ -137,7 +137,7 @@ class KVCache(CacheFigures):
         ms = (time.perf_counter() - started) * 1000
         if restored is not None:
             counts.hits += 1
-            counts.tokens_saved += restored.reused
+            self.count_saved(counts, restored.reused)
             restored.restore_ms = ms
             return restored
         # Nothing better on disk: whatever still matches in the context is reused (another
@@ -146,7 +146,7 @@ class KVCache(CacheFigures):
         live = engine.resume_point(prompt)
         if live:
             counts.hits += 1
-            counts.tokens_saved += live
+            self.count_saved(counts, live)
         return Restored(live, "live" if live else "none", ms)
 
     def holds(self, chat_id: int) -> bool:

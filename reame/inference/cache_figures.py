@@ -30,6 +30,13 @@ class CacheFigures:
             self.prefill_rate = (rate if not self.prefill_rate
                                  else 0.8 * self.prefill_rate + 0.2 * rate)
 
+    def count_saved(self, counts: Counts, tokens: int) -> None:
+        """A hit's tokens not recomputed, and the time recomputing them would take at the
+        prefill rate measured now."""
+        counts.tokens_saved += tokens
+        if self.prefill_rate:
+            counts.seconds_saved += tokens / self.prefill_rate
+
     # The figures of the Cache panel outlive a restart: kept beside the files, the prefill
     # rate per model (it turns tokens restored into time saved).
 
@@ -43,7 +50,7 @@ class CacheFigures:
             data = json.loads(path.read_text(encoding="utf-8")) if path else {}
             rates = dict(data.get("prefill_rates", {}))
             rate = rates.get(self.engine.fingerprint, 0.0)
-            counts = {Scope(str(scope)): Counts(*(int(n) for n in numbers))
+            counts = {Scope(str(scope)): _counts(numbers, rate)
                       for scope, numbers in data.get("counts", {}).items()}
         except FileNotFoundError:
             return
@@ -65,7 +72,8 @@ class CacheFigures:
         if self.prefill_rate:
             self._rates[self.engine.fingerprint] = round(self.prefill_rate, 2)
         data = {"prefill_rates": self._rates, "counts": {
-            scope: [c.lookups, c.hits, c.tokens_saved] for scope, c in self.counts.items()}}
+            scope: [c.lookups, c.hits, c.tokens_saved, round(c.seconds_saved, 3)]
+            for scope, c in self.counts.items()}}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # A temp name of this process's own (nodes sharing the folder may write it at
@@ -95,13 +103,24 @@ class CacheFigures:
                "lookups": lookups, "hits": hits,
                "hit_rate": round(hits / lookups, 3) if lookups else None,
                "tokens_restored": saved,
-               "time_saved_s": round(saved / self.prefill_rate, 2) if self.prefill_rate else 0.0}
+               "time_saved_s": round(sum(c.seconds_saved for c in counts), 2)}
         if self.files is not None and scope is None:
             files = self.files.files()
             out.update(files=len(files), disk_bytes=sum(_size(p) for p in files),
                        max_disk_bytes=self.files.max_bytes, dir=str(self.files.folder),
                        counters=self.files.counters.as_dict())
         return out
+
+
+def _counts(numbers: list, rate: object) -> Counts:
+    """Counts as kept: lookups, hits, tokens saved and seconds saved (a file of an earlier
+    version has no seconds: its tokens at the rate kept with it)."""
+    lookups, hits, tokens = (int(n) for n in numbers[:3])
+    if len(numbers) > 3:
+        seconds = float(numbers[3])
+    else:
+        seconds = tokens / rate if isinstance(rate, (int, float)) and rate > 0 else 0.0
+    return Counts(lookups, hits, tokens, seconds)
 
 
 def _size(path: Path) -> int:

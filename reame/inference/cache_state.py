@@ -18,6 +18,9 @@ class Counts:
     lookups: int = 0
     hits: int = 0
     tokens_saved: int = 0  # history tokens not recomputed: from a file, or another chat's live KV
+    # Their recomputation time, each hit's at the prefill rate measured then: a total that
+    # only grows (tokens_saved / today's rate would move as the rate's estimate moves).
+    seconds_saved: float = 0.0
 
 
 @dataclass
