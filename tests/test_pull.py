@@ -208,7 +208,8 @@ def test_no_network_is_one_clear_line(config):
     with FakeHub({}) as gone:
         url = gone.url  # a port nobody listens on once it is closed
     run = pull(url, config, REPO, FILE)
-    one_line_error(run, f"cannot reach {url}")
+    one_line_error(run, f"cannot reach {url}: nothing answers at that address")
+    assert "Errno" not in run.stderr
 
 
 def test_progress_is_reported_as_the_bytes_arrive(hub, tmp_path, model_bytes):

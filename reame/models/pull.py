@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -304,7 +305,21 @@ def _explained(repo_id: str, filename: str, revision: str | None,
     except httpx2.TimeoutException:
         raise PullError(f"{hub} did not answer in time: try again later") from None
     except httpx2.TransportError as exc:
-        raise PullError(f"cannot reach {hub}: {exc}") from None
+        raise PullError(f"cannot reach {hub}: {_unreachable(exc)}") from None
+
+
+def _unreachable(exc: Exception) -> str:
+    """Why a host cannot be reached, in words rather than the socket's "[Errno 111]"."""
+    text = str(exc)
+    if "refused" in text.lower():
+        return ("nothing answers at that address (connection refused): check the address "
+                "(HF_ENDPOINT) or whether this machine may reach it")
+    if any(k in text.lower() for k in ("name or service", "temporary failure in name",
+                                        "nodename nor servname", "getaddrinfo")):
+        return "its name does not resolve: is this machine online?"
+    if "unreachable" in text.lower():
+        return "the network is unreachable from this machine"
+    return re.sub(r"\[Errno -?\d+\]\s*", "", text) or type(exc).__name__
 
 
 def run_pull(argv: list[str], default_config: Path) -> int:
