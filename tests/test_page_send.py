@@ -341,3 +341,20 @@ def test_continue_makes_a_cut_reply_go_on_reusing_its_kv(page, server):
     assert len(reply["content"]) > len(cut["content"])
     assert reply["stats"]["prefilled"] <= 1, reply["stats"]
     assert words(without_stats(page.locator(BOT).inner_text())) == words(reply["content"])
+
+
+def test_the_first_token_figure_counts_from_the_message_s_arrival(page, server):
+    """The stats line's first token is what the person waited, from the message's arrival
+    (begin_send), not from the turn's start on its slot (which said 0.00 s after a message
+    typed ahead, while the person had waited half a second): at least the server's own
+    figure, and no more than the browser's own wait from Enter to the first words."""
+    from .test_page_documents import first_words_after_enter
+
+    open_app(page, server)
+    new_chat(page)
+    browser_wait = first_words_after_enter(page, "Name three colours.")
+    wait_for_reply_done(page, 1)
+    stats = api(server).predict(current_id(page), api_name="/get_chat")["messages"][1]["stats"]
+    assert stats["waited_s"] >= stats["first_token_s"] > 0, stats
+    assert stats["waited_s"] <= browser_wait + 0.05, (stats, browser_wait)
+    expect(page.locator(STATS)).to_contain_text(f"first token {stats['waited_s']:.2f} s")

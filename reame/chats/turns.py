@@ -6,6 +6,7 @@ thread (scheduler.py), the reply kept by its Keeper."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 
@@ -152,15 +153,18 @@ class Turns:
 
     def send(self, chat_id: int, text: str, *, seed: int | None = None,
              user: str | None = None, max_tokens: int | None = None,
-             stop: tuple[str, ...] = ()) -> TurnStream:
+             stop: tuple[str, ...] = (), arrived: float | None = None) -> TurnStream:
         """Add the user's message and stream the reply. The reply is saved even when stopped.
-        max_tokens and stop, when given, apply to this reply only (the OpenAI route)."""
+        max_tokens and stop, when given, apply to this reply only (the OpenAI route).
+        arrived: when the message reached the server (time.perf_counter(); default: now),
+        for the stats' waited_s."""
         check_text(text)
         check_seed(seed)
         chat = self._chat_for_turn(chat_id, user)
         self._check_length(text)
+        arrived = arrived if arrived is not None else time.perf_counter()
         return TurnStream(lambda stream: self._turn(
-            stream, chat, text, seed=seed, max_tokens=max_tokens, stop=stop))
+            stream, chat, text, seed=seed, max_tokens=max_tokens, stop=stop, arrived=arrived))
 
     def regenerate(self, chat_id: int, *, seed: int | None = None,
                    user: str | None = None) -> TurnStream:
@@ -172,8 +176,9 @@ class Turns:
             raise ChatError("there is no reply to regenerate: the chat is empty")
         kept = kept_on_regenerate(messages)
         cut_at = messages[len(kept)].position if len(kept) < len(messages) else None
+        arrived = time.perf_counter()
         return TurnStream(lambda stream: self._turn(stream, chat, None, seed=seed,
-                                                    cut_at=cut_at))
+                                                    cut_at=cut_at, arrived=arrived))
 
     def continue_reply(self, chat_id: int, *, user: str | None = None) -> TurnStream:
         """The last reply goes on where it stopped (cut at Max tokens, or stopped): the prompt
@@ -184,8 +189,9 @@ class Turns:
         if not messages or messages[-1].role != "assistant":
             raise ChatError("there is no reply to continue: the chat's last message is not a "
                             "reply")
+        arrived = time.perf_counter()
         return TurnStream(lambda stream: self._turn(stream, chat, None, seed=None,
-                                                    continued=messages[-1]))
+                                                    continued=messages[-1], arrived=arrived))
 
     def edit_message(self, chat_id: int, message_id: int, text: str, *,
                      seed: int | None = None, user: str | None = None) -> TurnStream:
@@ -199,8 +205,9 @@ class Turns:
             raise ChatError(f"message {message_id} is not in chat {chat_id}")
         if target.role != "user":
             raise ChatError("only the user's messages can be edited")
+        arrived = time.perf_counter()
         return TurnStream(lambda stream: self._turn(stream, chat, text, cut_at=target.position,
-                                                    seed=seed))
+                                                    seed=seed, arrived=arrived))
 
     def check_message(self, text: str) -> None:
         """Refuse what send() would refuse before anything changes: an empty message, or no
@@ -227,8 +234,8 @@ class Turns:
 
     def _turn(self, stream: TurnStream, chat: Chat, text: str | None, *,
               cut_at: int | None = None, seed: int | None, max_tokens: int | None = None,
-              stop: tuple[str, ...] = (),
-              continued: Message | None = None) -> Iterator[TurnUpdate]:
+              stop: tuple[str, ...] = (), continued: Message | None = None,
+              arrived: float | None = None) -> Iterator[TurnUpdate]:
         scope = chat_scope(chat)
         while True:  # until a slot of the current model's (a switch sends turns on)
             runtime = self._current()
@@ -255,6 +262,7 @@ class Turns:
                 runtime.scheduler.cancel(place)
                 raise
             break
+        job = replace(job, arrived=arrived)
         runner = self._runner(runtime)
         before = continued.content if continued is not None else ""
         for update in self._updates(runtime.scheduler.results(place, lambda: runner.run(

@@ -56,6 +56,10 @@ class TurnStats:
     window_recomputed: bool = False  # messages left the window and the KV could not follow
     stopped: bool = False
     at_limit: bool = False  # ended by max_tokens (or a full context), not by the model
+    # From the message's arrival (the page's send, an API call) to the first token: what the
+    # person waited, the wait for a slot, storing the message and building the prompt
+    # included (first_token_s counts from the turn's start on its slot). 0: not known.
+    waited_s: float = 0.0
 
     @classmethod
     def from_dict(cls, values: dict) -> "TurnStats":
@@ -108,6 +112,8 @@ class Job:
     # reply is neither trimmed nor held to the template's stops, and no system prompt's
     # opening snapshot or next turn's head is made for it.
     plain: bool = False
+    # When the message arrived (time.perf_counter()), for TurnStats.waited_s; None: unknown.
+    arrived: float | None = None
 
 
 class Keeper(Protocol):
@@ -250,6 +256,8 @@ class TurnRunner:
                     logprobs=decoding.logprobs)
         finally:
             decoding.record(stats)
+            if job.arrived is not None and decoding.first_at:
+                stats.waited_s = decoding.first_at - job.arrived
             if keeper.alive():
                 if decoding.complete and not job.plain:
                     stats.ahead = self._prefill_next_head(job, decoding.generated)

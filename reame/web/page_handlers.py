@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import aclosing
 
@@ -65,6 +66,9 @@ class PageHandlers:
                  uploads: Uploads | None):
         self.service, self.live, self.settings = service, live, settings
         self.can_configure, self.uploads = can_configure, uploads
+        # When each tab's message being sent reached begin_send: the first token's wait is
+        # counted from there (stream_reply, the next event, starts the turn).
+        self._sent_at: dict[str, float] = {}
 
     # Every handler that touches a chat passes on the logged-in user (gr.Request): the
     # service answers for another user's chat as if it did not exist.
@@ -171,6 +175,7 @@ class PageHandlers:
         if values != tuple(_settings_values(self.service, chat_id, user)):
             self.save_settings(chat_id, *values, request)
         self.live.showing(request.session_hash, chat_id)
+        self._sent_at[request.session_hash] = time.perf_counter()  # for the stats' wait
         text = with_documents(docs, text)
         history = self.shown(chat_id, user)
         history.append({"role": "user", "content": user_html(text)})
@@ -229,7 +234,9 @@ class PageHandlers:
         if base is None:
             base = await in_thread(self.shown, chat_id, user)
             base.append({"role": "user", "content": user_html(text)})
-        send = lambda: self.service.send(chat_id, text, user=user)  # noqa: E731
+        arrived = self._sent_at.pop(request.session_hash, None)
+        send = lambda: self.service.send(chat_id, text, user=user,  # noqa: E731
+                                         arrived=arrived)
         async with aclosing(self.write_reply(user, chat_id, request, base, send,
                                              text)) as updates:
             async for update in updates:

@@ -103,8 +103,11 @@ def stats_text(stats: TurnStats) -> str:
     parts = [head] + ([f"{stats.typed_ahead:,} evaluated while typing"]
                       if stats.typed_ahead else []) + [
              f"prefilled {stats.prefilled:,} in {stats.prefill_ms:,.0f} ms",
-             f"first token {stats.first_token_s:.2f} s",
-             f"{stats.generated} tokens at {stats.tokens_per_s:.1f} tok/s"]
+             # What the person waited: from the message's arrival, when known.
+             f"first token {stats.waited_s or stats.first_token_s:.2f} s",
+             # One token has no rate ("1 tokens at 0.0 tok/s" said nothing).
+             f"{stats.generated} tokens at {stats.tokens_per_s:.1f} tok/s"
+             if stats.generated != 1 else "1 token"]
     if stats.shifted:
         parts.append(f"context shifted: {stats.shifted:,} oldest tokens dropped, "
                      "nothing recomputed")

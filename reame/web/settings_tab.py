@@ -38,7 +38,8 @@ def model_label(model: dict) -> str:
     return (f"{model['file']} — {model['architecture']}, {params:,.0f}M params, "
             f"{model['quantization']}, {size:,.0f} MB, trained context "
             f"{model['context_length'] or '?':,}, chat template "
-            f"{'yes' if model['chat_template'] else 'no'}, KV {kv / 1024:,.1f} KB/token"
+            f"{'yes' if model['chat_template'] else 'no'}, memory per token of history "
+            f"{kv / 1024:,.1f} KB (KV)"
             if kv else f"{model['file']} — {model['architecture']}, {model['quantization']}")
 
 
@@ -154,13 +155,13 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
             pull = gr.Button("Download", elem_id="pull-model", scale=0)
         pull_status = gr.Markdown(elem_id="pull-status")
     with gr.Row():
-        n_ctx = gr.Number(label=_ranged("n_ctx", "model", "n_ctx"), precision=0, elem_id="n-ctx")
-        n_threads = gr.Number(label="n_threads (0 = all cores)", precision=0, elem_id="n-threads")
-        kv_type = gr.Radio(list(setting("cache", "kv_type").choices), label="KV cache type",
+        n_ctx = gr.Number(label=_ranged("Context length in tokens (n_ctx)", "model", "n_ctx"), precision=0, elem_id="n-ctx")
+        n_threads = gr.Number(label="CPU threads (n_threads; 0 = all cores)", precision=0, elem_id="n-threads")
+        kv_type = gr.Radio(list(setting("cache", "kv_type").choices), label="Memory format of the history (KV cache type)",
                            elem_id="kv-type")
     with gr.Row():
-        cache_enabled = gr.Checkbox(label="Disk cache on", elem_id="cache-enabled")
-        max_disk = gr.Number(label="Cache disk budget (MB)", precision=0, elem_id="max-disk")
+        cache_enabled = gr.Checkbox(label="Keep chats' history on disk (the KV cache)", elem_id="cache-enabled")
+        max_disk = gr.Number(label="Disk space for it (MB)", precision=0, elem_id="max-disk")
     gr.Markdown("Defaults for new chats")
     system_prompt = gr.Textbox(label="System prompt", lines=2, elem_id="default-system-prompt")
     with gr.Row():
@@ -169,7 +170,9 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
         top_p = gr.Number(label=_ranged("Top p", "generation", "top_p"), elem_id="default-top-p")
         max_tokens = gr.Number(label=_ranged("Max tokens", "generation", "max_tokens"), precision=0,
                                elem_id="default-max-tokens")
-    apply = gr.Button("Apply and save to reame.conf", variant="primary", elem_id="apply-settings")
+    apply = gr.Button("Apply", variant="primary", elem_id="apply-settings")
+    gr.Markdown("Apply checks the settings, loads the model if it changed, and keeps them in "
+                "the server's `reame.conf`.", elem_classes=["reame-hint"])
     fields = [picker, other_path, n_ctx, n_threads, kv_type, cache_enabled, max_disk,
               system_prompt, temperature, top_p, max_tokens]
 
