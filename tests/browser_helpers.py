@@ -279,3 +279,35 @@ def wait_until(condition, message: str, timeout: float = UI_TIMEOUT / 1000) -> N
         if time.monotonic() > deadline:
             pytest.fail(message)
         time.sleep(0.1)
+
+
+# From the keydown of Enter in the message box to the first words of the reply.
+FIRST_WORDS_JS = """() => {
+    let started = null;
+    const box = document.querySelector('#message textarea');
+    box.addEventListener('keydown', (event) => {
+        if (event.key === 'Enter' && started === null) started = performance.now();
+    }, {capture: true, once: true});
+    window.__firstWords = new Promise(resolve => {
+        const observer = new MutationObserver(() => {
+            const bots = document.querySelectorAll('#chatbot [data-testid=bot]');
+            const last = bots[bots.length - 1];
+            if (started !== null && last && last.innerText.trim()
+                    && !last.querySelector('.reame-queued')) {
+                observer.disconnect();
+                resolve((performance.now() - started) / 1000);
+            }
+        });
+        observer.observe(document.querySelector('#chatbot'),
+                         {subtree: true, childList: true, characterData: true});
+    });
+}"""
+
+
+def first_words_after_enter(page: Page, question: str) -> float:
+    """Type question, press Enter, and the seconds until the reply's first words show."""
+    box = page.locator(BOX)
+    box.fill(question)
+    page.evaluate(FIRST_WORDS_JS)
+    box.press("Enter")
+    return page.evaluate("window.__firstWords")

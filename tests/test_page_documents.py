@@ -28,6 +28,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     api,
     browser,
     current_id,
+    first_words_after_enter,
     new_chat,
     open_app,
     page,
@@ -169,38 +170,6 @@ def wide_server(tmp_path_factory, model_path) -> Server:
                           n_ctx=4096, max_tokens=8)
     yield server
     server.stop()
-
-
-# From the keydown of Enter in the message box to the first words of the reply.
-FIRST_WORDS_JS = """() => {
-    let started = null;
-    const box = document.querySelector('#message textarea');
-    box.addEventListener('keydown', (event) => {
-        if (event.key === 'Enter' && started === null) started = performance.now();
-    }, {capture: true, once: true});
-    window.__firstWords = new Promise(resolve => {
-        const observer = new MutationObserver(() => {
-            const bots = document.querySelectorAll('#chatbot [data-testid=bot]');
-            const last = bots[bots.length - 1];
-            if (started !== null && last && last.innerText.trim()
-                    && !last.querySelector('.reame-queued')) {
-                observer.disconnect();
-                resolve((performance.now() - started) / 1000);
-            }
-        });
-        observer.observe(document.querySelector('#chatbot'),
-                         {subtree: true, childList: true, characterData: true});
-    });
-}"""
-
-
-def first_words_after_enter(page: Page, question: str) -> float:
-    """Type question, press Enter, and the seconds until the reply's first words show."""
-    box = page.locator(BOX)
-    box.fill(question)
-    page.evaluate(FIRST_WORDS_JS)
-    box.press("Enter")
-    return page.evaluate("window.__firstWords")
 
 
 def test_the_same_document_in_a_second_chat_answers_5x_sooner(page, wide_server, tmp_path):

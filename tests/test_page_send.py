@@ -36,6 +36,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     browser,
     current_chat,
     current_id,
+    first_words_after_enter,
     new_chat,
     open_app,
     open_panel_and_type,
@@ -348,8 +349,6 @@ def test_the_first_token_figure_counts_from_the_message_s_arrival(page, server):
     (begin_send), not from the turn's start on its slot (which said 0.00 s after a message
     typed ahead, while the person had waited half a second): at least the server's own
     figure, and no more than the browser's own wait from Enter to the first words."""
-    from .test_page_documents import first_words_after_enter
-
     open_app(page, server)
     new_chat(page)
     browser_wait = first_words_after_enter(page, "Name three colours.")

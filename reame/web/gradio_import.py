@@ -42,35 +42,37 @@ def _no_stub(*args, **kwargs) -> None:
     """What a server needs of a component's type stub: nothing."""
 
 
-class _StubWriterSkipped(importlib.abc.MetaPathFinder):
+class _Adapted(importlib.abc.MetaPathFinder):
+    """One module found as the path finder finds it, its spec then adapted by adapt()."""
+
+    def __init__(self, name: str, adapt) -> None:
+        self.name, self.adapt = name, adapt
+
     def find_spec(self, fullname, path, target=None):
-        if fullname != MODULE:
+        if fullname != self.name:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def run_then_skip(module: ModuleType) -> None:
-            run(module)
-            if callable(getattr(module, FUNCTION, None)):
-                setattr(module, FUNCTION, _no_stub)
-
-        spec.loader.exec_module = run_then_skip  # this spec's loader only
+        if spec is not None and spec.loader is not None and hasattr(spec.loader,
+                                                                    "exec_module"):
+            self.adapt(spec)
         return spec
 
 
-class _LoadedWhenUsed(importlib.abc.MetaPathFinder):
+def _skip_stub_writer(spec: importlib.machinery.ModuleSpec) -> None:
+    """gradio.component_meta run as it is, then its stub writer replaced."""
+    run = spec.loader.exec_module
+
+    def run_then_skip(module: ModuleType) -> None:
+        run(module)
+        if callable(getattr(module, FUNCTION, None)):
+            setattr(module, FUNCTION, _no_stub)
+
+    spec.loader.exec_module = run_then_skip  # this spec's loader only
+
+
+def _load_when_used(spec: importlib.machinery.ModuleSpec) -> None:
     """pandas (the top package only) with Python's lazy loader."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != LAZY:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = importlib.util.LazyLoader(spec.loader)
-        return spec
+    spec.loader = importlib.util.LazyLoader(spec.loader)
 
 
 LAZY = "pandas"
@@ -80,9 +82,8 @@ def lighten_gradio_import() -> bool:
     """Install the finders (once); False if Gradio is imported already (too late)."""
     if MODULE in sys.modules:
         return False
-    for finder in (_StubWriterSkipped, _LoadedWhenUsed):
-        if finder is _LoadedWhenUsed and LAZY in sys.modules:
-            continue
-        if not any(isinstance(f, finder) for f in sys.meta_path):
-            sys.meta_path.insert(0, finder())
+    installed = {f.name for f in sys.meta_path if isinstance(f, _Adapted)}
+    for name, adapt in ((MODULE, _skip_stub_writer), (LAZY, _load_when_used)):
+        if name not in installed and name not in sys.modules:
+            sys.meta_path.insert(0, _Adapted(name, adapt))
     return True
