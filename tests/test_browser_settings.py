@@ -33,6 +33,7 @@ from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
     open_app,
     page,
     send,
+    stats_figures,
     without_stats,
 )
 from .conftest import Server, start_server
@@ -153,7 +154,7 @@ def test_a_model_picked_in_settings_is_loaded_live_and_answers(page, server, mod
     expect(page.locator(MODEL_INFO)).to_have_text(f"Model: {GEMMA} · context 2,048 tokens")
     reply = send(page, CAPITAL)
     assert_answers(without_stats(reply), model_answer(CAPITAL, model_path=gemma_path))
-    line = page.locator(STATS).inner_text()
+    line = stats_figures(page)
     assert line.startswith("no cached history · prefilled") and STATS_TAIL.search(line), line
 
 

@@ -65,6 +65,7 @@ class ChatKeeper:
         one before): the reply with its stats, as the chat's leaf, its updated time."""
         reply, tokens = decoding.text, None if decoding.cut else decoding.generated
         if self.continued is not None:
+            stats.continued_chars = len(self.continued.content)
             reply = self.continued.content + reply
             earlier = (self.continued.token_list
                        if self.continued.tokens_model == self.model else None)

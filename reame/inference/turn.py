@@ -60,6 +60,12 @@ class TurnStats:
     # person waited, the wait for a slot, storing the message and building the prompt
     # included (first_token_s counts from the turn's start on its slot). 0: not known.
     waited_s: float = 0.0
+    # This machine's prefill speed (tokens/s) when the turn ran, 0 if not measured yet: what
+    # evaluating the reused tokens again would have taken (the stats line says it).
+    prefill_rate: float = 0.0
+    # A Continue: the length of the reply's text it went on from (its words are not this
+    # turn's).
+    continued_chars: int = 0
 
     @classmethod
     def from_dict(cls, values: dict) -> "TurnStats":
@@ -290,6 +296,7 @@ class TurnRunner:
                                  parent=job.branched_from)
         stats.reused, stats.source, stats.restore_ms = (
             restored.reused, restored.source, restored.restore_ms)
+        stats.prefill_rate = round(cache.prefill_rate, 1)
         if job.drop is not None:
             stats.shifted = restored.shifted
             stats.window_recomputed = restored.recomputed

@@ -15,6 +15,13 @@ from gradio.utils import NamedString
 
 CSS = """
 .reame-stats { font-size: 0.75em; opacity: 0.85; margin-top: 0.4em; }
+/* The stats line: its words, then "Details" on the same line; opened, the figures below. */
+.reame-stats details.reame-stats-more { display: inline; }
+.reame-stats details.reame-stats-more > summary { display: inline; cursor: pointer;
+    text-decoration: underline dotted; list-style: none; }
+.reame-stats details.reame-stats-more > summary::-webkit-details-marker { display: none; }
+.reame-stats details.reame-stats-more[open] .reame-stats-tech { display: block;
+    margin-top: 0.2em; }
 .reame-window { font-size: 0.75em; opacity: 0.85; margin-top: 0.6em; padding-top: 0.3em;
                 border-top: 1px dashed currentColor; text-align: center; }
 .reame-panel { border: var(--block-border-width) solid var(--block-border-color);
