@@ -120,6 +120,9 @@ class Job:
     plain: bool = False
     # When the message arrived (time.perf_counter()), for TurnStats.waited_s; None: unknown.
     arrived: float | None = None
+    # The person's own wait from sending to the first words, once their browser says it (the
+    # page's report, page.js): TurnStats.waited_s is at least that. None: not (yet) said.
+    seen: Callable[[], float | None] | None = None
 
 
 class Keeper(Protocol):
@@ -264,6 +267,9 @@ class TurnRunner:
             decoding.record(stats)
             if job.arrived is not None and decoding.first_at:
                 stats.waited_s = decoding.first_at - job.arrived
+            seen = job.seen() if job.seen is not None and decoding.first_at else None
+            if seen:
+                stats.waited_s = max(stats.waited_s, seen)
             if keeper.alive():
                 if decoding.complete and not job.plain:
                     stats.ahead = self._prefill_next_head(job, decoding.generated)

@@ -107,6 +107,10 @@ h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9
 .reame-detach { background: none; border: none; color: inherit; cursor: pointer; }
 .reame-rename { flex: 1 1 auto; min-width: 0; margin: 0.2em; padding: 0.3em 0.4em; }
 #reame-hint { font-size: 0.85em; min-height: 1.2em; margin: 0.2em 0.4em; }
+#reame-busy { font-size: 0.85em; opacity: 0.85; min-height: 1.2em; margin: 0.2em 0.4em; }
+#reame-busy:not(:empty)::before { content: "● "; animation: reame-pulse 1.2s ease-in-out
+                                     infinite; }
+@media (prefers-reduced-motion: reduce) { #reame-busy::before { animation: none; } }
 @media (max-width: 768px) {
     /* A finger-sized sidebar button, inside the screen. */
     .sidebar .toggle-button { width: 44px !important; height: 44px !important; }
