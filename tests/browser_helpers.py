@@ -45,7 +45,9 @@ expect.set_options(timeout=UI_TIMEOUT)
 BOX = "#message textarea"
 USER = "#chatbot [data-testid=user]"
 BOT = "#chatbot [data-testid=bot]"
-STATS = "#chatbot .reame-stats"
+STATS = "#chatbot .reame-stats"  # a reply's stats line: its words, the figures under Details
+STATS_WORDS = "#chatbot .reame-stats-words"
+STATS_DETAILS = "#chatbot .reame-stats-tech"  # hidden until opened: read its text_content()
 STOP = "#message [data-testid=stop-button]"
 SUBMIT = "#message [data-testid=submit-button]"
 TOAST = ".toast-body"
@@ -63,7 +65,9 @@ EDIT_SUBMIT = "#chatbot button[aria-label=Submit]"
 CAPITAL = "What is the capital city of France? Answer in one word."
 PLANET = "Which planet do we live on? Answer in one word."
 ITALY = "What is the capital of Italy?"
-STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")
+STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")  # in the stats line's figures
+# The stats line as a message's text shows it (its figures folded under Details).
+STATS_SHOWN = re.compile(r"\n[^\n]*\bDetails$")
 # The buttons under a message (reame/web/render.py, message_tools), as its text shows them.
 TOOLS_LINE = re.compile(
     r"(?:\s|[‹›]|Previous version|Next version|\d+/\d+|Continue|Branch from here)*$")
@@ -71,7 +75,8 @@ VERSIONS = "#chatbot .reame-version-of"
 PREVIOUS = "#chatbot .reame-tool[title='Previous version']"
 NEXT = "#chatbot .reame-tool[title='Next version']"
 BRANCH = "#chatbot .reame-tool[title='Branch from here']"
-# The head of a stats line when the history's KV was reused, from the context or from a file.
+# The head of a stats line's figures when the history's KV was reused, from the context or
+# from a file.
 REUSED = re.compile(r"^(?:reused ([\d,]+) tokens in memory|restored ([\d,]+) tokens from disk "
                     r"in [\d,]+ ms) · prefilled ([\d,]+) in ")
 
@@ -250,9 +255,13 @@ def typed_ahead_call(response, text: str) -> bool:
 
 def without_stats(shown: str) -> str:
     """A message's text as shown, without the lines the page adds: its tools (versions,
-    "Branch from here") and its stats line."""
-    shown = TOOLS_LINE.sub("", shown.strip())
-    return shown.rsplit("\n", 1)[0].strip() if STATS_TAIL.search(shown) else shown.strip()
+    "Branch from here") and its stats line (its words and "Details")."""
+    return STATS_SHOWN.sub("", TOOLS_LINE.sub("", shown.strip()).strip()).strip()
+
+
+def stats_figures(page: Page, n: int = -1) -> str:
+    """The figures of the n-th stats line of the chat shown (under its Details)."""
+    return page.locator(STATS_DETAILS).nth(n).text_content()
 
 
 def current_chat(server: Server, title: str) -> dict:
@@ -264,7 +273,7 @@ def current_chat(server: Server, title: str) -> dict:
 
 
 def stored_stats_text(stats: dict) -> str:
-    """The stats line the page shows for a reply's stored stats."""
+    """The figures the page shows under a reply's Details for its stored stats."""
     return stats_text(TurnStats.from_dict(stats))
 
 

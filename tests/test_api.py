@@ -105,6 +105,28 @@ def test_regenerate_and_edit_through_the_api(server):
         client.predict(chat_id, after[1]["id"], "x", api_name="/edit_message")
 
 
+def test_continue_reply_through_the_api_goes_on_from_the_cut_reusing_its_kv(server):
+    """/continue_reply (the page's Continue): a reply cut at the chat's max_tokens goes on,
+    streamed whole, its text first; the prompt ends inside it, so only its last token or so is
+    evaluated again."""
+    client = client_for(server)
+    chat_id = client.predict("Go on", None, api_name="/new_chat")
+    client.predict(chat_id, None, None, None, 10, api_name="/update_chat")
+    client.predict(chat_id, "Write a long story about a dragon.", api_name="/send")
+    cut = client.predict(chat_id, api_name="/get_chat")["messages"][-1]
+    assert cut["stats"]["at_limit"] and cut["stats"]["generated"] == 10, cut["stats"]
+    job = client.submit(chat_id, api_name="/continue_reply")
+    whole = job.result()
+    assert all(text.startswith(cut["content"]) for text in job.outputs() if text), job.outputs()
+    reply = client.predict(chat_id, api_name="/get_chat")["messages"][-1]
+    assert reply["content"] == whole and len(whole) > len(cut["content"])
+    assert reply["stats"]["prefilled"] <= 1, reply["stats"]
+    assert reply["stats"]["reused"] >= reply["stats"]["prompt_tokens"] - 1, reply["stats"]
+    with pytest.raises(Exception, match="no reply to continue"):
+        client.predict(client.predict("", None, api_name="/new_chat"),
+                       api_name="/continue_reply")
+
+
 def test_type_ahead_evaluates_a_draft_that_send_then_reuses(server):
     client = client_for(server)
     chat_id = client.predict("", None, api_name="/new_chat")

@@ -33,6 +33,7 @@ from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
     open_app,
     page,
     send,
+    stats_figures,
     without_stats,
 )
 from .conftest import Server, start_server
@@ -115,6 +116,14 @@ def test_a_model_picked_in_settings_is_loaded_live_and_answers(page, server, mod
     gemma = options.filter(has_text=GEMMA)
     expect(gemma).to_contain_text("gemma3")
     expect(gemma).to_contain_text("chat template no")
+    # In plain words, the technical names as hints (issue 30).
+    expect(gemma).to_contain_text(re.compile(r"memory per token of history [\d.]+ KB \(KV\)"))
+    for label in ("Context length in tokens (n_ctx)", "CPU threads (n_threads; 0 = all cores)",
+                  "Memory format of the history (KV cache type)",
+                  "Keep chats' history on disk (the KV cache)"):
+        expect(page.get_by_text(label, exact=False).first).to_be_visible()
+    expect(page.locator("#settings-tab")).to_contain_text(
+        "keeps them in the server's reame.conf")
     gemma.click()
 
     record_loading_states(page)
@@ -153,7 +162,7 @@ def test_a_model_picked_in_settings_is_loaded_live_and_answers(page, server, mod
     expect(page.locator(MODEL_INFO)).to_have_text(f"Model: {GEMMA} · context 2,048 tokens")
     reply = send(page, CAPITAL)
     assert_answers(without_stats(reply), model_answer(CAPITAL, model_path=gemma_path))
-    line = page.locator(STATS).inner_text()
+    line = stats_figures(page)
     assert line.startswith("no cached history · prefilled") and STATS_TAIL.search(line), line
 
 

@@ -65,6 +65,7 @@ class ChatKeeper:
         one before): the reply with its stats, as the chat's leaf, its updated time."""
         reply, tokens = decoding.text, None if decoding.cut else decoding.generated
         if self.continued is not None:
+            stats.continued_chars = len(self.continued.content)
             reply = self.continued.content + reply
             earlier = (self.continued.token_list
                        if self.continued.tokens_model == self.model else None)
@@ -153,18 +154,21 @@ class Turns:
 
     def send(self, chat_id: int, text: str, *, seed: int | None = None,
              user: str | None = None, max_tokens: int | None = None,
-             stop: tuple[str, ...] = (), arrived: float | None = None) -> TurnStream:
+             stop: tuple[str, ...] = (), arrived: float | None = None,
+             seen: Callable[[], float | None] | None = None) -> TurnStream:
         """Add the user's message and stream the reply. The reply is saved even when stopped.
         max_tokens and stop, when given, apply to this reply only (the OpenAI route).
         arrived: when the message reached the server (time.perf_counter(); default: now),
-        for the stats' waited_s."""
+        for the stats' waited_s; seen: the person's own wait to the first words, once their
+        browser has said it (None until then), which waited_s is at least."""
         check_text(text)
         check_seed(seed)
         chat = self._chat_for_turn(chat_id, user)
         self._check_length(text)
         arrived = arrived if arrived is not None else time.perf_counter()
         return TurnStream(lambda stream: self._turn(
-            stream, chat, text, seed=seed, max_tokens=max_tokens, stop=stop, arrived=arrived))
+            stream, chat, text, seed=seed, max_tokens=max_tokens, stop=stop, arrived=arrived,
+            seen=seen))
 
     def regenerate(self, chat_id: int, *, seed: int | None = None,
                    user: str | None = None) -> TurnStream:
@@ -235,7 +239,8 @@ class Turns:
     def _turn(self, stream: TurnStream, chat: Chat, text: str | None, *,
               cut_at: int | None = None, seed: int | None, max_tokens: int | None = None,
               stop: tuple[str, ...] = (), continued: Message | None = None,
-              arrived: float | None = None) -> Iterator[TurnUpdate]:
+              arrived: float | None = None,
+              seen: Callable[[], float | None] | None = None) -> Iterator[TurnUpdate]:
         scope = chat_scope(chat)
         while True:  # until a slot of the current model's (a switch sends turns on)
             runtime = self._current()
@@ -262,7 +267,7 @@ class Turns:
                 runtime.scheduler.cancel(place)
                 raise
             break
-        job = replace(job, arrived=arrived)
+        job = replace(job, arrived=arrived, seen=seen)
         runner = self._runner(runtime)
         before = continued.content if continued is not None else ""
         for update in self._updates(runtime.scheduler.results(place, lambda: runner.run(

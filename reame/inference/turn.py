@@ -60,6 +60,12 @@ class TurnStats:
     # person waited, the wait for a slot, storing the message and building the prompt
     # included (first_token_s counts from the turn's start on its slot). 0: not known.
     waited_s: float = 0.0
+    # This machine's prefill speed (tokens/s) when the turn ran, 0 if not measured yet: what
+    # evaluating the reused tokens again would have taken (the stats line says it).
+    prefill_rate: float = 0.0
+    # A Continue: the length of the reply's text it went on from (its words are not this
+    # turn's).
+    continued_chars: int = 0
 
     @classmethod
     def from_dict(cls, values: dict) -> "TurnStats":
@@ -114,6 +120,9 @@ class Job:
     plain: bool = False
     # When the message arrived (time.perf_counter()), for TurnStats.waited_s; None: unknown.
     arrived: float | None = None
+    # The person's own wait from sending to the first words, once their browser says it (the
+    # page's report, page.js): TurnStats.waited_s is at least that. None: not (yet) said.
+    seen: Callable[[], float | None] | None = None
 
 
 class Keeper(Protocol):
@@ -258,6 +267,9 @@ class TurnRunner:
             decoding.record(stats)
             if job.arrived is not None and decoding.first_at:
                 stats.waited_s = decoding.first_at - job.arrived
+            seen = job.seen() if job.seen is not None and decoding.first_at else None
+            if seen:
+                stats.waited_s = max(stats.waited_s, seen)
             if keeper.alive():
                 if decoding.complete and not job.plain:
                     stats.ahead = self._prefill_next_head(job, decoding.generated)
@@ -290,6 +302,7 @@ class TurnRunner:
                                  parent=job.branched_from)
         stats.reused, stats.source, stats.restore_ms = (
             restored.reused, restored.source, restored.restore_ms)
+        stats.prefill_rate = round(cache.prefill_rate, 1)
         if job.drop is not None:
             stats.shifted = restored.shifted
             stats.window_recomputed = restored.recomputed

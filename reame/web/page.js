@@ -251,6 +251,8 @@
         dateMessages();
         cleanEdits();
         untabFooter();
+        firstWords();
+        showWriting();
     }).observe(document.body, {childList: true, subtree: true});
 
     // While a reply is written, Enter keeps the next message in the box and says why, instead
@@ -280,6 +282,64 @@
                  "Press Esc to stop it.");
         }
     }, true);
+
+    // What the person waited, from Enter (or Send) to the first words of the reply on the
+    // screen, measured here and told to the server (page.py, #reame-waited) for the reply's
+    // stats line: the server alone sees neither the way there nor the way back.
+    let pressed = null;  // {at: the press's time, bots: the replies shown then}
+    const bubbles = () => document.querySelectorAll(
+        "#chatbot [data-testid=user], #chatbot [data-testid=bot]");
+    const press = (event) => {
+        if (writing() || !$("#message textarea")?.value.trim()) return;
+        pressed = {at: event.timeStamp,
+                   bots: document.querySelectorAll("#chatbot [data-testid=bot]").length};
+    };
+    document.addEventListener("keydown", (event) => {
+        if (event.key === "Enter" && !event.shiftKey && !event.isComposing
+                && event.target.closest?.("#message")) press(event);
+    }, true);
+    document.addEventListener("click", (event) => {
+        if (event.target.closest?.("#message [data-testid=submit-button]")) press(event);
+    }, true);
+    const firstWords = () => {
+        if (!pressed) return;
+        const all = bubbles(), last = all[all.length - 1];
+        if (!last || last.dataset.testid !== "bot" || last.querySelector(".reame-queued")
+                || document.querySelectorAll("#chatbot [data-testid=bot]").length <= pressed.bots
+                || !last.innerText.trim() || /^Loading model/.test(last.innerText.trim())) {
+            return;
+        }
+        const at = pressed.at;
+        pressed = null;
+        requestAnimationFrame(() => {  // drawn: on the screen
+            const box = $("#reame-waited textarea, #reame-waited input");
+            if (!box) return;
+            box.value = ((performance.now() - at) / 1000).toFixed(3);
+            box.dispatchEvent(new Event("input", {bubbles: true}));
+            setTimeout(() => $("#reame-waited-btn")?.click(), 0);
+        });
+    };
+
+    // While a reply is read and written, a quiet line under the message box says so (Gradio's
+    // own progress text is off: page.py).
+    const showWriting = () => {
+        let note = $("#reame-busy");
+        if (!note) {
+            const box = $("#message");
+            if (!box) return;
+            note = document.createElement("div");
+            note.id = "reame-busy";
+            note.setAttribute("role", "status");
+            box.after(note);
+        }
+        let text = "";
+        if (writing()) {
+            const all = bubbles(), last = all[all.length - 1];
+            text = last?.dataset.testid === "bot" && last.innerText.trim()
+                && !last.querySelector(".reame-queued") ? "Writing…" : "Reading…";
+        }
+        if (note.textContent !== text) note.textContent = text;
+    };
 
     document.addEventListener("keydown", (event) => {
         const inList = event.target.closest?.("#chat-list .reame-open");

@@ -93,6 +93,10 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                              elem_classes=["reame-offscreen"])
     follow_btn = gr.Button("Follow the reply", elem_id="reame-follow-btn",
                            elem_classes=["reame-offscreen"])
+    # The browser's own wait from Enter to the reply's first words (page.js reports it).
+    waited = gr.Textbox(elem_id="reame-waited", elem_classes=["reame-offscreen"],
+                        show_label=False, container=False)
+    waited_btn = gr.Button("Waited", elem_id="reame-waited-btn", elem_classes=["reame-offscreen"])
     # While replies are written in chats not shown, the list is checked for their end.
     list_timer = gr.Timer(2.0, active=False)
     # The chat the address bar names ("" for none): SHOW_URL_JS puts it there.
@@ -204,35 +208,41 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         js=panel_js(5), show_progress="hidden", show_progress_on=[message], **HIDDEN,
     )
     sending.then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)
-    # Progress (the "..." bubble) on the chatbot only, not over the textbox.
+    # No progress text of Gradio's ("processing | 2.3s") over the chat while a reply is
+    # written (its "..." bubble stays): page.js says "Writing…" under the box instead.
     streaming = sending.success(
-        handlers.stream_reply, [pending, current], [chatbot, message], show_progress="minimal",
+        handlers.stream_reply, [pending, current], [chatbot, message], show_progress="hidden",
         show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN,  # the scheduler's line
     )
     # Runs after the following of a reply ends, also when cancelled (chat switch, delete).
     after = [chatbot, message, chat_list, pending, cache_md, listed_writing, list_timer]
-    streaming.then(handlers.end_send, [current, search], after, queue=False, **HIDDEN)
+    streaming.then(handlers.end_send, [current, search], after, queue=False,
+                   show_progress="hidden", **HIDDEN)
     # Regenerate (the retry button under the last reply) and edit (a user message), and the
     # following of a reply written in a chat just shown: the message box's Stop stops them too.
     replies = [streaming]
     for trigger, fn in ((chatbot.retry, handlers.regenerate), (chatbot.edit, handlers.edit)):
-        reply = trigger(fn, [current], [chatbot, message], show_progress="minimal",
+        reply = trigger(fn, [current], [chatbot, message], show_progress="hidden",
                         show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN)
-        reply.then(handlers.end_send, [current, search], after, queue=False, **HIDDEN)
+        reply.then(handlers.end_send, [current, search], after, queue=False,
+                   show_progress="hidden", **HIDDEN)
         replies.append(reply)
     reply = continue_btn.click(handlers.continue_reply, [action, current], [chatbot, message],
                                js="(action, chat) => [window.reameAction || '', chat]",
-                               show_progress="minimal", show_progress_on=[chatbot],
+                               show_progress="hidden", show_progress_on=[chatbot],
                                concurrency_limit=None, **HIDDEN)
-    reply.then(handlers.end_send, [current, search], after, queue=False, **HIDDEN)
+    reply.then(handlers.end_send, [current, search], after, queue=False,
+               show_progress="hidden", **HIDDEN)
     replies.append(reply)
     replies.append(follow_btn.click(
         handlers.follow, [current, search], [chatbot, message, chat_list, cache_md, listed_writing,
                                     list_timer],
-        show_progress="minimal", show_progress_on=[chatbot], concurrency_limit=None,
+        show_progress="hidden", show_progress_on=[chatbot], concurrency_limit=None,
         trigger_mode="multiple", **HIDDEN))  # the same chat again: a new following
     # Stop ends the reply of the chat shown (not merely its following); its following then
     # ends, and end_send shows the reply as kept.
+    waited_btn.click(handlers.waited, [waited], None, queue=False, show_progress="hidden",
+                     **HIDDEN)
     message.stop(handlers.stop_reply, [current, pending], None, queue=False, **HIDDEN).then(
         None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN)
     list_timer.tick(handlers.check_list, [current, search, listed_writing],

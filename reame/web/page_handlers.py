@@ -69,6 +69,9 @@ class PageHandlers:
         # When each tab's message being sent reached begin_send: the first token's wait is
         # counted from there (stream_reply, the next event, starts the turn).
         self._sent_at: dict[str, float] = {}
+        # Each tab's own wait from Enter to its reply's first words, as its browser measured
+        # it (page.js, waited): the stats say at least that.
+        self._waits: dict[str, float] = {}
 
     # Every handler that touches a chat passes on the logged-in user (gr.Request): the
     # service answers for another user's chat as if it did not exist.
@@ -176,6 +179,7 @@ class PageHandlers:
             self.save_settings(chat_id, *values, request)
         self.live.showing(request.session_hash, chat_id)
         self._sent_at[request.session_hash] = time.perf_counter()  # for the stats' wait
+        self._waits.pop(request.session_hash, None)  # an earlier reply's, said late
         text = with_documents(docs, text)
         history = self.shown(chat_id, user)
         history.append({"role": "user", "content": user_html(text)})
@@ -235,8 +239,9 @@ class PageHandlers:
             base = await in_thread(self.shown, chat_id, user)
             base.append({"role": "user", "content": user_html(text)})
         arrived = self._sent_at.pop(request.session_hash, None)
+        tab = request.session_hash
         send = lambda: self.service.send(chat_id, text, user=user,  # noqa: E731
-                                         arrived=arrived)
+                                         arrived=arrived, seen=lambda: self._waits.get(tab))
         async with aclosing(self.write_reply(user, chat_id, request, base, send,
                                              text)) as updates:
             async for update in updates:
@@ -280,11 +285,22 @@ class PageHandlers:
                await in_thread(lambda: cache_markdown(
                    self.service, user, whole_server=self.can_configure(user))), now, timer)
 
+    def waited(self, seconds, request: gr.Request):
+        """The browser's own wait from Enter to the first words of the reply it sent (page.js
+        measures it: what the person saw), for that reply's stats."""
+        try:
+            seconds = float(seconds)
+        except (TypeError, ValueError):
+            return
+        if 0 < seconds < 24 * 3600:
+            self._waits[request.session_hash] = seconds
+
     def stop_reply(self, chat_id, in_progress, request: gr.Request):
         """Stop: the reply of the chat shown ends at its next step and is kept."""
         self.live.stop(user_of(request), chat_id, starting=bool(in_progress))
 
     async def tab_closed(self, request: gr.Request):
+        self._waits.pop(request.session_hash, None)
         self.live.leave(request.session_hash)
 
     def check_list(self, chat_id, words, shown_writing, request: gr.Request):

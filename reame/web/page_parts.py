@@ -15,6 +15,13 @@ from gradio.utils import NamedString
 
 CSS = """
 .reame-stats { font-size: 0.75em; opacity: 0.85; margin-top: 0.4em; }
+/* The stats line: its words, then "Details" on the same line; opened, the figures below. */
+.reame-stats details.reame-stats-more { display: inline; }
+.reame-stats details.reame-stats-more > summary { display: inline; cursor: pointer;
+    text-decoration: underline dotted; list-style: none; }
+.reame-stats details.reame-stats-more > summary::-webkit-details-marker { display: none; }
+.reame-stats details.reame-stats-more[open] .reame-stats-tech { display: block;
+    margin-top: 0.2em; }
 .reame-window { font-size: 0.75em; opacity: 0.85; margin-top: 0.6em; padding-top: 0.3em;
                 border-top: 1px dashed currentColor; text-align: center; }
 .reame-panel { border: var(--block-border-width) solid var(--block-border-color);
@@ -100,6 +107,10 @@ h3.reame-group { font-size: 0.75em; font-weight: 600; opacity: 0.85; margin: 0.9
 .reame-detach { background: none; border: none; color: inherit; cursor: pointer; }
 .reame-rename { flex: 1 1 auto; min-width: 0; margin: 0.2em; padding: 0.3em 0.4em; }
 #reame-hint { font-size: 0.85em; min-height: 1.2em; margin: 0.2em 0.4em; }
+#reame-busy { font-size: 0.85em; opacity: 0.85; min-height: 1.2em; margin: 0.2em 0.4em; }
+#reame-busy:not(:empty)::before { content: "● "; animation: reame-pulse 1.2s ease-in-out
+                                     infinite; }
+@media (prefers-reduced-motion: reduce) { #reame-busy::before { animation: none; } }
 @media (max-width: 768px) {
     /* A finger-sized sidebar button, inside the screen. */
     .sidebar .toggle-button { width: 44px !important; height: 44px !important; }

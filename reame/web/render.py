@@ -62,7 +62,7 @@ def reply_markdown(text: str, stats: dict | TurnStats | None = None) -> str:
     if unclosed and unclosed[-1].startswith("```") and (
             len(unclosed[-1]) < 6 or not unclosed[-1].endswith("```")):
         shown += "\n```"
-    return shown + stats_line(stats)
+    return shown + stats_line(stats, text)
 
 
 def shown_reply(update: TurnUpdate) -> str:
@@ -80,17 +80,98 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def stats_line(stats: dict | TurnStats | None) -> str:
-    """The stats line as the page shows it under a reply (stats as stored, or of a turn)."""
+def stats_line(stats: dict | TurnStats | None, text: str = "") -> str:
+    """The stats line as the page shows it under a reply (stats as stored, or of a turn; text:
+    the reply's): what happened in words (stats_words), the figures under Details
+    (stats_text). One line of HTML, no div inside (page.js's copy cuts at the first </div>)."""
     if not stats:
         return ""
     if isinstance(stats, dict):
         stats = TurnStats.from_dict(stats)
-    return f'\n\n<div class="reame-stats">{html.escape(stats_text(stats))}</div>'
+    return (f'\n\n<div class="reame-stats"><span class="reame-stats-words">'
+            f"{html.escape(stats_words(stats, text))}</span> "
+            f'<details class="reame-stats-more"><summary>Details</summary>'
+            f'<span class="reame-stats-tech">{html.escape(stats_text(stats))}</span>'
+            "</details></div>")
+
+
+def seconds(s: float) -> str:
+    """A time as people say it: 22 ms, 0.4 s, 13 s, 2 min 5 s."""
+    if s < 0.1:
+        return f"{round(s * 1000):,} ms"
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 90:
+        return f"{s:.0f} s"
+    minutes, rest = divmod(round(s), 60)
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+
+
+def counted(n: int, word: str) -> str:
+    """1 word, 2 words, 2,026 words."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def stats_words(stats: TurnStats, text: str = "") -> str:
+    """What a turn did, in words a person reads at a glance: where the chat's history came
+    from and what recomputing it would have cost, the wait for the first words, what was
+    written, and how it ended. text: the reply (its words are counted; a Continue's only
+    from where it went on)."""
+    sentences = []
+    history = stats.reused - stats.typed_ahead  # reused before the message was typed
+    if history > 0:
+        saved = (f" (recomputing them would take about {seconds(history / stats.prefill_rate)})"
+                 if stats.prefill_rate > 0 else "")
+        earlier = counted(history, "earlier token")
+        if stats.source in FROM_FILES:
+            quick = " instantly" if stats.restore_ms < 1000 else ""
+            if stats.source == "prefix":
+                sentences.append(f"Started from {counted(history, 'token')} read before "
+                                 "for another chat (the same opening), reloaded from disk in "
+                                 f"{seconds(stats.restore_ms / 1000)}{saved}")
+            else:
+                where = ("the chat it branched from" if stats.source == "branch"
+                         else "disk")
+                sentences.append(f"Continued{quick}: {earlier} reloaded from {where} in "
+                                 f"{seconds(stats.restore_ms / 1000)}{saved}")
+        else:
+            sentences.append(f"Continued instantly: {earlier} still in memory{saved}")
+    wait = stats.waited_s or stats.first_token_s
+    written = len(text[stats.continued_chars:].split()) if text else stats.generated
+    what = "word" if text else "token"
+    if stats.continued_chars:
+        start = f"Went on in {seconds(wait)}"
+        more = f"more {what}"
+    else:
+        start = f"Read your message in {seconds(wait)}"
+        if stats.typed_ahead:
+            start += " (most of it while you typed)"
+        more = what
+    if stats.generated == 0:
+        wrote = "wrote nothing"
+        start = start if wait else ""
+    elif stats.generated == 1 or stats.tokens_per_s <= 0:
+        wrote = f"wrote {counted(written, more)}"
+    else:
+        wrote = (f"wrote {counted(written, more)} in "
+                 f"{seconds((stats.generated - 1) / stats.tokens_per_s)}")
+    sentences.append(f"{start}, {wrote}" if start else wrote[0].upper() + wrote[1:])
+    if stats.shifted:
+        sentences.append("The chat outgrew the model's memory: its oldest part was let go, "
+                         "nothing recomputed")
+    elif stats.window_recomputed:
+        sentences.append("The chat outgrew the model's memory: its oldest messages were left "
+                         "out and the rest read again")
+    if stats.stopped:
+        sentences.append("You stopped it")
+    elif stats.at_limit:
+        sentences.append(f"Cut at the limit of {stats.generated:,} tokens (Max tokens, in the "
+                         "chat's settings)")
+    return ". ".join(sentences) + "."
 
 
 def stats_text(stats: TurnStats) -> str:
-    """The small line shown under a reply: where its history came from, and how fast."""
+    """The figures under a reply's Details: where its history came from, and how fast."""
     history = stats.reused - stats.typed_ahead  # reused before the message was typed
     if stats.source in FROM_FILES:
         where = {"disk": "from disk", "branch": "from the chat it branched from"}.get(
