@@ -264,12 +264,14 @@ def stats_figures(page: Page, n: int = -1) -> str:
     return page.locator(STATS_DETAILS).nth(n).text_content()
 
 
-def current_chat(server: Server, title: str) -> dict:
-    """The chat with this title, with its messages, as the server has it."""
+def current_chat(server: Server, page: Page, title: str) -> dict:
+    """The chat the page shows, with its messages, as the server has it; it is titled title.
+    (By its id, not its title: other tests on the same server may have chats of that title.)"""
     client = api(server)
-    matches = [c for c in client.predict(api_name="/list_chats") if c["title"] == title]
-    assert len(matches) == 1, f"expected one chat titled {title!r}, got {matches}"
-    return client.predict(matches[0]["id"], api_name="/get_chat")
+    chat_id = current_id(page)
+    titles = {c["id"]: c["title"] for c in client.predict(api_name="/list_chats")}
+    assert titles.get(chat_id) == title, f"the chat shown is {titles.get(chat_id)!r}, not {title!r}"
+    return client.predict(chat_id, api_name="/get_chat")
 
 
 def stored_stats_text(stats: dict) -> str:

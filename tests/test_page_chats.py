@@ -71,7 +71,7 @@ def test_each_chat_in_the_sidebar_shows_its_own_messages(page, server):
         expect(page.locator(USER)).to_have_text([shown])
         expect(page.locator(BOT)).to_have_count(1)
         assert selected_title(page) == title_from(shown)
-        stored = current_chat(server, title_from(shown))["messages"]
+        stored = current_chat(server, page, title_from(shown))["messages"]
         assert words(without_stats(page.locator(BOT).inner_text())) == words(stored[1]["content"])
         expect(page.locator("#chatbot")).not_to_contain_text(other)
 

@@ -84,7 +84,7 @@ def test_a_chat_survives_a_reload_and_a_server_restart(page, server):
     server.restart()
     reload(page)
     check_shown()
-    stored = current_chat(server, title_from(CAPITAL))["messages"]
+    stored = current_chat(server, page, title_from(CAPITAL))["messages"]
     assert [m["content"] for m in stored[::2]] == expected_users
     assert [words(m["content"]) for m in stored[1::2]] == [words(without_stats(b))
                                                             for b in expected_bots]
@@ -312,7 +312,7 @@ def test_a_long_chat_marks_where_the_model_s_memory_ends_and_keeps_every_message
     expect(marker).to_have_text("⋯ earlier messages are outside the model's memory ⋯")
 
     def check_marker_place():
-        messages = current_chat(server, selected_title(page))["messages"]
+        messages = current_chat(server, page, selected_title(page))["messages"]
         inside = [m["in_window"] for m in messages]
         assert inside == sorted(inside) and not inside[0] and inside[-1]
         last_outside_reply = inside.index(True) // 2 - 1  # index among the replies

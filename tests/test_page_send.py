@@ -23,6 +23,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     CAPITAL,
     ERROR_BADGE,
     REPLY_TIMEOUT,
+    RETRY,
     SCREENSHOTS,
     STATS,
     STATS_DETAILS,
@@ -96,7 +97,7 @@ def test_a_reply_streams_into_the_page_and_ends_with_its_stats_line(page, server
     assert len(without_stats(shown)) >= max(streamed), "the final reply is shorter than a chunk"
     assert selected_title(page) == title_from(prompt), "the chat is titled from its message"
 
-    chat = current_chat(server, title_from(prompt))
+    chat = current_chat(server, page, title_from(prompt))
     user, reply = chat["messages"]
     assert (user["role"], user["content"]) == ("user", prompt)
     assert reply["role"] == "assistant" and not reply["stopped"]
@@ -210,7 +211,7 @@ def test_user_html_is_shown_as_text_and_markdown_renders(page, server):
     assert page.locator("#chatbot img").count() == 0
     assert page.evaluate("typeof window.__pwned") == "undefined"
 
-    stored = current_chat(server, title_from(attack))["messages"]
+    stored = current_chat(server, page, title_from(attack))["messages"]
     assert [m["content"] for m in stored[::2]] == [attack, "**strong** and `code`"]
 
 
@@ -242,7 +243,7 @@ def test_an_empty_message_sends_nothing(page, server):
     expect(hint).to_be_visible()
     expect(page.locator(USER)).to_have_text([question])
     expect(page.locator(BOT)).to_have_count(1)
-    assert len(current_chat(server, title_from(question))["messages"]) == 2
+    assert len(current_chat(server, page, title_from(question))["messages"]) == 2
 
 
 def test_a_message_too_long_for_the_model_is_given_back(page, server):
@@ -402,10 +403,18 @@ def test_a_reply_shows_the_page_s_own_quiet_state_not_gradio_s_progress_text(pag
     box.fill("Write a short story about a cat.")
     box.press("Enter")
     wait_for_reply_done(page, 1)
+    # A retry of the reply writes it again: the same quiet line, no progress text.
+    page.evaluate("window.__busy.push('(retry)')")
+    page.locator(RETRY).click()
+    expect(page.locator("#chatbot .reame-version-of")).to_have_text("2/2",
+                                                                     timeout=REPLY_TIMEOUT)
+    wait_for_reply_done(page, 1)
     progress = page.evaluate("[...window.__progress]")
     assert not progress, f"Gradio's progress text showed: {progress}"
     said = page.evaluate("window.__busy")
-    assert said and said[-1] == "Writing…", said
+    assert said.index("(retry)") > 0 and said[said.index("(retry)") - 1] == "Writing…", said
+    assert said[-1] in ("Writing…", ""), said
+    assert "Writing…" in said[said.index("(retry)"):], said
     expect(page.locator("#reame-busy")).to_have_text("")
     expect(page.locator("#reame-busy")).to_have_attribute("role", "status")
 
@@ -438,6 +447,13 @@ def test_the_stats_line_says_what_happened_in_words_its_figures_under_details(pa
         assert line == stats_words(TurnStats.from_dict(reply["stats"]), reply["content"]), line
     history = stats["reused"] - stats["typed_ahead"]
     assert line.startswith(f"Continued instantly: {history:,} earlier tokens "), line
+    # A chat's first reply continued nothing: what it reused (if anything) is the opening
+    # every chat shares (the system prompt), said so.
+    first_stats, first_line = replies[0][0]["stats"], replies[0][1]
+    assert first_stats["earlier_messages"] == 0 and stats["earlier_messages"] == 2, stats
+    assert not first_line.startswith("Continued"), first_line
+    if first_stats["reused"] - first_stats["typed_ahead"] > 0:
+        assert first_line.startswith("Started from the chat's opening, "), first_line
     # The figures: under Details, closed, as the API's stats say them.
     figures = page.locator(STATS_DETAILS).last
     expect(figures).to_be_hidden()

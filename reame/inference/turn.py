@@ -66,6 +66,10 @@ class TurnStats:
     # A Continue: the length of the reply's text it went on from (its words are not this
     # turn's).
     continued_chars: int = 0
+    # Messages before this turn's in the conversation (those outside the window included):
+    # 0 for a chat's first message, whose reused tokens can only be its opening (the system
+    # prompt, shared with other chats). -1: not known (stats stored before it was counted).
+    earlier_messages: int = -1
 
     @classmethod
     def from_dict(cls, values: dict) -> "TurnStats":
@@ -245,7 +249,9 @@ class TurnRunner:
         """Prefill, stream the reply, keep it. The reply is kept also when the caller stops
         the stream (closing the generator)."""
         started = time.perf_counter()
-        stats = TurnStats(prompt_tokens=len(job.prompt), dropped_messages=job.outside)
+        stats = TurnStats(prompt_tokens=len(job.prompt), dropped_messages=job.outside,
+                          earlier_messages=job.outside + sum(
+                              t.role in ("user", "assistant") for t in job.turns[:-1]))
         try:
             yield from self.prefill_steps(job, stats)
         except GeneratorExit:  # stopped mid-prompt: what was evaluated stays live, and counts

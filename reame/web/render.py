@@ -123,7 +123,10 @@ def stats_words(stats: TurnStats, text: str = "") -> str:
         saved = (f" (recomputing them would take about {seconds(history / stats.prefill_rate)})"
                  if stats.prefill_rate > 0 else "")
         earlier = counted(history, "earlier token")
-        if stats.source in FROM_FILES:
+        if stats.earlier_messages == 0 and stats.source not in FROM_FILES:
+            sentences.append(f"Started from the chat's opening, {counted(history, 'token')} "
+                             f"already in memory{saved}")
+        elif stats.source in FROM_FILES:
             quick = " instantly" if stats.restore_ms < 1000 else ""
             if stats.source == "prefix":
                 sentences.append(f"Started from {counted(history, 'token')} read before "
