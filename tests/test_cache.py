@@ -620,6 +620,12 @@ def test_the_time_saved_is_counted_once_per_hit_and_only_grows(folder, model_pat
     later.say(chat.id, "Say hello.")  # restored from disk: a hit
     saved = later.service.cache_stats()["time_saved_s"]
     assert saved > 0
+    # The sidebar says it in time once there is half a second of it, never "≈ 0 s saved".
+    from reame.web.settings_tab import cache_markdown
+
+    line = cache_markdown(later.service)
+    assert ("of recomputation saved" in line) == (saved >= 0.5), (saved, line)
+    assert "≈ 0 s" not in line, line
     later.service.cache.prefill_rate *= 10  # the estimate moves (a faster prefill measured)
     assert later.service.cache_stats()["time_saved_s"] == saved
     later.kv.flush()

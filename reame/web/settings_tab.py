@@ -79,7 +79,7 @@ def cache_markdown(service: ChatService, user: str | None = None, *,
         return ("The disk cache is **off** (`[cache] enabled = false`): only the live context "
                 "is reused.")
     restored = s["tokens_restored"]
-    if s["prefill_tokens_per_s"]:
+    if s["prefill_tokens_per_s"] and s["time_saved_s"] >= 0.5:  # never "≈ 0 s saved"
         saved = f"≈ {_duration(s['time_saved_s'])} of recomputation saved"
     else:
         saved = f"{restored:,} tokens restored instead of recomputed"
