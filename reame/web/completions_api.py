@@ -85,7 +85,7 @@ def add_completions(router: APIRouter, service: ChatService,
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
-        done = await last_update(updates, first, gone)
+        done = await last_update(updates, first, gone, "prompt")
         if not isinstance(done, TurnUpdate):
             return done  # the client hung up, or the server stopped the turn
         return JSONResponse(answer.whole(done))

@@ -150,7 +150,7 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
         if more:
             return await _many(updates, first, gone, more, completion_id, parsed,
                                fingerprint, vocab)
-        done = await last_update(updates, first, gone)
+        done = await last_update(updates, first, gone, "messages")
         if not isinstance(done, TurnUpdate):
             return done  # the client hung up, or the server stopped the turn
         return _whole([done], completion_id, parsed, fingerprint, vocab)

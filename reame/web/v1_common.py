@@ -65,14 +65,18 @@ def refused(gone: asyncio.Future, response: JSONResponse) -> JSONResponse:
     return response
 
 
-async def last_update(updates: UpdateFeed, first: TurnUpdate,
-                      gone: asyncio.Future) -> TurnUpdate | Response:
+async def last_update(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
+                      prompt_param: str) -> TurnUpdate | Response:
     """A turn answered whole: its last update, once it comes; or the response for a turn that
-    ended without it (499: the client hung up; 503: a model switch or a shutdown stopped it)."""
+    ended without it (499: the client hung up; 503: a model switch or a shutdown stopped it;
+    a refusal met after the turn waited in line, e.g. a full line for the model switched to:
+    its status, as if met at once)."""
     try:
         done = first
         while done is not None and not done.done:
             done = await updates.next()
+    except (ApiError, ChatError, ChatNotFound) as exc:
+        return turn_refusal(exc, prompt_param)
     finally:
         gone.cancel()
         updates.interrupt()
