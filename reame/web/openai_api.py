@@ -50,6 +50,7 @@ from reame.web.v1_common import (
     STOPPED_BY_SERVER,
     client_gone,
     cut_short,
+    ended,
     figures_of,
     last_update,
     read_json,
@@ -274,13 +275,13 @@ async def _many(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
     from the first one's prompt KV (found by its tokens, as any resent conversation's)."""
     feeds = [updates]
     try:
-        done = await _ended(updates, first)
+        done = await ended(updates, first)
         if done is None:
             return cut_short(gone)
         dones = [done]
         for start in more:
             feeds.append(await started(start, gone))
-        ends = await asyncio.gather(*(_ended(feed, None) for feed in feeds[1:]))
+        ends = await asyncio.gather(*(ended(feed, None) for feed in feeds[1:]))
         if any(end is None for end in ends):
             return cut_short(gone)
         dones += ends
@@ -291,15 +292,6 @@ async def _many(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
         for feed in feeds:
             feed.interrupt()
     return _whole(dones, completion_id, parsed, fingerprint, vocab)
-
-
-async def _ended(feed: UpdateFeed, first: TurnUpdate | None) -> TurnUpdate | None:
-    """A choice's last update, or None when it ended without one."""
-    update = first if first is not None else await feed.next()
-    while update is not None and not update.done:
-        update = await feed.next()
-    return update
-
 
 
 async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,

@@ -289,10 +289,16 @@
     let pressed = null;  // {at: the press's time, bots: the replies shown then}
     const bubbles = () => document.querySelectorAll(
         "#chatbot [data-testid=user], #chatbot [data-testid=bot]");
+    const bots = () => document.querySelectorAll("#chatbot [data-testid=bot]");
+    // The last message shown, when it is a reply with words in it (not its place in line).
+    const replyWithWords = () => {
+        const all = bubbles(), last = all[all.length - 1];
+        return last?.dataset.testid === "bot" && last.innerText.trim()
+            && !last.querySelector(".reame-queued") ? last : null;
+    };
     const press = (event) => {
         if (writing() || !$("#message textarea")?.value.trim()) return;
-        pressed = {at: event.timeStamp,
-                   bots: document.querySelectorAll("#chatbot [data-testid=bot]").length};
+        pressed = {at: event.timeStamp, bots: bots().length};
     };
     document.addEventListener("keydown", (event) => {
         if (event.key === "Enter" && !event.shiftKey && !event.isComposing
@@ -303,10 +309,9 @@
     }, true);
     const firstWords = () => {
         if (!pressed) return;
-        const all = bubbles(), last = all[all.length - 1];
-        if (!last || last.dataset.testid !== "bot" || last.querySelector(".reame-queued")
-                || document.querySelectorAll("#chatbot [data-testid=bot]").length <= pressed.bots
-                || !last.innerText.trim() || /^Loading model/.test(last.innerText.trim())) {
+        const reply = replyWithWords();
+        if (!reply || bots().length <= pressed.bots
+                || /^Loading model/.test(reply.innerText.trim())) {
             return;
         }
         const at = pressed.at;
@@ -333,11 +338,7 @@
             box.after(note);
         }
         let text = "";
-        if (writing()) {
-            const all = bubbles(), last = all[all.length - 1];
-            text = last?.dataset.testid === "bot" && last.innerText.trim()
-                && !last.querySelector(".reame-queued") ? "Writing…" : "Reading…";
-        }
+        if (writing()) text = replyWithWords() ? "Writing…" : "Reading…";
         if (note.textContent !== text) note.textContent = text;
     };
 

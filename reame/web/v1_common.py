@@ -72,15 +72,21 @@ async def last_update(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Futu
     a refusal met after the turn waited in line, e.g. a full line for the model switched to:
     its status, as if met at once)."""
     try:
-        done = first
-        while done is not None and not done.done:
-            done = await updates.next()
+        done = await ended(updates, first)
     except (ApiError, ChatError, ChatNotFound) as exc:
         return turn_refusal(exc, prompt_param)
     finally:
         gone.cancel()
         updates.interrupt()
     return done if done is not None else cut_short(gone)
+
+
+async def ended(feed: UpdateFeed, first: TurnUpdate | None) -> TurnUpdate | None:
+    """A turn's last update (after first, when given), or None when it ended without one."""
+    update = first if first is not None else await feed.next()
+    while update is not None and not update.done:
+        update = await feed.next()
+    return update
 
 
 def cut_short(gone: asyncio.Future) -> Response:
