@@ -185,8 +185,8 @@ def start_server(folder: Path, **config) -> Server:
 def page_server(tmp_path_factory, model_path) -> Server:
     """One server for the page tests whose chats don't interfere (the `server` of
     tests/browser_helpers.py, shared by tests/test_page_*.py); replies of at most 64 tokens; a
-    reply no tab watches is stopped after 15 s (tests/test_page_live.py: a reload on a busy
-    machine must come back within it)."""
+    reply no tab watches is stopped after 15 s (a reload on a busy machine must come back
+    within it; tests/test_page_live.py has a server of its own with a shorter bound)."""
     server = start_server(tmp_path_factory.mktemp("browser"), model_path=model_path,
                           max_tokens=64, server_extra="stalled_reply_s = 15")
     yield server

@@ -91,7 +91,15 @@ class Node:
         self.engine.close()
 
 
-@pytest.fixture(params=["smollm2", "gemma3"])
+MODELS = ["smollm2", "gemma3"]
+# (model, sampling) pairs. make test leaves out Gemma 3 seeded (13 s of the suite's 2-worker
+# time): the seeded sampler's path is the same code on either model, and SmolLM2-seeded takes
+# it; what is Gemma's own, its kernels' rounding over the decode shapes, Gemma-greedy checks.
+# make test-full (FULL) keeps all four.
+CASES = [(m, s) for m in MODELS for s in SAMPLINGS if FULL or (m, s) != ("gemma3", "seeded")]
+
+
+@pytest.fixture
 def model(request, model_path, gemma_path):
     return model_path if request.param == "smollm2" else gemma_path
 
@@ -99,7 +107,7 @@ def model(request, model_path, gemma_path):
 # Under make test-full, 47 s alone on this 2-core machine, 157 s inside the whole suite
 # (2026-12-03): more than the default 300 s would leave no margin on a slower CPU.
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize(("model", "sampling"), CASES, indirect=["model"])
 def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
         tmp_path, model, sampling):
     # Greedy replies flip at near ties, so many prompts are tried, each one way: greedily
@@ -149,6 +157,7 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
     node.close()
 
 
+@pytest.mark.parametrize("model", MODELS, indirect=True)
 def test_a_continued_conversation_gives_the_uninterrupted_reply(
         tmp_path, model):
     """A conversation whose KV was kept (replies as the exact tokens generated): a stateless

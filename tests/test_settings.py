@@ -10,7 +10,7 @@ from reame.inference.prompt import PromptMessage
 from reame.inference.scope import user_scope
 from reame.runtime import build_service
 
-from .conftest import ROOT
+from .conftest import ROOT, THREADS
 from .reference import assert_answers, model_answer
 
 
@@ -23,6 +23,11 @@ def setup(tmp_path, model_path):
     text = text.replace("n_ctx = 4096", "n_ctx = 2048").replace("temperature = 0.7",
                                                                 "temperature = 0")
     text = text.replace("max_tokens = 512", "max_tokens = 24")
+    # The tests' share of the cores (conftest.THREADS), not all of them: under make test two
+    # workers' engines each taking both cores wait on each other's threads (a model switch
+    # took 19 s in the suite, 3 s alone).
+    text = text.replace("n_threads = 0", f"n_threads = {THREADS}")
+    assert f"n_threads = {THREADS}" in text
     path = tmp_path / "reame.conf"
     path.write_text(text)
     config = load_config(path)

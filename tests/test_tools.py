@@ -32,6 +32,7 @@ CLOCK = {"type": "function", "function": {
 TOOLS = [WEATHER, CLOCK]
 ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
 RESULT = '{"temperature_c": 18, "sky": "cloudy"}'
+ANSWER_TOKENS = 40  # the answer after a tool's result: a few words show it answers
 
 
 class WeatherArguments(BaseModel, extra="forbid"):
@@ -95,10 +96,12 @@ def test_a_call_its_result_and_the_answer_streamed_or_not_reusing_the_kv(server)
     assert_round_trip(server)
 
 
-def assert_round_trip(server: Server) -> None:
+def assert_round_trip(server: Server, streamed: bool = True) -> None:
     """The agent's loop: the model calls a tool (required), the client runs it and sends the
     result, the model answers. The resent conversation evaluates only the tool's result: the
-    call is spliced in as the tokens the model wrote."""
+    call is spliced in as the tokens the model wrote. Each request whole, then streamed (the
+    same call, the same answer) unless streamed is False. The answer's length checks nothing
+    more past a few words: at most ANSWER_TOKENS."""
     client, model = sdk(server), model_of(server)
     first = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
                                            tool_choice="required", temperature=0)
@@ -109,18 +112,20 @@ def assert_round_trip(server: Server) -> None:
     assert len(set(zip(names, (c.function.arguments for c in choice.message.tool_calls)))) \
         == len(names), "no call twice"
 
-    content, calls, finish, _ = streamed_calls(client.chat.completions.create(
-        model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
-        stream=True))
-    assert (content, finish) == ("", "tool_calls")
-    assert [(c["name"], c["arguments"]) for c in calls] == [
-        (c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    if streamed:
+        content, calls, finish, _ = streamed_calls(client.chat.completions.create(
+            model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+            stream=True))
+        assert (content, finish) == ("", "tool_calls")
+        assert [(c["name"], c["arguments"]) for c in calls] == [
+            (c.function.name, c.function.arguments) for c in choice.message.tool_calls]
 
     conversation = ASK + [choice.message.model_dump(exclude_none=True)] + [
         {"role": "tool", "tool_call_id": call.id, "content": RESULT}
         for call in choice.message.tool_calls]
     answer = client.chat.completions.create(model=model, messages=conversation, tools=TOOLS,
-                                            tool_choice="none", temperature=0)
+                                            tool_choice="none", temperature=0,
+                                            max_tokens=ANSWER_TOKENS)
     reply = answer.choices[0]
     assert reply.message.tool_calls is None and reply.message.content.strip(), reply
     assert reply.finish_reason in ("stop", "length")
@@ -131,10 +136,11 @@ def assert_round_trip(server: Server) -> None:
     assert extra["prefilled"] < 40 * calls, "only the tools' results and the reply's header"
     assert answer.usage.prompt_tokens_details.cached_tokens == extra["reused"]
 
-    again, calls, finish, _ = streamed_calls(client.chat.completions.create(
-        model=model, messages=conversation, tools=TOOLS, tool_choice="none", temperature=0,
-        stream=True))
-    assert (again, calls, finish) == (reply.message.content, [], reply.finish_reason)
+    if streamed:
+        again, calls, finish, _ = streamed_calls(client.chat.completions.create(
+            model=model, messages=conversation, tools=TOOLS, tool_choice="none", temperature=0,
+            max_tokens=ANSWER_TOKENS, stream=True))
+        assert (again, calls, finish) == (reply.message.content, [], reply.finish_reason)
 
 
 def test_tool_choice_named_and_parallel_calls_off(server):
