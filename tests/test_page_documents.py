@@ -1,7 +1,8 @@
 """Documents attached to a message, in a real browser: attached, shown with their size, read
 and removed before sending; sent folded into the message, which holds their text; a PDF's
-text read; what cannot be attached refused by name; and the same 3,000-token document in a
-second chat answered at least 5x sooner, its KV reused from the first chat.
+text read; what cannot be attached refused by name; and the same document in a second chat
+answered at least 5x sooner, its KV reused from the first chat (a 1,000-token document in
+`make test`, the 3,000 tokens README quotes in `make test-full`).
 
 Helpers and fixtures: tests/browser_helpers.py.
 """
@@ -35,7 +36,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     server,
     wait_for_reply_done,
 )
-from .conftest import Server, start_server
+from .conftest import FULL, Server, start_server
 
 ATTACHED = "#attached .reame-attached"
 
@@ -172,11 +173,16 @@ def wide_server(tmp_path_factory, model_path) -> Server:
     server.stop()
 
 
+# The document's size: README's 3,000 tokens under make test-full; 1,000 in make test, where
+# reading 3,000 tokens on one core of a busy machine took 42 s and checked nothing more.
+DOC_WORDS, DOC_TOKENS = (2500, (2700, 3300)) if FULL else (830, (900, 1100))
+
+
 def test_the_same_document_in_a_second_chat_answers_5x_sooner(page, wide_server, tmp_path):
     """The document is the chats' first content: the second chat starts from the first one's
     KV (the cache finds the shared opening by its tokens), so only the question is read."""
     report = tmp_path / "report.md"
-    report.write_text(prose(2500, 11), encoding="utf-8")
+    report.write_text(prose(DOC_WORDS, 11), encoding="utf-8")
     open_app(page, wide_server)
     seconds, tokens = [], None
     for question in ("Who is the keeper?", "What is the weather like?"):
@@ -188,7 +194,8 @@ def test_the_same_document_in_a_second_chat_answers_5x_sooner(page, wide_server,
         seconds.append(first_words_after_enter(page, question))
         wait_for_reply_done(page, 1)
         expect(page.locator(BOT)).to_have_count(1, timeout=REPLY_TIMEOUT)
-    assert 2700 <= tokens <= 3300, f"the document is {tokens} tokens, not about 3,000"
+    low, high = DOC_TOKENS
+    assert low <= tokens <= high, f"the document is {tokens} tokens, not {low:,}-{high:,}"
     first, second = seconds
     stats = api(wide_server).predict(current_id(page), api_name="/get_chat")["messages"][1][
         "stats"]
