@@ -49,6 +49,8 @@ STATS = "#chatbot .reame-stats"  # a reply's stats line: its words, the figures 
 STATS_WORDS = "#chatbot .reame-stats-words"
 STATS_DETAILS = "#chatbot .reame-stats-tech"  # hidden until opened: read its text_content()
 STOP = "#message [data-testid=stop-button]"
+# The page's quiet state while a reply is on its way: "Reading…", then "Writing…" (page.js).
+BUSY = "#reame-busy"
 SUBMIT = "#message [data-testid=submit-button]"
 TOAST = ".toast-body"
 # Gradio's "Error" pill over an output (it stays in the page, hidden, once used).

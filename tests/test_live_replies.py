@@ -116,6 +116,35 @@ def test_a_stop_that_overtakes_the_start_of_its_reply_still_stops_it(service):
     assert [m.role for m in service.messages(chat)] == ["user", "assistant"]
 
 
+def test_a_stop_while_a_retry_is_prepared_stops_it_and_only_it(service):
+    """A retry, an edit or a Continue reads the chat before its reply starts (expect): a Stop
+    from the page meanwhile (no `starting`: only a send has a message pending) still counts,
+    for that chat and user only, and not once the preparing is over."""
+    chat, other = long_chat(service), long_chat(service)
+    live = LiveReplies(unwatched_s=60)
+
+    async def scenario():
+        with live.expect(None, chat):
+            assert await stop(live, None, chat) is False  # nothing under way yet
+            assert await stop(live, "someone else", other) is False
+        assert live.start(None, chat, "tab", [], lambda: service.send(chat, LONG)) is None
+        reply = live.start(None, other, "tab", [], lambda: service.send(other, LONG))
+        assert reply is not None, "another chat's Stop stopped this one"
+        await until(lambda: reply.latest is not None)
+        await stop(live, None, other)
+        # Preparing over (its reply started and ended): a late Stop is not kept.
+        with live.expect(None, chat):
+            pass
+        await stop(live, None, chat)
+        reply = live.start(None, chat, "tab", [], lambda: service.send(chat, LONG))
+        assert reply is not None, "a Stop after the preparing was kept"
+        await until(lambda: reply.latest is not None)
+        await stop(live, None, chat)
+
+    run(scenario())
+    assert [m.role for m in service.messages(chat)] == ["user", "assistant"]
+
+
 def test_one_reply_per_chat_and_never_another_user_s(service):
     chat = long_chat(service, user="alice")
     live = LiveReplies(unwatched_s=60)

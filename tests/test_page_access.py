@@ -15,8 +15,12 @@ from playwright.sync_api import expect
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
     BOT,
     BOX,
+    BUSY,
     CHATS,
     CURRENT,
+    EDIT,
+    EDIT_BOX,
+    EDIT_SUBMIT,
     PLANET,
     REPLY_TIMEOUT,
     RETRY,
@@ -103,14 +107,37 @@ def test_retry_and_edit_can_be_stopped_with_esc(page, server):
     open_app(page, server)
     new_chat(page)
     send(page, "Write a short story about a fox.")
+    # Esc once the retry's reply is being written: it stops there, kept as a new version.
     page.locator(RETRY).click()
-    expect(page.locator(STOP)).to_be_visible()
+    expect(page.locator(BUSY)).to_have_text("Writing…", timeout=REPLY_TIMEOUT)
     page.keyboard.press("Escape")
     wait_for_reply_done(page, 1)
     expect(page.locator(STATS).last).to_contain_text("stopped")
     stored = current_id(page)
     messages = api(server).predict(stored, api_name="/get_chat")["messages"]
     assert messages[-1]["stopped"] is True and messages[-1]["version"] == 2
+    expect(page.locator(BOX)).to_be_focused()
+    # Esc at once, while the server may still be reading the chat before the reply starts
+    # (a loaded machine let such a retry run to its end): the retry is stopped or not made.
+    page.locator(RETRY).click()
+    expect(page.locator(STOP)).to_be_visible()
+    page.keyboard.press("Escape")
+    wait_for_reply_done(page, 1)
+    messages = api(server).predict(stored, api_name="/get_chat")["messages"]
+    assert messages[-1]["stopped"] is True and messages[-1]["version"] in (2, 3), messages[-1]
+    # And an edit, Esc once its reply is being written: the edited message stays, with its
+    # reply as far as it got.
+    edited = "Write a short story about a cat."
+    page.locator(EDIT).first.click()
+    page.locator(EDIT_BOX).fill(edited)
+    page.locator(EDIT_SUBMIT).click()
+    expect(page.locator(BUSY)).to_have_text("Writing…", timeout=REPLY_TIMEOUT)
+    page.keyboard.press("Escape")
+    wait_for_reply_done(page, 1)
+    expect(page.locator(STATS).last).to_contain_text("stopped")
+    messages = api(server).predict(stored, api_name="/get_chat")["messages"]
+    assert [m["content"] for m in messages[:1]] == [edited]
+    assert messages[-1]["stopped"] is True
     expect(page.locator(BOX)).to_be_focused()
 
 

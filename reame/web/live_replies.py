@@ -24,8 +24,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 
 from reame.chats.store import MessageTree
@@ -69,6 +69,7 @@ class LiveReplies:
         self._lock = threading.Lock()
         self._replies: dict[Key, LiveReply] = {}
         self._early_stops: dict[Key, float] = {}
+        self._preparing: set[Key] = set()  # a retry, edit or Continue not yet started (expect)
         self._shown: dict[str, int | None] = {}  # tab -> the chat it shows
         self._ended: dict[str, LiveReply] = {}  # tab -> the reply it started that ended last
         self._drawn: dict[str, tuple[int, list[dict]]] = {}  # tab -> its send's base (drew)
@@ -122,6 +123,20 @@ class LiveReplies:
 
     # the event loop's side
 
+    @contextmanager
+    def expect(self, user: str | None, chat_id: int) -> Iterator[None]:
+        """While a reply of the chat is being prepared (a retry, an edit or a Continue reads
+        the chat before its reply starts): a Stop meanwhile is kept for it, as the page's Stop
+        during a send is (stop's starting)."""
+        key = (user, chat_id)
+        with self._lock:
+            self._preparing.add(key)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._preparing.discard(key)
+
     def start(self, user: str | None, chat_id: int, tab: str, base: list[dict],
               begin: Callable[[], TurnStream]) -> LiveReply | None:
         """Start writing a reply in the background (begin() makes the turn, in a worker
@@ -131,6 +146,7 @@ class LiveReplies:
         key = (user, chat_id)
         with self._lock:
             self._ended.pop(tab, None)  # the tab's last reply, old news from now on
+            self._preparing.discard(key)  # a Stop from now on finds the reply
             stopped_at = self._early_stops.pop(key, None)
             if stopped_at is not None and time.monotonic() - stopped_at < EARLY_STOP_S:
                 return None
@@ -215,7 +231,8 @@ class LiveReplies:
         """Stop the chat's reply and wait until it is kept (at most STOP_WAIT_S). starting:
         the page has sent a message whose reply may not have started yet (its event had not
         reached the server): with no reply under way, the Stop is kept for a reply of that
-        chat that starts within EARLY_STOP_S. True if a reply was stopped."""
+        chat that starts within EARLY_STOP_S; so it is while a retry, an edit or a Continue
+        prepares one (expect). True if a reply was stopped."""
         if self._loop is not None and self._loop.is_running() and _on_loop(self._loop):
             raise RuntimeError("LiveReplies.stop waits: call it from a worker thread")
         key = (user, chat_id)
@@ -225,7 +242,7 @@ class LiveReplies:
                 now = time.monotonic()
                 self._early_stops = {k: t for k, t in self._early_stops.items()
                                      if now - t < EARLY_STOP_S}
-                if starting:
+                if starting or key in self._preparing:
                     self._early_stops[key] = now
                 return False
         if self._loop is not None and reply.task is not None:

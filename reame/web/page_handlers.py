@@ -349,11 +349,12 @@ class PageHandlers:
             kept = kept_on_regenerate(self.service.messages(chat_id, user))
             return self.shown(chat_id, user, kept)
 
-        async with aclosing(self.write_reply(
-                user, chat_id, request, await in_thread(prepare),
-                lambda: self.service.regenerate(chat_id, user=user))) as ups:
-            async for update in ups:
-                yield update
+        with self.live.expect(user, chat_id):  # a Stop while the chat is read counts
+            async with aclosing(self.write_reply(
+                    user, chat_id, request, await in_thread(prepare),
+                    lambda: self.service.regenerate(chat_id, user=user))) as ups:
+                async for update in ups:
+                    yield update
 
     async def continue_reply(self, action, chat_id, request: gr.Request):
         """Continue (under a reply cut at Max tokens): the same reply goes on, streamed like
@@ -368,17 +369,18 @@ class PageHandlers:
                 raise ChatError("This reply is no longer the chat's last: nothing to continue.")
             return self.shown(chat_id, user, messages[:-1])
 
-        try:
-            base = await in_thread(prepare)
-        except (ChatError, ChatNotFound) as exc:
-            gr.Warning(str(exc))
-            yield await in_thread(self.shown, chat_id, user), gr.skip()
-            return
-        async with aclosing(self.write_reply(
-                user, chat_id, request, base,
-                lambda: self.service.continue_reply(chat_id, user=user))) as ups:
-            async for update in ups:
-                yield update
+        with self.live.expect(user, chat_id):  # a Stop while the chat is read counts
+            try:
+                base = await in_thread(prepare)
+            except (ChatError, ChatNotFound) as exc:
+                gr.Warning(str(exc))
+                yield await in_thread(self.shown, chat_id, user), gr.skip()
+                return
+            async with aclosing(self.write_reply(
+                    user, chat_id, request, base,
+                    lambda: self.service.continue_reply(chat_id, user=user))) as ups:
+                async for update in ups:
+                    yield update
 
     async def edit(self, chat_id, data: gr.EditData, request: gr.Request):
         if chat_id is None:
@@ -396,17 +398,19 @@ class PageHandlers:
             updates = self.service.edit_message(chat_id, messages[index].id, text, user=user)
             return self.shown(chat_id, user, messages[:index]), updates
 
-        try:
-            kept, updates = await in_thread(prepare)
-        except ChatError as exc:
-            gr.Warning(str(exc))
-            yield await in_thread(self.shown, chat_id, user), gr.skip()
-            return
-        base = kept + [{"role": "user", "content": user_html(text)}]
-        async with aclosing(self.write_reply(user, chat_id, request, base,
-                                        lambda: updates)) as stream:
-            async for update in stream:
-                yield update
+        with self.live.expect(user, chat_id):  # a Stop while the edit is stored counts
+            try:
+                kept, updates = await in_thread(prepare)
+            except ChatError as exc:
+                gr.Warning(str(exc))
+                yield await in_thread(self.shown, chat_id, user), gr.skip()
+                return
+            base = kept + [{"role": "user", "content": user_html(text)}]
+            # A Stop before its reply began: the edit is not made, its text goes to the box.
+            async with aclosing(self.write_reply(user, chat_id, request, base,
+                                                 lambda: updates, text)) as stream:
+                async for update in stream:
+                    yield update
 
     def act(self, action, chat_id, request: gr.Request):
         """A button of the chat list or inside a message (chat_list.py, render.message_tools):
