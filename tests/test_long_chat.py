@@ -6,6 +6,8 @@ shifted, so the turn evaluates only its new tokens; Gemma 3 (sliding window) re-
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from reame.chats.service import MessageTooLong
@@ -34,9 +36,9 @@ SMALL_N_CTX = 512  # where a test needs only the window to move, not several ove
 class Node:
     """One 'process' over a folder: engine, database, KV files, service."""
 
-    def __init__(self, folder, model_path, n_ctx=N_CTX):
+    def __init__(self, folder, model_path, n_ctx=N_CTX, settings=SETTINGS):
         self.engine = Engine(model_path, n_ctx=n_ctx, n_threads=THREADS)
-        self.service = service_over(folder, self.engine, SETTINGS)
+        self.service = service_over(folder, self.engine, settings)
         self.store, self.kv = self.service.store, self.service.cache.files
 
     def turn(self, chat_id, n):
@@ -107,7 +109,9 @@ def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_p
 
 
 def test_gemma3_cannot_shift_and_re_evaluates_the_kept_window(tmp_path, gemma_path):
-    node = Node(tmp_path, gemma_path)
+    # Replies of at most 12 tokens: Gemma's answers need no more ("The capital of Italy is
+    # Rome."), and each of its tokens costs a busy core about 50 ms (262k-word vocabulary).
+    node = Node(tmp_path, gemma_path, settings=dataclasses.replace(SETTINGS, max_tokens=12))
     assert not node.engine.can_shift
     chat = node.service.new_chat()
     for n in range(40):
