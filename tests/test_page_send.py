@@ -20,6 +20,7 @@ from reame.chats.service import title_from
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
     BOT,
     BOX,
+    BUSY,
     CAPITAL,
     ERROR_BADGE,
     REPLY_TIMEOUT,
@@ -416,8 +417,8 @@ def test_a_reply_shows_the_page_s_own_quiet_state_not_gradio_s_progress_text(pag
     assert said.index("(retry)") > 0 and said[said.index("(retry)") - 1] == "Writing…", said
     assert said[-1] in ("Writing…", ""), said
     assert "Writing…" in said[said.index("(retry)"):], said
-    expect(page.locator("#reame-busy")).to_have_text("")
-    expect(page.locator("#reame-busy")).to_have_attribute("role", "status")
+    expect(page.locator(BUSY)).to_have_text("")
+    expect(page.locator(BUSY)).to_have_attribute("role", "status")
 
 
 def test_the_stats_line_says_what_happened_in_words_its_figures_under_details(page, server):
