@@ -182,8 +182,11 @@ class UsersPanel:
 
         common = [self.on, self.status, self.table, self.pick, self.key_pick, self.key, self.source,
                   self.note, self.note_text]
-        # Progress on the status line alone: not over the fields and buttons.
-        quiet = dict(show_progress_on=[self.status], **HIDDEN)
+        # Progress on the status line alone: not over the fields and buttons. One event at a
+        # time, in the order they came: a choice's view must not land after, and wipe, what a
+        # click right after it said (the page's queue runs up to 8 of a kind at once).
+        one_by_one = dict(concurrency_id="users-panel", concurrency_limit=1)
+        quiet = dict(show_progress_on=[self.status], **one_by_one, **HIDDEN)
         add.click(self.add, [new_name, new_password, new_admin],
                   [*common, new_name, new_password, new_admin], **quiet)
         set_password.click(self.set_password, [self.pick, password], [*common, password],
@@ -196,7 +199,8 @@ class UsersPanel:
         self.moved_chats += [
             adopt.click(self.adopt, [self.pick, self.source], common, **quiet),
             self.note_adopt.click(self.adopt_old, None, common,
-                                  show_progress_on=[self.note_text], **HIDDEN)]
+                                  show_progress_on=[self.note_text], **one_by_one,
+                                  **HIDDEN)]
         self._common = common
 
     def view(self, request: gr.Request | None, said: str = "", *, pick: str | None = None,
