@@ -247,3 +247,45 @@ def test_the_page_reads_a_chat_s_messages_once_per_message_sent(service):
     assert reads == [chat, chat, chat], "the page's, regenerate's check and the turn's"
     assert shown == handlers.shown(chat, None)
     assert "2/2" in shown[-1]["content"], "the new version, with its tools"
+
+
+def test_a_reply_whose_following_failed_is_followed_again_to_its_end(service):
+    """CI run 41's stuck page: the event that followed a reply ended before the reply did (it
+    failed, or the page lost it) and the chat shown went on saying "writing a reply…" with the
+    old reply under it. end_send, run after every reply's event however it ended, now asks the
+    page to follow the reply again while the chat it shows still has one (its last output; the
+    page's REFOLLOW_JS clicks Follow), and only then: the following that results shows the
+    reply to its end, drawn as kept."""
+    from types import SimpleNamespace
+
+    from reame.config.chat_settings import ChatSettings
+    from reame.web.page_handlers import PageHandlers
+
+    handlers = PageHandlers(service, LiveReplies(unwatched_s=60), settings=None,
+                            can_configure=lambda user: True, uploads=None)
+    request = SimpleNamespace(username=None, session_hash="tab", headers={})
+    chat = service.new_chat().id
+    service.update_settings(chat, max_tokens=48)
+    panel = tuple(ChatSettings.of(service.get_chat(chat)).as_dict().values())
+
+    async def scenario():
+        chat_id, pending, *_ = handlers.begin_send(LONG, chat, False, "", [], *panel, request)
+        # The event that follows the reply ends after two of its updates (as if it failed).
+        updates = handlers.stream_reply(pending, chat_id, request)
+        await anext(updates)
+        await anext(updates)
+        await updates.aclose()
+        assert handlers.live.get(None, chat) is not None, "the reply goes on"
+        ended = handlers.end_send(chat_id, "", request)
+        assert ended[-1] == "yes", "follow it again"
+        assert "writing a reply" in ended[2]  # the list says so meanwhile
+        followed = [update async for update in handlers.follow(chat_id, "", request)]
+        assert handlers.live.get(None, chat) is None
+        drawn = followed[-1][0]
+        assert drawn == handlers.shown(chat, None), "the end, drawn as kept"
+        assert drawn[-1]["role"] == "assistant" and not service.messages(chat)[-1].stopped
+        # Once it has ended: nothing to follow again.
+        assert handlers.end_send(chat_id, "", request)[-1] == ""
+
+    handlers.live.showing("tab", chat)
+    run(scenario())

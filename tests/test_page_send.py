@@ -9,6 +9,7 @@ tests/conftest.py; the missing-model test starts its own).
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 from pathlib import Path
@@ -350,6 +351,45 @@ def test_continue_makes_a_cut_reply_go_on_reusing_its_kv(page, server):
     assert len(reply["content"]) > len(cut["content"])
     assert reply["stats"]["prefilled"] <= 1, reply["stats"]
     assert words(without_stats(page.locator(BOT).inner_text())) == words(reply["content"])
+
+
+def test_a_reply_whose_event_failed_on_the_way_still_shows_its_end(page, server):
+    """The server starts a Continue, but the page's request for it comes back as an error (a
+    proxy's 502; CI run 41 had an event fail mid-reply). Gradio 6 runs no .then after a failed
+    event, and the page went on saying "writing a reply…" over the cut reply forever. Now it
+    follows the reply again and shows it whole, as version 2/2."""
+    client = api(server)
+    chat_id = client.predict("Lost on the way", None, api_name="/new_chat")
+    client.predict(chat_id, "Write a long story about a dragon, chapter by chapter.",
+                   api_name="/send")
+    open_app(page, server)
+    page.locator(f"#chat-list [data-chat='{chat_id}'] .reame-open").click()
+    expect(page.locator(STATS_WORDS)).to_contain_text("Cut at the limit")
+    continue_event = event_of(page, "reame-continue-btn", "click")
+
+    def answer_lost(route):
+        if json.loads(route.request.post_data or "{}").get("fn_index") == continue_event:
+            route.fetch()  # the server gets it and starts the reply
+            route.fulfill(status=502, body="Bad Gateway")
+        else:
+            route.continue_()
+
+    page.route("**/queue/join*", answer_lost)
+    page.locator("#chatbot button.reame-tool", has_text="Continue").click()
+    expect(page.locator("#chatbot .reame-version-of")).to_have_text("2/2",
+                                                                     timeout=REPLY_TIMEOUT)
+    wait_for_reply_done(page, 1)
+    expect(page.locator(f"#chat-list [data-chat='{chat_id}']")).not_to_contain_text("writing")
+    reply = client.predict(chat_id, api_name="/get_chat")["messages"][1]
+    assert words(without_stats(page.locator(BOT).inner_text())) == words(reply["content"])
+
+
+def event_of(page: Page, elem_id: str, trigger: str) -> int:
+    """The fn_index of the page's event on trigger of the component with elem_id."""
+    config = page.evaluate("() => window.gradio_config")
+    ids = {c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == elem_id}
+    return next(dep["id"] for dep in config["dependencies"]
+                if any(target[0] in ids and target[1] == trigger for target in dep["targets"]))
 
 
 def test_the_wait_shown_counts_from_the_press_of_enter_to_the_first_words(page, server):

@@ -23,6 +23,7 @@ from reame.web.page_parts import (
     FOCUS_MESSAGE_JS,
     FOLLOW_JS,
     HIDDEN,
+    REFOLLOW_JS,
     ROLE_JS,
     SHOW_URL_JS,
     import_button,
@@ -93,6 +94,10 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                              elem_classes=["reame-offscreen"])
     follow_btn = gr.Button("Follow the reply", elem_id="reame-follow-btn",
                            elem_classes=["reame-offscreen"])
+    # Non-empty when a reply's event ended while the chat shown still has a reply being
+    # written (end_send): REFOLLOW_JS then follows it again.
+    refollow = gr.Textbox(elem_id="reame-refollow", elem_classes=["reame-offscreen"],
+                          show_label=False, container=False)
     # The browser's own wait from Enter to the reply's first words (page.js reports it).
     waited = gr.Textbox(elem_id="reame-waited", elem_classes=["reame-offscreen"],
                         show_label=False, container=False)
@@ -214,25 +219,34 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
         handlers.stream_reply, [pending, current], [chatbot, message], show_progress="hidden",
         show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN,  # the scheduler's line
     )
-    # Runs after the following of a reply ends, also when cancelled (chat switch, delete).
-    after = [chatbot, message, chat_list, pending, cache_md, listed_writing, list_timer]
-    streaming.then(handlers.end_send, [current, search], after, queue=False,
-                   show_progress="hidden", **HIDDEN)
+    # end_send runs once after the following of a reply ends, however: done, cancelled (a chat
+    # switch, a delete) or failed. Not with .then: Gradio 6's page runs a .then after a
+    # success or a cancel but not after an error, which left the page saying "writing" over
+    # the old reply (CI run 41). A reply still written in the chat shown is then followed
+    # again (REFOLLOW_JS): the page takes in its end whatever became of the event.
+    after = [chatbot, message, chat_list, pending, cache_md, listed_writing, list_timer,
+             refollow]
+
+    def after_reply(event) -> None:
+        for ended in (event.success, event.failure):  # a cancel counts as a failure
+            ended(handlers.end_send, [current, search], after, queue=False,
+                  show_progress="hidden", **HIDDEN).then(
+                None, [refollow], None, js=REFOLLOW_JS, **HIDDEN)
+
+    after_reply(streaming)
     # Regenerate (the retry button under the last reply) and edit (a user message), and the
     # following of a reply written in a chat just shown: the message box's Stop stops them too.
     replies = [streaming]
     for trigger, fn in ((chatbot.retry, handlers.regenerate), (chatbot.edit, handlers.edit)):
         reply = trigger(fn, [current], [chatbot, message], show_progress="hidden",
                         show_progress_on=[chatbot], concurrency_limit=None, **HIDDEN)
-        reply.then(handlers.end_send, [current, search], after, queue=False,
-                   show_progress="hidden", **HIDDEN)
+        after_reply(reply)
         replies.append(reply)
     reply = continue_btn.click(handlers.continue_reply, [action, current], [chatbot, message],
                                js="(action, chat) => [window.reameAction || '', chat]",
                                show_progress="hidden", show_progress_on=[chatbot],
                                concurrency_limit=None, **HIDDEN)
-    reply.then(handlers.end_send, [current, search], after, queue=False,
-               show_progress="hidden", **HIDDEN)
+    after_reply(reply)
     replies.append(reply)
     replies.append(follow_btn.click(
         handlers.follow, [current, search], [chatbot, message, chat_list, cache_md, listed_writing,

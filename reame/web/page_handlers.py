@@ -322,8 +322,11 @@ class PageHandlers:
         """After following a reply, however it ended: done, failed, stopped, or another chat
         chosen (the reply goes on). Shows the chat as stored — the stream's last chunks, which
         can arrive after another chat was chosen, are replaced by that chat — unless a reply
-        is being written in the chat shown: its own following shows it. While replies are
-        written in other chats, the list's timer watches for their end."""
+        is being written in the chat shown: then the last output asks the page to follow it
+        again (REFOLLOW_JS), for the event that followed it may have ended before it did (a
+        failed or lost event: the page took in none of its end and kept showing it as being
+        written). While replies are written in other chats, the list's timer watches for
+        their end."""
         user = user_of(request)
         # The reply this tab started in this chat, if it ended: its messages as it left them.
         tree = self.live.ended(request.session_hash, user, chat_id)
@@ -331,14 +334,15 @@ class PageHandlers:
         timer = gr.Timer(active=bool(now - {chat_id}))
         cache = cache_markdown(self.service, user, whole_server=self.can_configure(user))
         if chat_id in now:
+            again = "yes" if self.live.shows(request.session_hash, chat_id) else ""
             return (gr.skip(), gr.skip(), self.listing(user, chat_id, words), gr.skip(), cache,
-                    now, timer)
+                    now, timer, again)
         try:
             messages = self.shown(chat_id, user, tree=tree) if chat_id is not None else []
         except ChatNotFound:
             messages = []
         return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
-                self.listing(user, chat_id, words), "", cache, now, timer)
+                self.listing(user, chat_id, words), "", cache, now, timer, "")
 
     async def regenerate(self, chat_id, request: gr.Request):
         if chat_id is None:

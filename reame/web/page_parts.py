@@ -172,6 +172,7 @@ CLEAR_JS = """(action, chat) => {
     return [`${sure ? 'delete' : 'open'}:${id}`, chat];
 }"""
 FOLLOW_JS = "() => { document.getElementById('reame-follow-btn')?.click(); }"
+REFOLLOW_JS = ("(again) => { if (again) document.getElementById('reame-follow-btn')?.click(); }")
 # The address bar: the page's load asks for the chat it names (?chat=ID); once a chat is
 # shown, it names that one (page.js, reameShowUrl).
 ASKED_JS = "(shown) => [new URLSearchParams(location.search).get('chat') || '']"
