@@ -52,6 +52,23 @@ def test_an_exported_chat_imports_whole_for_another_user_and_continues(node):
     assert second.stats.source == "live" and second.stats.reused >= first.stats.prompt_tokens
 
 
+def test_a_pinned_and_an_archived_chat_come_back_pinned_and_archived(node):
+    """Export all, then import: each chat keeps its place, pinned at the top or archived out
+    of the list (still found by search); the others stay neither."""
+    service = node.service
+    pinned, archived, plain = (service.new_chat(title, user="alice")
+                               for title in ("Pinned one", "Archived one", "Plain one"))
+    service.toggle_pin(pinned.id, "alice")
+    service.toggle_archive(archived.id, "alice")
+    exported = service.export_file(None, "alice")
+    made = {c.title: c for c in service.import_chats(exported["text"], "bob")}
+    assert {t: (c.pinned, c.archived) for t, c in made.items()} == {
+        "Pinned one": (True, False), "Archived one": (False, True), "Plain one": (False, False)}
+    assert {c.title for c in service.list_chats("bob", archived=False)} == {
+        "Pinned one", "Plain one"}
+    assert [f.chat.title for f in service.search("Archived", "bob")] == ["Archived one"]
+
+
 def test_a_chatgpt_export_becomes_chats_that_continue(node):
     service = node.service
     made = service.import_chats(CHATGPT.read_bytes())

@@ -412,6 +412,8 @@ BAD = [
     (reame_doc(settings={"max_tokens": 10**400}), "settings: a number is far out of its range"),
     (reame_doc(settings={"max_tokens": "many"}), "settings: max_tokens must be a number"),
     (reame_doc(settings={"system_prompt": 5}), "settings: system_prompt must be a text"),
+    (reame_doc(pinned="yes"), "the chat's pinned is a text, not true or false"),
+    (reame_doc(archived=1), "the chat's archived is a number, not true or false"),
     (reame_doc(title=["t"]), "the title is a list, not a text"),
     (reame_doc(created_at=True), "the chat's created_at is true or false, not a time"),
     ({"format": "reame-chats", "version": 1, "chats": [{"format": "x", "messages": []}, {}]},

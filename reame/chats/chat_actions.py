@@ -179,8 +179,11 @@ class ChatActions:
                     self.store.add_tree(made[-1].id, chat.messages, chat.current)
                     last = max((m.created_at for m in chat.messages
                                 if m.created_at is not None), default=chat.created_at)
-                    if last is not None:  # in the list by its own days, not the import's
-                        self.store.update_chat(made[-1].id, updated_at=last)
+                    # In the list by its own days, not the import's; pinned or archived as
+                    # it was.
+                    self.store.update_chat(made[-1].id, pinned=chat.pinned,
+                                           archived=chat.archived,
+                                           **({"updated_at": last} if last is not None else {}))
             except BaseException:  # all or nothing: the chats made so far go again
                 for chat in made:
                     self.store.delete_chat(chat.id)

@@ -61,6 +61,8 @@ class ImportedChat:
     current: str | None  # the key of the last message of the branch shown
     # From another product (ChatGPT): imported once (a Reame export imported again is a copy)
     from_elsewhere: bool = False
+    pinned: bool = False  # at the top of the list
+    archived: bool = False  # out of the list, still found by search
 
     def settings_over(self, defaults: ChatSettings) -> ChatSettings:
         """The chat's settings: the file's over the server's defaults (a file may hold some of

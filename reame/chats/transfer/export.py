@@ -23,6 +23,8 @@ def export_chat(chat: Chat, tree: MessageTree) -> dict[str, Any]:
         "created_at": chat.created_at,
         "updated_at": chat.updated_at,
         "settings": ChatSettings.of(chat).as_dict(),
+        "pinned": bool(chat.pinned),
+        "archived": bool(chat.archived),
         "current": tree.leaf_id if tree.leaf_id in tree.by_id else None,
         "messages": [_exported_message(m) for m in tree.messages],
     }

@@ -91,10 +91,15 @@ def _reame_chat(doc: object) -> ImportedChat:
     current = doc.get("current")
     if current is not None and not (is_id(current) and read_key(current) in parents):
         raise BadImport(f'"current" names message {shown_value(current)}, which is not in the chat')
+    flags = {}
+    for flag in ("pinned", "archived"):  # absent from files of before they were exported
+        flags[flag] = doc.get(flag, False)
+        if not isinstance(flags[flag], bool):
+            raise BadImport(f"the chat's {flag} is {kind_of(flags[flag])}, not true or false")
     return ImportedChat(
         title=read_title(doc.get("title")), settings=read_settings(doc.get("settings")),
         created_at=read_time(doc.get("created_at"), "the chat's created_at"),
-        messages=messages, current=None if current is None else read_key(current))
+        messages=messages, current=None if current is None else read_key(current), **flags)
 
 
 def _reame_message(n: int, m: object) -> ImportedMessage:
