@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.routing import Mount
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reame.accounts.live import LiveAccounts
 from reame.accounts.users import Accounts
@@ -197,16 +198,29 @@ class WebLogins:
                 return JSONResponse({"detail": "This server has no accounts."}, status_code=400)
             return await self._login(request, _gradio(app))
 
-        @app.middleware("http")
-        async def end_changed_sessions(request: Request, call_next):
-            if self.accounts is None:
-                return await call_next(request)
-            gradio = _gradio(app)
-            self.prune(gradio)
-            if (request.method == "GET" and request.url.path.rstrip("/") == ""
-                    and not _logged_in(request, gradio)):
-                return HTMLResponse(LOGIN_PAGE)  # not Gradio's: ours keeps the name typed
-            return await call_next(request)
+        # Plain ASGI, not @app.middleware("http"): Starlette's BaseHTTPMiddleware passes each
+        # chunk of a streamed answer through a memory stream and a task of its own, which
+        # cost the event loop about a quarter of its work per token of a /v1 stream
+        # (profiled), on the cores that llama.cpp's threads decode on.
+        login = self
+
+        class EndChangedSessions:
+            def __init__(self, inner: ASGIApp):
+                self.inner = inner
+
+            async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+                if scope["type"] != "http" or login.accounts is None:
+                    return await self.inner(scope, receive, send)
+                request = Request(scope)
+                gradio = _gradio(app)
+                login.prune(gradio)
+                if (request.method == "GET" and request.url.path.rstrip("/") == ""
+                        and not _logged_in(request, gradio)):
+                    # Not Gradio's login page: ours keeps the name typed.
+                    return await HTMLResponse(LOGIN_PAGE)(scope, receive, send)
+                await self.inner(scope, receive, send)
+
+        app.add_middleware(EndChangedSessions)
 
     @property
     def accounts(self) -> Accounts | None:
