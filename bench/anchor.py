@@ -57,6 +57,7 @@ MODELS = {"smollm2": ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf",
 LABELS = {"smollm2": "SmolLM2-135M Q4_1", "qwen2.5-0.5b": "Qwen2.5-0.5B shape Q4_K_M",
           "qwen2.5-1.5b": "Qwen2.5-1.5B shape Q4_K_M"}
 SWITCH_BASE = 100  # the switching chats' indices (their own filler, apart from the first 4)
+AT_ONCE_RUN = 1000  # each run of N at once draws new prompts: fresh_prompt(n + this * run, i)
 STORIES = ("a storm at sea", "a lost ship", "a letter from a stranger", "a winter harvest")
 
 
@@ -71,10 +72,13 @@ class Plan:
     reply_runs: int = 3
     at_once: tuple[int, ...] = (1, 2, 4, 8)
     at_once_tokens: int = 200
+    # Each N at once this many times, new prompts each time, the servers' order alternating:
+    # one sample moved a row by up to 30 % from run to run (session 24).
+    at_once_runs: int = 3
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(chat_reply=32, switch_rounds=2, reply_runs=1, at_once_tokens=64)
+        return cls(chat_reply=32, switch_rounds=2, reply_runs=3, at_once_tokens=64)
 
 
 def ask(server: Server, messages: list[dict], max_tokens: int) -> dict:
@@ -199,13 +203,17 @@ class Run:
                 self.record("reply in a chat", system, answer, run=run)
 
     def at_once(self) -> None:
-        for n in self.plan.at_once:
-            log.info("%d at once", n)
-            prompts = [fresh_prompt(n, i) for i in range(n)]
-            for system, (answers, wall) in self.step(
-                    lambda server: together(server, prompts, self.plan.at_once_tokens)).items():
-                for i, answer in enumerate(answers):
-                    self.record("at once", system, answer, n=n, client=i, wall_s=wall)
+        for run in range(self.plan.at_once_runs):
+            for n in self.plan.at_once:
+                log.info("%d at once, run %d", n, run + 1)
+                # Run 0's prompts are the ones of the runs before at_once_runs.
+                prompts = [fresh_prompt(n + AT_ONCE_RUN * run, i) for i in range(n)]
+                for system, (answers, wall) in self.step(
+                        lambda server: together(server, prompts,
+                                                self.plan.at_once_tokens)).items():
+                    for i, answer in enumerate(answers):
+                        self.record("at once", system, answer, n=n, client=i, wall_s=wall,
+                                    run=run)
 
     def stop(self) -> None:
         for server in self.servers.values():
