@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from reame.chats.documents import Document, compose
 from reame.inference.prompt import PromptMessage
 
 from .browser_helpers import browser  # noqa: F401 - the Chromium fixture, shared
@@ -144,6 +145,35 @@ def test_another_users_chat_cannot_be_guessed_through_type_ahead_or_turns(bank):
     assert "files" not in bob_stats and "dir" not in bob_stats
     assert bob_stats == carol.predict(api_name="/cache_stats")
     assert "files" in alice.predict(api_name="/cache_stats"), "the admin sees the server's"
+
+
+def test_a_document_another_user_attached_is_neither_reused_nor_seen_in_the_figures(bank):
+    """The same document attached by two users: a chat of the same user that opens with it
+    starts from its KV (the document evaluated once: the page's 5x), another user's evaluates
+    it all again, with the same figures as for a document nobody attached before."""
+    server, _ = bank
+    alice, bob, carol = (login(server, name) for name in ("alice", "bob", "carol"))
+    words = ("The quarterly report covers revenue, staffing and the new branch in Leeds. "
+             "Revenue grew in every region except the north, where two large clients left. ")
+    report = Document("report.md", words * 6)  # about 200 tokens
+    other = Document("report.md", words.replace("Leeds", "York") * 6)
+    ask_about = "Summarise the document in one sentence."
+
+    def send(client: ApiClient, document: Document) -> tuple:
+        chat_id = client.predict(api_name="/new_chat")
+        client.predict(chat_id, compose([document], ask_about), api_name="/send")
+        return turn_stats(client, chat_id)
+
+    send(alice, report)
+    again = send(alice, report)  # alice's own second chat: the document comes from her KV
+    assert again[1] > 150 and again[3] < again[0] - 150, again
+    seen = {"bob": send(bob, report), "carol": send(carol, other)}
+    # (prompt tokens may differ by the one word; what was reused, from where and how much was
+    # evaluated again must not)
+    assert seen["bob"][1:] == seen["carol"][1:] or (
+        seen["bob"][1:3] == seen["carol"][1:3]
+        and seen["bob"][0] - seen["bob"][3] == seen["carol"][0] - seen["carol"][3]), seen
+    assert seen["bob"][1] < again[1] - 150, "the shared system prompt's opening, no more"
 
 
 def test_a_users_own_history_still_comes_back_from_disk(bank):
