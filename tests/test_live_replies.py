@@ -250,11 +250,12 @@ def test_the_page_reads_a_chat_s_messages_once_per_message_sent(service):
 
 
 def test_a_reply_whose_following_failed_is_followed_again_to_its_end(service):
-    """CI run 41's stuck page: the event that followed a reply ended before the reply did (it
-    failed, or the page lost it) and the chat shown went on saying "writing a reply…" with the
-    old reply under it. end_send, run after every reply's event however it ended, now asks the
-    page to follow the reply again while the chat it shows still has one (its last output; the
-    page's REFOLLOW_JS clicks Follow), and only then: the following that results shows the
+    """The stuck page of session 24's fresh-clone CI: the event that followed a reply ended
+    before the reply did (it failed, or the page lost it) and the chat shown went on saying
+    "writing a reply…" with the old reply under it. end_send, run after every reply's event
+    however it ended, now asks the page to follow the reply again while the chat it shows
+    still has one (its last output; the page's REFOLLOW_JS clicks Follow), and only then: the
+    following that results shows the
     reply to its end, drawn as kept."""
     from types import SimpleNamespace
 

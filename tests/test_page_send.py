@@ -355,9 +355,9 @@ def test_continue_makes_a_cut_reply_go_on_reusing_its_kv(page, server):
 
 def test_a_reply_whose_event_failed_on_the_way_still_shows_its_end(page, server):
     """The server starts a Continue, but the page's request for it comes back as an error (a
-    proxy's 502; CI run 41 had an event fail mid-reply). Gradio 6 runs no .then after a failed
-    event, and the page went on saying "writing a reply…" over the cut reply forever. Now it
-    follows the reply again and shows it whole, as version 2/2."""
+    proxy's 502; in session 24's fresh-clone CI one failed mid-reply). Gradio 6 runs no .then
+    after a failed event, and the page went on saying "writing a reply…" over the cut reply
+    forever. Now it follows the reply again and shows it whole, as version 2/2."""
     client = api(server)
     chat_id = client.predict("Lost on the way", None, api_name="/new_chat")
     client.predict(chat_id, "Write a long story about a dragon, chapter by chapter.",
