@@ -255,8 +255,7 @@ def test_a_reply_whose_following_failed_is_followed_again_to_its_end(service):
     "writing a reply…" with the old reply under it. end_send, run after every reply's event
     however it ended, now asks the page to follow the reply again while the chat it shows
     still has one (its last output; the page's REFOLLOW_JS clicks Follow), and only then: the
-    following that results shows the
-    reply to its end, drawn as kept."""
+    following that results shows the reply to its end, drawn as kept."""
     from types import SimpleNamespace
 
     from reame.config.chat_settings import ChatSettings
