@@ -22,6 +22,7 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -31,20 +32,23 @@ SLICE = 1 << 20  # bytes written at a time
 
 @dataclass(frozen=True)
 class HubFile:
+    """A file of the Hub; its hashes computed once (a request asks for them several times,
+    each a pass over the model's 98 MB: about a second per pull before)."""
+
     content: bytes
     lfs: bool = True
 
-    @property
+    @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.content).hexdigest()
 
-    @property
+    @cached_property
     def pointer(self) -> bytes:
         """What git stores for an LFS file."""
         return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\n"
                 f"size {len(self.content)}\n").encode()
 
-    @property
+    @cached_property
     def blob_id(self) -> str:
         """git's sha1 of what it stores: the pointer for an LFS file, else the content."""
         stored = self.pointer if self.lfs else self.content
@@ -88,8 +92,9 @@ class FakeHub:
         return f"http://127.0.0.1:{self._servers[1].server_address[1]}"
 
     def __enter__(self) -> "FakeHub":
-        for server in self._servers:
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+        for server in self._servers:  # polled often: shutdown() waits for the next poll
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02},
+                             daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
