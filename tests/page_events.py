@@ -12,6 +12,17 @@ import httpx
 TIMEOUT_S = 60
 
 
+def fn_index(config: dict, label: str, trigger: str) -> int:
+    """The event (its fn_index) a component labelled (or showing, or with the elem_id) label
+    runs on trigger, in the page's config (GET /config, or window.gradio_config)."""
+    ids = {c["id"] for c in config["components"]
+           if label in (c.get("props", {}).get(key) for key in ("label", "value", "elem_id"))}
+    for dep in config["dependencies"]:
+        if any(target[0] in ids and target[1] == trigger for target in dep["targets"]):
+            return dep["id"]
+    raise AssertionError(f"no {trigger} event on a component labelled {label!r}")
+
+
 class PageSession:
     """One browser session of the page: its cookies, its session hash, the page's config."""
 
@@ -28,14 +39,7 @@ class PageSession:
         self.http.close()
 
     def fn_index(self, label: str, trigger: str) -> int:
-        """The event a component labelled (or showing, or with the elem_id) label runs on
-        trigger."""
-        ids = {c["id"] for c in self.config["components"]
-               if label in (c.get("props", {}).get(key) for key in ("label", "value", "elem_id"))}
-        for dep in self.config["dependencies"]:
-            if any(target[0] in ids and target[1] == trigger for target in dep["targets"]):
-                return dep["id"]
-        raise AssertionError(f"no {trigger} event on a component labelled {label!r}")
+        return fn_index(self.config, label, trigger)
 
     def upload(self, name: str, content: bytes) -> httpx.Response:
         return self.http.post("gradio_api/upload", files={"files": (name, content)})

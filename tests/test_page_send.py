@@ -58,6 +58,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     words,
 )
 from .conftest import Server, start_server
+from .page_events import fn_index
 
 
 def test_a_reply_streams_into_the_page_and_ends_with_its_stats_line(page, server):
@@ -365,7 +366,8 @@ def test_a_reply_whose_event_failed_on_the_way_still_shows_its_end(page, server)
     open_app(page, server)
     page.locator(f"#chat-list [data-chat='{chat_id}'] .reame-open").click()
     expect(page.locator(STATS_WORDS)).to_contain_text("Cut at the limit")
-    continue_event = event_of(page, "reame-continue-btn", "click")
+    continue_event = fn_index(page.evaluate("() => window.gradio_config"),
+                              "reame-continue-btn", "click")
 
     def answer_lost(route):
         if json.loads(route.request.post_data or "{}").get("fn_index") == continue_event:
@@ -382,14 +384,6 @@ def test_a_reply_whose_event_failed_on_the_way_still_shows_its_end(page, server)
     expect(page.locator(f"#chat-list [data-chat='{chat_id}']")).not_to_contain_text("writing")
     reply = client.predict(chat_id, api_name="/get_chat")["messages"][1]
     assert words(without_stats(page.locator(BOT).inner_text())) == words(reply["content"])
-
-
-def event_of(page: Page, elem_id: str, trigger: str) -> int:
-    """The fn_index of the page's event on trigger of the component with elem_id."""
-    config = page.evaluate("() => window.gradio_config")
-    ids = {c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") == elem_id}
-    return next(dep["id"] for dep in config["dependencies"]
-                if any(target[0] in ids and target[1] == trigger for target in dep["targets"]))
 
 
 def test_the_wait_shown_counts_from_the_press_of_enter_to_the_first_words(page, server):

@@ -134,19 +134,18 @@ def pick_slot(slots: list[Slot], task: Task, cache: KVCache, engine: Engine) -> 
         if (task.chat_id is not None and live.chat == task.chat_id
                 and live.scope == task.scope and slot.seq.tokens):
             return slot
-    reach: dict[int, int] = {}
+    reach: dict[Slot, int] = {}  # how far each slot's live KV goes into the prompt
     if task.prompt:
         for slot in free:
             if cache.live_of(slot.seq).scope != task.scope:
                 continue
             engine.use(slot.seq)
-            reach[id(slot)] = engine.resume_point(task.prompt)
-        best = max(free, key=lambda s: reach.get(id(s), 0))
-        if reach.get(id(best), 0) >= WORTH_A_SLOT:
+            reach[slot] = engine.resume_point(task.prompt)
+        best = max(free, key=lambda s: reach.get(s, 0))
+        if reach.get(best, 0) >= WORTH_A_SLOT:
             return best
-    busy = {k for k, s in enumerate(slots) if s.task is not None}
-    return min(free, key=lambda s: (_runs(busy | {slots.index(s)}),
-                                    -reach.get(id(s), 0), s.used))
+    busy = {s.seq.id for s in slots if s.task is not None}
+    return min(free, key=lambda s: (_runs(busy | {s.seq.id}), -reach.get(s, 0), s.used))
 
 
 # Prompt tokens a slot's live KV must save for a task to take that slot over one beside the

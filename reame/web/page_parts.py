@@ -171,8 +171,9 @@ CLEAR_JS = """(action, chat) => {
         `Delete “${row.dataset.title}” and all its messages? This cannot be undone.`);
     return [`${sure ? 'delete' : 'open'}:${id}`, chat];
 }"""
-FOLLOW_JS = "() => { document.getElementById('reame-follow-btn')?.click(); }"
-REFOLLOW_JS = ("(again) => { if (again) document.getElementById('reame-follow-btn')?.click(); }")
+_CLICK_FOLLOW = "document.getElementById('reame-follow-btn')?.click();"
+FOLLOW_JS = f"() => {{ {_CLICK_FOLLOW} }}"
+REFOLLOW_JS = f"(again) => {{ if (again) {_CLICK_FOLLOW} }}"  # end_send's refollow output
 # The address bar: the page's load asks for the chat it names (?chat=ID); once a chat is
 # shown, it names that one (page.js, reameShowUrl).
 ASKED_JS = "(shown) => [new URLSearchParams(location.search).get('chat') || '']"
