@@ -29,7 +29,8 @@ from reame.inference.kv import kvfile
 from .browser_helpers import BOX, CHATS, browser, open_app  # noqa: F401 - browser: a fixture
 from .conftest import FULL, start_server
 from .gradio_api import ApiClient
-from .test_disconnect import LONG, LONG_PROMPT, metric, read_until
+from .server_metrics import metric
+from .test_disconnect import LONG, LONG_PROMPT, read_until
 
 # Seconds of chaos; the model switch comes halfway. make test: 12 s (20 s kept both cores busy
 # for 37 s of the suite's worker time; 12 s made 28 actions of 9 kinds on a loaded machine),

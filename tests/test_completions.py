@@ -23,6 +23,7 @@ from reame.inference.engine import Engine
 from reame.inference.sampling import Sampling
 
 from .conftest import FULL, ROOT, THREADS, Server, start_server
+from .server_metrics import metric
 
 CAPITAL = "The capital city of France is"
 # Over one block of the KV index (64 tokens): its KV is saved to a file, found by its tokens.
@@ -294,17 +295,6 @@ def test_a_prompt_too_long_or_out_of_the_vocabulary_is_openai_s_400(server, refe
         status, answer = post(server, {"model": model, "prompt": CAPITAL, **body})
         assert status == 400 and needle in answer["error"]["message"], (body, answer)
     assert post(server, {"model": model, "prompt": CAPITAL, "max_tokens": 2})[0] == 200
-
-
-def metric(server: Server, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(server.url + "metrics", timeout=10) as response:
-        text = response.read().decode()
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples
-               if sample.name == name and all(sample.labels.get(k) == v
-                                              for k, v in labels.items()))
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -17,13 +17,13 @@ import socket
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from reame.inference.engine import Engine
 from reame.runtime import service_over
 
 from .conftest import GREEDY, THREADS, Server, start_server
 from .gradio_api import ApiClient
+from .server_metrics import metric, settle
 
 LONG = "Write a very long story about a dragon who learns to sing, with many chapters."
 # About 1,500 tokens of prompt: 6-10 s to evaluate on 2 cores, in about a hundred decodes.
@@ -102,32 +102,6 @@ def next_answer_s(server: Server) -> float:
     json.loads(answer.read())
     conn.close()
     return time.monotonic() - started
-
-
-def metric(server: Server, name: str, **labels: str) -> float:
-    """A sample of /metrics (0 for a labelled counter not counted yet)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-    finally:
-        conn.close()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v
-                                           for k, v in labels.items()):
-                return sample.value
-    if labels:
-        return 0.0
-    raise AssertionError(f"{name} not in /metrics")
-
-
-def settle(server: Server, timeout: float = ENDS_WITHIN_S) -> None:
-    """Wait until no turn is active (the abandoned one has ended), at most timeout."""
-    deadline = time.monotonic() + timeout
-    while metric(server, "reame_turns_active") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert metric(server, "reame_turns_active") == 0
 
 
 def outcomes(server: Server, kind: str = "stateless") -> dict[str, float]:

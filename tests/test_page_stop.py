@@ -29,7 +29,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page, server are fixture
     server,
     wait_for_reply_done,
 )
-from .test_disconnect import metric, settle
+from .server_metrics import metric, settle
 
 # About 650 tokens: a few seconds to evaluate even on a fast CPU, in some forty decodes (the
 # next message evaluates what Esc left of it, so a longer one only makes the test slower).

@@ -32,6 +32,7 @@ from .browser_helpers import browser  # noqa: F401 - the Chromium fixture, share
 from .conftest import Server, start_server, write_config
 from .gradio_api import ApiClient
 from .page_events import PageSession, file_data
+from .server_metrics import metric, settle
 from .test_accounts import cli, v1
 
 USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22", "carol": "carol-secret-333"}
@@ -110,8 +111,13 @@ def test_another_users_secret_cannot_be_guessed_through_v1(bank):
     for guess in GUESSES:
         for name, text in (("bob", SECRET), ("carol", DECOY)):
             ask(server, keys["alice"], SECRET.format(TRUTH))  # alice's KV: live, and a file
+            # Her answer comes before her turn has written its KV and let its slot go; a
+            # turn that comes while her slot is busy takes a slot beside hers (pick_slot),
+            # which is the machine's timing, not her words: each probe comes after it.
+            settle(server)
             seen[name].append(observed(ask(server, keys[name], text.format(guess),
                                            max_tokens=1)))
+            settle(server)
     assert seen["bob"] == seen["carol"], seen
     # What they do get: the configured system prompt's opening, shared by design.
     assert all(cached > 0 and source == "prefix" for _, cached, _, source, _ in seen["bob"][:1])
@@ -129,6 +135,7 @@ def test_another_users_chat_cannot_be_guessed_through_type_ahead_or_turns(bank):
         for name, text in (("bob", SECRET), ("carol", DECOY)):
             client, chat_id = chats[name]
             alice.predict(secret_chat, "Thanks.", api_name="/send")  # her KV is live again
+            settle(server)
             typed[name].append(type_ahead(client, chat_id, text.format(guess)))
     assert typed["bob"] == typed["carol"], typed
     turns = {"bob": [], "carol": []}
@@ -136,8 +143,10 @@ def test_another_users_chat_cannot_be_guessed_through_type_ahead_or_turns(bank):
         for name, text in (("bob", SECRET), ("carol", DECOY)):
             client, _ = chats[name]
             alice.predict(secret_chat, "Thanks.", api_name="/send")
+            settle(server)
             chat_id = client.predict(api_name="/new_chat")
             client.predict(chat_id, text.format(guess), api_name="/send")
+            settle(server)
             turns[name].append(turn_stats(client, chat_id))
     assert turns["bob"] == turns["carol"], turns
     # The cache figures a user can read are their own: bob's count only bob's turns.
@@ -734,7 +743,7 @@ def test_a_deleted_chats_reply_never_lands_in_a_chat_made_after_it(bank):
     """bob's reply to his chat X is under way; he deletes X; alice makes a new chat (SQLite
     gave it the id X); bob hangs up, and the reply so far is kept... in X, which is alice's.
     Now ids are never given again, and the reply's write checks the chat's owner."""
-    from .test_disconnect import metric, settle
+
 
     server, keys = bank
     alice_api, bob_api = login(server, "alice"), login(server, "bob")
