@@ -16,9 +16,6 @@ from typing import TYPE_CHECKING
 # huggingface_hub (under Gradio, and `pull`) would otherwise ask its endpoint for things at
 # its first request: nothing leaves this machine unless a user asks for a download.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-# Gradio switches matplotlib's backend to "agg" around every API call, and names the one to
-# switch back to: with none set, naming it imports pyplot (0.3 s at the first call).
-os.environ.setdefault("MPLBACKEND", "agg")
 
 # Only what every command needs is imported here: the server's parts (SQLAlchemy, the model,
 # Gradio) are imported by main when it serves, so that `adduser` or `pull` start at once.

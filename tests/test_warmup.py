@@ -1,4 +1,4 @@
-"""The warm-up at start: it runs the model on a slot and does Gradio's first-call imports,
+"""The warm-up at start: it runs the model on a slot,
 leaves nothing behind (no KV, no file, no counted turn, the same replies), and GET /health
 says ok only once it is done. (How much faster the first request is: bench/warmup.py.)"""
 
@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 from reame.inference.engine import Engine
-from reame.inference.warmup import warm_model, warm_request_path
+from reame.inference.warmup import warm_model
 from reame.runtime import service_over
 
 from .conftest import GREEDY, ROOT, THREADS, free_port, write_config
@@ -39,15 +39,9 @@ def test_the_warm_up_runs_the_model_and_leaves_nothing_behind(tmp_path, model_pa
         service = service_over(tmp_path / "warm", engine, GREEDY)
         before = engine.evaluated
         # What the app runs at start (runtime.build_service_soon, web.server.serve).
-        warm_request_path()
         assert warm_model(service) > 0
         assert engine.evaluated > before, "the model ran"
         assert all(not seq.tokens for seq in engine.sequences), "the slots are empty again"
-        # What Gradio imports at its first API call (its matplotlib backend switch) is there,
-        # and the backend it switches to already set: no pyplot to import then.
-        import matplotlib
-
-        assert "matplotlib" in sys.modules and matplotlib.rcParams["backend"] == "agg"
         assert service.cache.stats()["lookups"] == 0
         assert list((tmp_path / "warm" / "kv").glob("*.kv")) == []
         assert reply_of(service) == expected, "the same reply, from nothing reused"

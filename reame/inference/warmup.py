@@ -1,12 +1,10 @@
 """Warm-up at start: the first user's request should be as fast as the next.
 
-A fresh process pays once for what every later request finds ready. Measured (`python -m
-bench.warmup`): the first call of the named API (the page's way) took 0.8 s to its first
-token and the next 0.3 s, though the server's own first-token time was 0.17 s both times:
-Gradio wraps every API call in a switch of matplotlib's backend
-(gradio.utils.MatplotlibBackendMananger), which imports matplotlib at the first call and, to
-name the backend it switches back to, pyplot. warm_request_path() imports matplotlib and sets
-the "agg" backend Gradio switches to, so that the switch is free and pyplot never needed.
+A fresh process pays once for what every later request finds ready. (Gradio's first API call
+used to import matplotlib for a backend switch around every call, 0.8 s to that call's first
+token against 0.3 s for the next, `python -m bench.warmup`: reame/web/gradio_import.py now
+replaces that switch by nothing.)
+
 warm_model() runs a short turn's steps on one slot (llama.cpp's first decode reads the model
 file's pages, which after a reboot are not in memory yet; its first sampling and its first copy
 of a KV state out and back in), with a scope of its own that nobody's turn can reuse; the slot
@@ -42,16 +40,6 @@ def settle_objects() -> None:
     gc.collect()
     gc.freeze()
     gc.enable()
-
-
-def warm_request_path() -> None:
-    """Import what Gradio imports at its first API call (see the module's doc)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("agg")  # Gradio's own choice for a server: a switch to it is then free
-    except ImportError:  # Gradio then skips it too
-        pass
 
 
 def warm_model(service) -> float:

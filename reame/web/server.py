@@ -16,7 +16,7 @@ from reame.accounts.users import Accounts
 from reame.admin.live_settings import Settings
 from reame.chats.service import ChatService
 from reame.config.reame_conf import Config
-from reame.inference.warmup import settle_objects, warm_request_path
+from reame.inference.warmup import settle_objects
 from reame.web.connections import limited_protocol
 from reame.web.guard import Guard
 from reame.web.health import build_health_router
@@ -104,8 +104,6 @@ def serve(config: Config, service: ChatService, accounts: Accounts | None) -> No
     log.info("Reame on http://%s:%d%s", config.server.host, config.server.port,
              " (accounts on)" if accounts is not None else "")
     finish_writes_on_sigterm(service)
-    if config.server.warm_up:
-        warm_request_path()
     settle_objects()  # the collector, off while the app started, on from here
     # A proxy's X-Forwarded-For/-Proto (the client's address, https) only from the proxies
     # named: otherwise anyone could name any address (login limits) or claim https.
