@@ -414,9 +414,9 @@ def test_the_wait_shown_counts_from_the_press_of_enter_to_the_first_words(page, 
 def test_a_reply_shows_the_page_s_own_quiet_state_not_gradio_s_progress_text(page, server):
     """Issue 30: no "processing | 2.3/13.0s" of Gradio's over the chat (nor its timers over the
     list) while a reply is read and written: a quiet "Reading…" then "Writing…" under the
-    message box, gone once the reply is done."""
+    message box, gone once the reply is done. Nor over a new chat: watched from before it is
+    made (under load its event waited in Gradio's queue, and "queue: 1/1" flashed)."""
     open_app(page, server)
-    new_chat(page)
     page.evaluate("""() => {
         window.__progress = new Set();
         window.__busy = [];
@@ -435,6 +435,7 @@ def test_a_reply_shows_the_page_s_own_quiet_state_not_gradio_s_progress_text(pag
         }).observe(document.body, {subtree: true, childList: true, characterData: true,
                                    attributes: true});
     }""")
+    new_chat(page)
     box = page.locator(BOX)
     box.fill("Write a short story about a cat.")
     box.press("Enter")

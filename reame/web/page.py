@@ -275,7 +275,10 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     # The Chatbot's own Clear (its trash icon) deletes the chat shown, once the person says
     # yes (CLEAR_JS); it used to open a new chat, deleting nothing.
     for event in (
-            new_btn.click(handlers.on_new_chat, None, view, cancels=replies, **HIDDEN),
+            # (no progress of Gradio's over the chat: a new chat needs no model and shows at
+            # once, and on a busy machine its "queue: 1/1" flashed over the view)
+            new_btn.click(handlers.on_new_chat, None, view, cancels=replies,
+                          show_progress="hidden", **HIDDEN),
             chatbot.clear(handlers.act, [action, current], [*view, download, cache_md],
                           cancels=replies, js=CLEAR_JS, **HIDDEN),
             action_btn.click(handlers.act, [action, current], [*view, download, cache_md],
