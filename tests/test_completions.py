@@ -23,7 +23,7 @@ from reame.inference.engine import Engine
 from reame.inference.sampling import Sampling
 
 from .conftest import FULL, ROOT, THREADS, Server, start_server
-from .server_metrics import metric
+from .server_metrics import metric, settle
 
 CAPITAL = "The capital city of France is"
 # Over one block of the KV index (64 tokens): its KV is saved to a file, found by its tokens.
@@ -317,9 +317,7 @@ def test_a_client_that_hangs_up_stops_its_completion(server, reference, stream):
                 seen += chunk
         else:
             time.sleep(1.0)
-    deadline = time.monotonic() + 60
-    while metric(server, "reame_turns_active") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    settle(server, timeout=60)
     assert metric(server, "reame_turns_total", kind="stateless", outcome="stopped") == \
         stopped + 1
     assert metric(server, "reame_turns_total", kind="stateless", outcome="done") == done

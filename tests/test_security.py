@@ -743,8 +743,6 @@ def test_a_deleted_chats_reply_never_lands_in_a_chat_made_after_it(bank):
     """bob's reply to his chat X is under way; he deletes X; alice makes a new chat (SQLite
     gave it the id X); bob hangs up, and the reply so far is kept... in X, which is alice's.
     Now ids are never given again, and the reply's write checks the chat's owner."""
-
-
     server, keys = bank
     alice_api, bob_api = login(server, "alice"), login(server, "bob")
     chat = bob_api.predict("bob's plan", api_name="/new_chat")  # the newest: the largest id

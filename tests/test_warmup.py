@@ -1,6 +1,6 @@
-"""The warm-up at start: it runs the model on a slot,
-leaves nothing behind (no KV, no file, no counted turn, the same replies), and GET /health
-says ok only once it is done. (How much faster the first request is: bench/warmup.py.)"""
+"""The warm-up at start: it runs the model on a slot, leaves nothing behind (no KV, no file,
+no counted turn, the same replies), and GET /health says ok only once it is done. (How much
+faster the first request is: bench/warmup.py.)"""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_warm_up_runs_the_model_and_leaves_nothing_behind(tmp_path, model_pa
 
         service = service_over(tmp_path / "warm", engine, GREEDY)
         before = engine.evaluated
-        # What the app runs at start (runtime.build_service_soon, web.server.serve).
+        # What the app runs at start (runtime.build_service_soon).
         assert warm_model(service) > 0
         assert engine.evaluated > before, "the model ran"
         assert all(not seq.tokens for seq in engine.sequences), "the slots are empty again"
