@@ -70,7 +70,10 @@ def login(server: Server, name: str) -> ApiClient:
 
 
 def ask(server: Server, key: str, *texts: str, max_tokens: int = 8) -> dict:
-    """A stateless /v1 request: the system prompt, then texts as user/assistant turns."""
+    """A stateless /v1 request: the system prompt, then texts as user/assistant turns; returns
+    once its turn has let its slot go. (The answer comes before the turn has written its KV
+    and let its slot go; a turn that comes while a slot is busy takes a slot beside it
+    (pick_slot), so which slot the next request gets would be the machine's timing.)"""
     messages = [{"role": "system", "content": SYSTEM}]
     for n, text in enumerate(texts):
         messages.append({"role": "user" if n % 2 == 0 else "assistant", "content": text})
@@ -78,6 +81,7 @@ def ask(server: Server, key: str, *texts: str, max_tokens: int = 8) -> dict:
                         body={"model": MODEL, "temperature": 0, "max_tokens": max_tokens,
                               "messages": messages})
     assert status == 200, answer
+    settle(server)
     return answer
 
 
@@ -111,13 +115,8 @@ def test_another_users_secret_cannot_be_guessed_through_v1(bank):
     for guess in GUESSES:
         for name, text in (("bob", SECRET), ("carol", DECOY)):
             ask(server, keys["alice"], SECRET.format(TRUTH))  # alice's KV: live, and a file
-            # Her answer comes before her turn has written its KV and let its slot go; a
-            # turn that comes while her slot is busy takes a slot beside hers (pick_slot),
-            # which is the machine's timing, not her words: each probe comes after it.
-            settle(server)
             seen[name].append(observed(ask(server, keys[name], text.format(guess),
                                            max_tokens=1)))
-            settle(server)
     assert seen["bob"] == seen["carol"], seen
     # What they do get: the configured system prompt's opening, shared by design.
     assert all(cached > 0 and source == "prefix" for _, cached, _, source, _ in seen["bob"][:1])
