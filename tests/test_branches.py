@@ -3,6 +3,9 @@ branch reuses the KV of the chat it came from."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from reame.chats.service import ChatError
@@ -40,6 +43,40 @@ def test_a_retry_keeps_the_old_reply_as_a_version(node):
     node.finish(service.send(chat.id, "Thanks.", seed=3))
     assert [m.content for m in service.messages(chat.id)][:2] == [
         "Tell me a short story about a cat.", first.text]
+
+
+def test_a_retry_stopped_before_its_reply_began_shows_the_reply_it_was_to_replace(
+        node, tmp_path, model_path):
+    """A retry stopped while it still reads the chat is not made: the chat shows the reply it
+    was to replace again, not its question alone (the page showed the question with no
+    reply after an Esc: session 27's CI)."""
+    service = node.service
+    chat = service.new_chat()
+    service.update_settings(chat.id, max_tokens=4)
+    node.finish(service.send(chat.id, "Which of these words is a colour? " + " ".join(
+        ["table", "river", "green", "cloud"] * 150)))
+    before = service.messages(chat.id)
+    # After a restart, with no KV file: the retry reads the whole chat, hundreds of tokens.
+    later = Node(tmp_path, model_path, enabled=False)
+    retry = later.service.regenerate(chat.id)
+    consumer = threading.Thread(target=lambda: list(retry), daemon=True)
+    consumer.start()
+    deadline = time.monotonic() + 30
+    while later.store.get_chat(chat.id).leaf_id != before[0].id:  # the retry's first write
+        assert time.monotonic() < deadline and consumer.is_alive(), "the retry never began"
+        time.sleep(0.002)
+    retry.cancel()  # what the page's Stop does
+    consumer.join(timeout=60)
+    assert not consumer.is_alive()
+    stats = later.engine.evaluated
+    assert [m.id for m in later.service.messages(chat.id)] == [m.id for m in before], stats
+    _, tree = later.service.tree(chat.id)
+    assert len(tree.messages) == 2, "no version was made"
+    assert later.service.scheduler.busy == 0
+    # A retry that does run is a new version as usual.
+    again = later.finish(later.service.regenerate(chat.id))
+    assert later.service.tree(chat.id)[1].version(later.service.messages(chat.id)[-1]) == (
+        2, 2), again
 
 
 def chat_of(node, *messages):

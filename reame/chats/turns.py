@@ -21,6 +21,7 @@ from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
 from reame.config.refusals import (
     ChatError,
+    ChatNotFound,
     EmptyMessage,
     MessageTooLong,
     NoModel,
@@ -47,13 +48,16 @@ class ChatKeeper:
     sharing the database may)."""
 
     def __init__(self, store: Store, chat: Chat, messages: list[Message], model: str,
-                 after: int | None, continued: Message | None = None):
+                 after: int | None, continued: Message | None = None,
+                 replaced: int | None = None):
         self.store, self.chat, self.model = store, chat, model
         self.messages = messages  # the chat's, every version, the user's message included
         self.after = after  # the message the reply follows (the user may show another meanwhile)
         # A reply this turn continues (Continue): kept as a new version of it, its text and
         # tokens followed by the turn's.
         self.continued = continued
+        # The reply a retry replaces: shown again if the retry keeps none (unmade).
+        self.replaced = replaced
         self.kept: MessageTree | None = None
         self.text = ""  # the reply's text as kept
 
@@ -79,6 +83,18 @@ class ChatKeeper:
             after=self.after, expect_owner=self.chat.owner)
         self.kept = MessageTree(self.messages + [message], message.id)
         return message.id
+
+    def unmade(self) -> None:
+        """The turn has ended: if it kept no reply (stopped, or failed, before its reply
+        began), a retry's chat shows the reply it was to replace again, not its question
+        alone. (A sent or edited message stays, as its turn's first write left it.)"""
+        if self.kept is not None or self.replaced is None:
+            return
+        try:
+            self.store.put_leaf_back(self.chat.id, shown=self.after, back_to=self.replaced,
+                                     expect_owner=self.chat.owner)
+        except ChatNotFound:  # deleted meanwhile: nothing to show
+            pass
 
 
 class Turns:
@@ -270,14 +286,18 @@ class Turns:
         job = replace(job, arrived=arrived, seen=seen)
         runner = self._runner(runtime)
         before = continued.content if continued is not None else ""
-        for update in self._updates(runtime.scheduler.results(place, lambda: runner.run(
-                job, keeper)), job):
-            if before and not update.queued:  # the whole reply so far, as it is kept
-                update = replace(update, text=keeper.text if update.done and keeper.kept
-                                 else before + update.text)
-            if update.done:
-                update.kept = keeper.kept
-            yield update
+        results = runtime.scheduler.results(place, lambda: runner.run(job, keeper))
+        try:
+            for update in self._updates(results, job):
+                if before and not update.queued:  # the whole reply so far, as it is kept
+                    update = replace(update, text=keeper.text if update.done and keeper.kept
+                                     else before + update.text)
+                if update.done:
+                    update.kept = keeper.kept
+                yield update
+        finally:
+            results.close()  # waits for the turn's end: its reply kept, or none
+            keeper.unmade()
 
     def _prepare_turn(self, runtime: ModelRuntime, chat_id: int, owner: str | None,
                       text: str | None, cut_at: int | None, seed: int | None,
@@ -319,8 +339,10 @@ class Turns:
             after = continued.parent_id  # the continued reply's new version, beside it
         job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
                         user_message_id=user_message_id)
+        retried = (history[-1].id if cut_at is not None and text is None and history
+                   and history[-1].role == "assistant" and continued is None else None)
         return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after,
-                               continued)
+                               continued, replaced=retried)
 
     def _restore_ahead_prelude(self, runtime: ModelRuntime, chat_id: int,
                                scope: Scope) -> Callable[[], Iterator[bool]] | None:

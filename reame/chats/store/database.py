@@ -254,6 +254,21 @@ class Store:
             session.commit()
         return chat, added
 
+    @_writes
+    def put_leaf_back(self, chat_id: int, *, shown: int | None, back_to: int,
+                      expect_owner: object = ANY_OWNER) -> bool:
+        """Show the branch ending at back_to again, if the chat still shows the one ending at
+        shown (checked in the write's transaction: a message added meanwhile stays shown).
+        Whether it was put back."""
+        with self._session() as session:
+            chat = _owned_chat(session, chat_id, expect_owner)
+            if chat.leaf_id != shown:
+                return False
+            chat.leaf_id = back_to
+            session.add(chat)
+            session.commit()
+            return True
+
     def touch(self, chat_id: int) -> None:
         self.update_chat(chat_id, updated_at=time.time())
 
