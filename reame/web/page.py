@@ -192,10 +192,12 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                 *(users.show(request) if users is not None else ()))
 
     users_outputs = users.outputs if users is not None else []
-    # The chat asked for is the address bar's ?chat=ID (read by ASKED_JS).
+    # The chat asked for is the address bar's ?chat=ID (read by ASKED_JS). No progress of
+    # Gradio's: its timers flashed over the list, the search box and the chat on a busy
+    # machine, after the page had already drawn them.
     loaded = demo.load(on_load_page, [shown_id], [*view, cache_md, role, account,
                                                   *settings_outputs, *users_outputs],
-                       js=ASKED_JS, queue=False, **HIDDEN)
+                       js=ASKED_JS, queue=False, show_progress="hidden", **HIDDEN)
     loaded.then(None, [role], None, js=ROLE_JS, **HIDDEN).then(
         None, None, None, js=FOLLOW_JS, **HIDDEN)
     loaded.then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)

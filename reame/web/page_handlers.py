@@ -213,16 +213,21 @@ class PageHandlers:
                              else gr.skip())
                 first = False
 
-    async def write_reply(self, user, chat_id, request, base, begin, text=None):
+    async def write_reply(self, user, chat_id, request, base, begin, text=None, draw=False):
         """Start a reply in the background and follow it. A refusal (e.g. MessageTooLong:
         nothing was stored) is a toast rather than gr.Error — on an error the Chatbot keeps an
         "Error" badge over the conversation — and a sent text goes back to the box, so that
-        the user loses nothing; so does a Stop that came before the reply started."""
+        the user loses nothing; so does a Stop that came before the reply started.
+        draw: show base at once (a retry, an edit: the chat as the reply will follow it),
+        rather than the old reply, until the new one's first words (the page said "Writing…"
+        over the old one, and an Esc then met a reply not yet begun)."""
         try:
             started = self.live.start(user, chat_id, request.session_hash, base, begin)
             if started is None:
                 yield await in_thread(self.shown, chat_id, user), text if text else gr.skip()
                 return
+            if draw:
+                yield base, gr.Textbox(submit_btn=False, stop_btn=True)
             async with aclosing(self.follow_reply(user, chat_id, request.session_hash)) as updates:
                 async for update in updates:
                     yield update
@@ -356,7 +361,7 @@ class PageHandlers:
         with self.live.expect(user, chat_id):  # a Stop while the chat is read counts
             async with aclosing(self.write_reply(
                     user, chat_id, request, await in_thread(prepare),
-                    lambda: self.service.regenerate(chat_id, user=user))) as ups:
+                    lambda: self.service.regenerate(chat_id, user=user), draw=True)) as ups:
                 async for update in ups:
                     yield update
 
@@ -412,7 +417,7 @@ class PageHandlers:
             base = kept + [{"role": "user", "content": user_html(text)}]
             # A Stop before its reply began: the edit is not made, its text goes to the box.
             async with aclosing(self.write_reply(user, chat_id, request, base,
-                                                 lambda: updates, text)) as stream:
+                                                 lambda: updates, text, draw=True)) as stream:
                 async for update in stream:
                     yield update
 
