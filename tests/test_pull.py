@@ -140,14 +140,21 @@ def test_a_dropped_connection_is_resumed_where_it_stopped(hub, config, model_byt
 def test_an_interrupted_pull_is_resumed_by_the_next(hub, config, model_bytes):
     models = config.parent / "models"
     hub.stall_after = 4 * CHUNK
+    # PYTHONFAULTHANDLER: a pull still running 30 s after its Ctrl-C is sent SIGABRT, and
+    # its threads' stacks then say where it was (once, in CI, it did not end).
     process = subprocess.Popen([*PULL, REPO, FILE, "--config", str(config)], cwd=ROOT,
-                               env=hub_env(hub.url, config.parent), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               env=hub_env(hub.url, config.parent, PYTHONFAULTHANDLER="1"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert hub.stalled.wait(60), "the download did not start"
         partial = wait_for_partial(models, 4 * CHUNK)
         process.send_signal(signal.SIGINT)  # Ctrl-C
-        _, stderr = process.communicate(timeout=30)
+        try:
+            _, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            _, stderr = process.communicate(timeout=30)
+            pytest.fail(f"the pull did not end within 30 s of its Ctrl-C; then:\n{stderr}")
     finally:
         process.kill()
         hub.release.set()
