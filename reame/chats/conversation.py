@@ -7,11 +7,21 @@ very tokens that were generated for it: ReplyMemory keeps them, per model and sc
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+
 from reame.config.refusals import MessageTooLong
+from reame.inference.kv.kvfile import TMP_PREFIX
 from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.scope import Scope
 from reame.inference.tools import Tool, canonical
 from reame.inference.turn import Decoding, TurnStats
+
+log = logging.getLogger(__name__)
 
 KNOWN_REPLIES = 1024  # replies whose exact tokens are kept for stateless clients
 # A stateless conversation's sampling where its request names none: OpenAI's defaults.
@@ -20,18 +30,30 @@ STATELESS_TOP_P = 1.0
 
 
 class ReplyMemory:
-    """(model, scope, reply text) -> the exact tokens generated for it, newest last."""
+    """(model, scope, reply text) -> the exact tokens generated for it, newest last.
 
-    def __init__(self, size: int = KNOWN_REPLIES):
-        self.size = size
+    With a path (a file in the KV folder), kept across restarts: a conversation resent after
+    a restart then becomes the tokens its KV file holds, rather than its replies re-tokenized
+    (a reply whose tokens do not come back the same by re-tokenizing it, e.g. odd runs of a
+    small or random model, cut the reuse at the reply). One JSON line per reply remembered,
+    the file rewritten when it holds twice as many lines as are kept. A line that does not
+    read, or whose tokens are not its text, is skipped: a miss, never another prompt."""
+
+    def __init__(self, size: int = KNOWN_REPLIES, path: Path | None = None):
+        self.size, self.path = size, path
         self._tokens: dict[tuple[str, Scope, str], tuple[int, ...]] = {}
+        self._unchecked: set[tuple[str, Scope, str]] = set()  # read from the file
+        self._lock = threading.Lock()
+        self._lines = 0
+        if path is not None:
+            self._read(path)
 
     def tokenize(self, prompts: PromptBuilder, system_prompt: str, turns: list[PromptMessage],
                  scope: Scope, tools: tuple[Tool, ...] = ()
                  ) -> tuple[list[PromptMessage], list[int]]:
         """The turns (replies this server wrote with their exact tokens) and the prompt, in
         the vocabulary of prompts' model; too long for its context raises MessageTooLong."""
-        known = [self._known(prompts.engine.fingerprint, t, scope) for t in turns]
+        known = [self._known(prompts, t, scope) for t in turns]
         prompt = prompts.tokens(system_prompt, known, scope, tools)
         n_ctx = prompts.engine.n_ctx
         if len(prompt) >= n_ctx:
@@ -40,20 +62,105 @@ class ReplyMemory:
                 f"{n_ctx:,} tokens. Shorten it and send again.")
         return known, prompt
 
-    def _known(self, model: str, turn: PromptMessage, scope: Scope) -> PromptMessage:
+    def _known(self, prompts: PromptBuilder, turn: PromptMessage,
+               scope: Scope) -> PromptMessage:
         """An assistant turn with the exact tokens this server generated for its text, in a
         reply to the same scope (another user's replies must not change this prompt)."""
         if turn.role != "assistant" or turn.tokens is not None:
             return turn
-        tokens = self._tokens.get((model, scope, turn.content))
+        key = (prompts.engine.fingerprint, scope, turn.content)
+        with self._lock:
+            tokens = self._tokens.get(key)
+            unchecked = key in self._unchecked
+        if tokens and unchecked:
+            if not _are_text(prompts, tokens, turn.content):
+                with self._lock:
+                    self._tokens.pop(key, None)
+                    self._unchecked.discard(key)
+                return turn
+            with self._lock:
+                self._unchecked.discard(key)
         return PromptMessage(turn.role, turn.content, tokens) if tokens else turn
 
     def remember(self, model: str, scope: Scope, text: str, tokens: list[int]) -> None:
         key = (model, scope, text)
+        with self._lock:
+            self._put(key, tuple(tokens))
+            self._unchecked.discard(key)
+            if self.path is None:
+                return
+            try:
+                if self._lines >= 2 * self.size:
+                    self._rewrite(self.path)
+                else:
+                    with open(self.path, "a", encoding="utf-8") as out:
+                        out.write(_line(key, self._tokens[key]))
+                    self._lines += 1
+            except OSError as exc:  # kept in memory all the same
+                log.warning("could not keep a reply's tokens in %s: %s", self.path, exc)
+
+    def _put(self, key: tuple[str, Scope, str], tokens: tuple[int, ...]) -> None:
         self._tokens.pop(key, None)
-        self._tokens[key] = tuple(tokens)
+        self._tokens[key] = tokens
         while len(self._tokens) > self.size:
-            self._tokens.pop(next(iter(self._tokens)))
+            oldest = next(iter(self._tokens))
+            del self._tokens[oldest]
+            self._unchecked.discard(oldest)
+
+    def _read(self, path: Path) -> None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as lines:
+                for line in lines:
+                    self._lines += 1
+                    entry = _entry(line)
+                    if entry is not None:
+                        self._put(*entry)
+                        self._unchecked.add(entry[0])
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("the replies' tokens in %s could not be read: %s", path, exc)
+        self._unchecked &= self._tokens.keys()
+
+    def _rewrite(self, path: Path) -> None:
+        """The file again with only the replies kept (self._lock held)."""
+        # A temporary name the KV folder knows as Reame's (a stale one is removed at start).
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent,
+                                         prefix=TMP_PREFIX, suffix=".tmp",
+                                         delete=False) as out:
+            for key, tokens in self._tokens.items():
+                out.write(_line(key, tokens))
+        os.replace(out.name, path)
+        self._lines = len(self._tokens)
+
+
+def _line(key: tuple[str, Scope, str], tokens: tuple[int, ...]) -> str:
+    model, scope, text = key
+    return json.dumps([model, scope, text, list(tokens)], ensure_ascii=False) + "\n"
+
+
+def _entry(line: str) -> tuple[tuple[str, Scope, str], tuple[int, ...]] | None:
+    """A line of the file as (key, tokens), or None if it is not one."""
+    try:
+        model, scope, text, tokens = json.loads(line)
+    except (ValueError, TypeError):
+        return None
+    if not (isinstance(model, str) and isinstance(scope, str) and isinstance(text, str)
+            and isinstance(tokens, list) and tokens
+            and all(type(t) is int and t >= 0 for t in tokens)):
+        return None
+    return (model, Scope(scope), text), tuple(tokens)
+
+
+def _are_text(prompts: PromptBuilder, tokens: tuple[int, ...], text: str) -> bool:
+    """Whether tokens (read from the file) are the model's and spell text."""
+    engine = prompts.engine
+    if any(t >= engine.n_vocab for t in tokens):
+        return False
+    try:
+        return engine.detokenize(list(tokens)).strip() == text.strip()
+    except Exception:  # tokens the model cannot spell: not this text
+        return False
 
 
 class ConversationKeeper:

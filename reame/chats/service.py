@@ -35,6 +35,7 @@ from reame.config.refusals import (
 )
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
+from reame.inference.kv.kvstore import REPLIES_NAME
 from reame.inference.model_runtime import ModelRuntime
 from reame.inference.tasks import Limits
 from reame.inference.turn import TurnObserver, TurnStats, TurnUpdate
@@ -68,6 +69,8 @@ class ChatService(ModelHolder, ChatActions, Turns):
         # The model a settings change is checking and loading (loading_from); turns wait for
         # it, API clients are told to come back.
         self.loading_model: Path | None = None
-        self.replies = ReplyMemory()  # stateless replies' exact tokens
+        # Stateless replies' exact tokens, kept beside the KV files that they find again.
+        files = cache.files if cache is not None else None
+        self.replies = ReplyMemory(path=files.folder / REPLIES_NAME if files else None)
         self.observe_turn: TurnObserver | None = None  # told of every turn (metrics)
         self.warming = False  # the model runs once at start (warmup.py): not ready yet

@@ -28,7 +28,7 @@ from reame.admin.backup.manifest import (
 from reame.chats.store.sqlite_file import snapshot
 from reame.config.files import CHUNK, sync
 from reame.config.reame_conf import Config
-from reame.inference.kv.kvstore import TOTALS_NAME, is_own_name
+from reame.inference.kv.kvstore import REPLIES_NAME, TOTALS_NAME, is_own_name
 
 
 def backup(config: Config, dest: Path, *, pages: int = -1,
@@ -106,7 +106,8 @@ def _backup_kv(folder: Path, target: Path) -> tuple[list[FileEntry], dict[str, s
             entry = _copy_file(path, target, path.name, "kv", prefix=KV_DIR)
         except FileNotFoundError:  # evicted, or its chat deleted, since the listing
             continue
-        problem = kvfile.problem(target / path.name) if path.name != TOTALS_NAME else None
+        problem = (kvfile.problem(target / path.name)
+                   if path.name not in (TOTALS_NAME, REPLIES_NAME) else None)
         if problem:
             (target / path.name).unlink()
             left_out[entry.path] = problem

@@ -40,11 +40,15 @@ BLOCK = 64  # tokens per block of the shared-prefix chained hash
 _OWN_NAME = re.compile(r"^(chat-\d+|prefix-[0-9a-f]+)-[0-9a-f]{12}\.kv$")
 STALE_TMP_S = 600  # a temp file this old is no write under way
 TOTALS_NAME = "reame-totals.json"  # the cache's figures, kept beside its files (cache.py)
+# The exact tokens of replies to stateless clients (reame.chats.conversation.ReplyMemory), so
+# that a conversation resent after a restart finds its KV file.
+REPLIES_NAME = "reame-replies.jsonl"
 
 
 def is_own_name(name: str) -> bool:
-    """Whether a file of that name in the KV folder is Reame's (a KV file or the totals)."""
-    return bool(_OWN_NAME.match(name)) or name == TOTALS_NAME
+    """Whether a file of that name in the KV folder is Reame's (a KV file, the totals or the
+    replies' tokens)."""
+    return bool(_OWN_NAME.match(name)) or name in (TOTALS_NAME, REPLIES_NAME)
 
 
 @dataclass
