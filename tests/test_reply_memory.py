@@ -75,6 +75,7 @@ def test_the_replies_file_keeps_the_newest_and_stays_small(tmp_path, engine):
     for text in texts:
         memory.remember(engine.fingerprint, NO_ACCOUNTS, text, engine.tokenize(" " + text))
         assert len(path.read_text().splitlines()) <= 2 * 3
+    assert path.stat().st_mode & 0o777 == 0o600, "replies' words: Reame's alone, as KV files"
     again = ReplyMemory(size=3, path=path)
     prompts = PromptBuilder(engine)
     known, _ = again.tokenize(prompts, SYSTEM_PROMPT, [

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 
+from reame.config.files import atomic_file
 from reame.config.refusals import MessageTooLong
 from reame.inference.kv.kvfile import TMP_PREFIX
 from reame.inference.prompt import PromptBuilder, PromptMessage
@@ -93,7 +93,9 @@ class ReplyMemory:
                 if self._lines >= 2 * self.size:
                     self._rewrite(self.path)
                 else:
-                    with open(self.path, "a", encoding="utf-8") as out:
+                    # Only Reame may read it, as its KV files: it holds replies' words.
+                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                    with open(fd, "a", encoding="utf-8") as out:
                         out.write(_line(key, self._tokens[key]))
                     self._lines += 1
             except OSError as exc:  # kept in memory all the same
@@ -125,12 +127,10 @@ class ReplyMemory:
     def _rewrite(self, path: Path) -> None:
         """The file again with only the replies kept (self._lock held)."""
         # A temporary name the KV folder knows as Reame's (a stale one is removed at start).
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent,
-                                         prefix=TMP_PREFIX, suffix=".tmp",
-                                         delete=False) as out:
+        with atomic_file(path, text=True, prefix=TMP_PREFIX, mode=0o600,
+                         sync_folder=False) as out:
             for key, tokens in self._tokens.items():
                 out.write(_line(key, tokens))
-        os.replace(out.name, path)
         self._lines = len(self._tokens)
 
 
