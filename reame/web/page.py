@@ -283,10 +283,15 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                           show_progress="hidden", **HIDDEN),
             chatbot.clear(handlers.act, [action, current], [*view, download, cache_md],
                           cancels=replies, js=CLEAR_JS, **HIDDEN),
+            # Every click counts, answered in its order: Gradio's default ("once") dropped a
+            # click that came while the one before was still being answered (‹ right after
+            # opening a chat), and two run at once could answer in the other order (the
+            # open's view, read before the ‹ was stored, shown after it). Actions are quick
+            # (a few database reads or writes), so they take turns, everyone's.
             action_btn.click(handlers.act, [action, current], [*view, download, cache_md],
                              cancels=replies,
                              js="(action, chat) => [window.reameAction || '', chat]",
-                             **HIDDEN)):
+                             trigger_mode="multiple", concurrency_limit=1, **HIDDEN)):
         event.then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)
         event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN).then(
             None, None, None, js=FOLLOW_JS, **HIDDEN)
