@@ -7,11 +7,9 @@ the variable when it is imported.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import hashlib
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -150,7 +148,7 @@ def test_an_interrupted_pull_is_resumed_by_the_next(hub, config, model_bytes):
     try:
         assert hub.stalled.wait(60), "the download did not start"
         partial = wait_for_partial(models, 4 * CHUNK)
-        ctrl_c(process.pid)
+        process.send_signal(signal.SIGINT)  # Ctrl-C
         try:
             _, stderr = process.communicate(timeout=30)
         except subprocess.TimeoutExpired:
@@ -170,21 +168,6 @@ def test_an_interrupted_pull_is_resumed_by_the_next(hub, config, model_bytes):
     assert hub.seen("cdn")[-1].range == f"bytes={4 * CHUNK}-"
     assert (models / FILE).read_bytes() == model_bytes
     assert files_in(models) == [FILE]
-
-
-# tgkill(2): a signal to one thread of a process (Python has no call for another process's).
-TGKILL = {"x86_64": 234, "aarch64": 131}[platform.machine()]
-
-
-def ctrl_c(pid: int) -> None:
-    """Ctrl-C, as the kernel may deliver it: to any thread of the process that does not block
-    it. Sent to a thread other than the main one if there is one (the worst case: a thread
-    that is not reading the download), else to the main one."""
-    threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    tid = max(threads, key=lambda t: t != pid)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(TGKILL, pid, tid, signal.SIGINT) != 0:
-        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}) failed")
 
 
 def wait_for_partial(models: Path, size: int) -> Path:

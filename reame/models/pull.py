@@ -45,7 +45,6 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import build_hf_headers, silent_tqdm
-from huggingface_hub.utils import tqdm as hub_tqdm
 
 from reame.config.reame_conf import ConfigError, load_config
 from reame.models.gguf_info import GGUFInfo, NotGGUF, read_gguf_info
@@ -158,7 +157,7 @@ def _download(remote: RemoteFile, handle: BinaryIO, partial: Path, *, endpoint: 
                  remote.size / _MB)
     url = hf_hub_url(remote.repo_id, remote.filename, revision=remote.commit,
                      endpoint=endpoint)
-    bar = _reporting_bar(lambda n: on_progress(n, remote.size)) if on_progress else _Bar
+    bar = _reporting_bar(lambda n: on_progress(n, remote.size)) if on_progress else None
     try:
         # http_get itself resumes (Range) after a dropped connection, a few times.
         http_get(url, handle, resume_size=done, headers=build_hf_headers(token=token),
@@ -237,14 +236,6 @@ def _same_content(path: Path, remote: RemoteFile) -> bool:
         while chunk := handle.read(_HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest() == (remote.sha256 or remote.blob_id)
-
-
-class _Bar(hub_tqdm):
-    """The Hub's progress bar on the terminal, without tqdm's monitor thread: Ctrl-C is
-    delivered to any thread of the process, and one that went to the monitor left the
-    download's read blocked on a stalled connection until its timeout (seen in CI)."""
-
-    monitor_interval = 0
 
 
 def _reporting_bar(report: Callable[[int], None]) -> type:
