@@ -127,8 +127,13 @@ def test_the_page_shows_a_turn_its_place_in_line(browser, tmp_path, model_path):
         first.locator(BOX).press("Enter")
         expect(first.locator(STOP)).to_be_visible()
         expect(first.locator(BOT).last).not_to_be_empty()  # its reply is being written
-        # (New chat only now: an empty chat is reused, and the first one is not empty.)
+        # (New chat only now: an empty chat is reused, and the first one is not empty.) The
+        # second page opens on the chat being written and follows it (its Stop shows) before
+        # New chat is clicked, as a person would see it first. Clicked in the moment before
+        # the following began, its first chunk could land over the new chat (seen once in
+        # CI: the following had not started, so New chat had nothing to cancel).
         open_app(second, server)
+        expect(second.locator(STOP)).to_be_visible()
         new_chat(second)
         second.locator(BOX).fill("What is the capital of France?")
         second.locator(BOX).press("Enter")
