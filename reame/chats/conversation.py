@@ -45,8 +45,14 @@ class ReplyMemory:
         self._unchecked: set[tuple[str, Scope, str]] = set()  # read from the file
         self._lock = threading.Lock()
         self._lines = 0
-        if path is not None:
-            self._read(path)
+        # The file is read beside the start (up to about 60 ms for 2,048 lines of 200 tokens),
+        # not in its way: a lookup or a reply remembered first waits for it.
+        self._loaded = threading.Event()
+        if path is None:
+            self._loaded.set()
+        else:
+            threading.Thread(target=self._read, args=(path,), name="reame-replies",
+                             daemon=True).start()
 
     def tokenize(self, prompts: PromptBuilder, system_prompt: str, turns: list[PromptMessage],
                  scope: Scope, tools: tuple[Tool, ...] = ()
@@ -69,6 +75,7 @@ class ReplyMemory:
         if turn.role != "assistant" or turn.tokens is not None:
             return turn
         key = (prompts.engine.fingerprint, scope, turn.content)
+        self._loaded.wait()
         with self._lock:
             tokens = self._tokens.get(key)
             unchecked = key in self._unchecked
@@ -84,6 +91,7 @@ class ReplyMemory:
 
     def remember(self, model: str, scope: Scope, text: str, tokens: list[int]) -> None:
         key = (model, scope, text)
+        self._loaded.wait()
         with self._lock:
             self._put(key, tuple(tokens))
             self._unchecked.discard(key)
@@ -119,10 +127,12 @@ class ReplyMemory:
                         self._put(*entry)
                         self._unchecked.add(entry[0])
         except FileNotFoundError:
-            return
+            pass
         except OSError as exc:
             log.warning("the replies' tokens in %s could not be read: %s", path, exc)
-        self._unchecked &= self._tokens.keys()
+        finally:
+            self._unchecked &= self._tokens.keys()
+            self._loaded.set()
 
     def _rewrite(self, path: Path) -> None:
         """The file again with only the replies kept (self._lock held)."""
