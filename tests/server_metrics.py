@@ -1,6 +1,5 @@
 """A running server's /metrics, read the way a scraper would: one sample, and waiting until
-no turn holds a slot (a turn's answer can reach its client before the turn lets its slot go:
-the KV file is written after the reply's last token is sent)."""
+no turn holds a slot (a turn whose client went away ends at its next step, a moment later)."""
 
 from __future__ import annotations
 

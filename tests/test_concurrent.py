@@ -309,3 +309,22 @@ def test_a_slot_never_gives_one_users_kv_to_another(services, engine2):
     assert (carol.reused, carol.source) == (alice.reused, alice.source)
     again = reused("alice")  # alice's own KV, from her file: her history comes back
     assert again.reused > alice.reused
+
+
+def test_a_reply_is_handed_over_with_its_slot_already_free(services, engine2):
+    """A client that sends its next message the moment it has an answer (a script, an agent)
+    finds the turn ended: its slot free, its KV live there. (Before, the answer came while the
+    turn still held its slot, and a prompt with little to reuse could then be put in the slot
+    beside it.) Each kind of turn: a stored chat's message, a stateless request."""
+    service = services(engine2, GREEDY.changed(max_tokens=8))
+    scheduler = service.runtime.scheduler
+    chat = service.new_chat()
+    for stream in (service.send(chat.id, "Name three fruits."),
+                   service.complete("", [PromptMessage("user", "Say hello.")],
+                                    max_tokens=8)):
+        for update in stream:
+            if update.done:
+                assert scheduler.load() == (0, 0), "the answer came before its slot was free"
+        stream.close()
+    # So the chat's next message always goes back to its own slot.
+    assert last(service.send(chat.id, "And two vegetables.")).stats.source == "live"

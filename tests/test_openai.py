@@ -20,7 +20,6 @@ from reame.inference.engine import Engine
 from .conftest import THREADS, Server, start_server
 from .gradio_api import ApiClient
 from .reference import assert_answers, model_answer
-from .server_metrics import settle
 from .structured import assert_structured_output
 
 CAPITAL = "What is the capital city of France? Answer in one word."
@@ -470,10 +469,8 @@ def test_logprobs_come_in_openai_s_shape_streamed_or_not(server):
                 if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert [t.token for t in streamed] == [t.token for t in content]
     assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(streamed, content))
-    # The conversation resent with the reply and one more message: its KV is reused as ever.
-    # (Once the streamed turn has let its slot go: a short prompt that comes while a slot is
-    # busy is put beside it, not in the slot holding its KV (pick_slot): seen once under load.)
-    settle(server)
+    # The conversation resent with the reply and one more message, at once: its KV is reused
+    # as ever (the answer comes once its turn has let its slot go).
     more = client.chat.completions.create(**{**ask, "messages": [
         *ask["messages"], {"role": "assistant", "content": whole.choices[0].message.content},
         {"role": "user", "content": PLANET}]})

@@ -70,10 +70,9 @@ def login(server: Server, name: str) -> ApiClient:
 
 
 def ask(server: Server, key: str, *texts: str, max_tokens: int = 8) -> dict:
-    """A stateless /v1 request: the system prompt, then texts as user/assistant turns; returns
-    once its turn has let its slot go. (The answer comes before the turn has written its KV
-    and let its slot go; a turn that comes while a slot is busy takes a slot beside it
-    (pick_slot), so which slot the next request gets would be the machine's timing.)"""
+    """A stateless /v1 request: the system prompt, then texts as user/assistant turns. (Its
+    answer comes once its turn has let its slot go, so which slot the next request gets never
+    depends on the machine's timing.)"""
     messages = [{"role": "system", "content": SYSTEM}]
     for n, text in enumerate(texts):
         messages.append({"role": "user" if n % 2 == 0 else "assistant", "content": text})
@@ -81,7 +80,6 @@ def ask(server: Server, key: str, *texts: str, max_tokens: int = 8) -> dict:
                         body={"model": MODEL, "temperature": 0, "max_tokens": max_tokens,
                               "messages": messages})
     assert status == 200, answer
-    settle(server)
     return answer
 
 

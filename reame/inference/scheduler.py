@@ -10,7 +10,10 @@ llama-server batches its slots. So a new message's first token waits for its own
 one step of each other reply, never for another reply to end. A task steps on only once its
 caller has asked for the next item (as a plain generator would), except to decode the token
 its caller was just given (Sequence.decode_ahead): the next token is computed while the caller
-sends the last one, and a stopped reply has exactly what its caller saw.
+sends the last one, and a stopped reply has exactly what its caller saw. A work's last item
+(one whose `done` is True: a turn's kept reply) is handed over only once the work has ended
+and its slot is free, so a client that sends its next message the moment it has the answer
+finds its KV live in that slot.
 
 However its caller goes away, a task ends: closing its stream, cancel() (a Stop, a client that
 hung up), cancel_chat(), stop(cancel=True) (a shutdown, a model switch), and a caller that
@@ -367,7 +370,9 @@ class Scheduler:
                 return
             self._finish(task, exc)  # the caller gets it; the engine's thread goes on
         else:
-            if item is not None and task.in_work:
+            if item is not None and task.in_work and getattr(item, "done", False) is True:
+                self._end_with(task, item)
+            elif item is not None and task.in_work:
                 with self._cond:
                     self._give(task, item)
                 # A reply's token was given: queue its next one in this same round, so that
@@ -376,6 +381,22 @@ class Scheduler:
                 # was decoded alone: measured, 4 replies at once 0.8x slower).
                 if task.slot.seq.decode_ahead and not task.cancelled:
                     self._step(task)
+
+    def _end_with(self, task: Task, last: object) -> None:
+        """A work's last item (done: a turn's reply, kept): run the work to its end and free
+        its slot before the caller gets the item, so that a caller who sends its next request
+        as soon as it has the answer finds the slot free and its KV live there."""
+        error = None
+        try:
+            next(task.steps)
+        except StopIteration:
+            pass
+        except BaseException as exc:
+            error = exc
+        else:
+            task.steps.close()
+            error = RuntimeError("a task's work went on after its last item")
+        self._finish(task, error, last=last if error is None else None)
 
     def _close(self, task: Task) -> None:
         """Stop a cancelled task: its generator's finally blocks run here (a reply keeps what
@@ -392,7 +413,9 @@ class Scheduler:
             error = self._stopped()
         self._finish(task, error)
 
-    def _finish(self, task: Task, error: BaseException | None) -> None:
+    def _finish(self, task: Task, error: BaseException | None, *,
+                last: object | None = None) -> None:
+        """The task's slot is free; then its caller gets last (if any) and its end."""
         with self._cond:
             if task in self._active:
                 self._active.remove(task)
@@ -400,5 +423,8 @@ class Scheduler:
                 task.slot.task, task.slot.used = None, time.monotonic()
             task.idle_since = None
             self._cond.notify_all()
+        if last is not None:
+            task.given += 1
+            task.out.put(last)
         task.out.put(End(error))
         task.done.set()
