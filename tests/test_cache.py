@@ -31,8 +31,9 @@ class Node:
     the folder, flush it (the files a process queued land at its exit)."""
 
     def __init__(self, folder, model_path, *, enabled=True, kv_type="f16", max_mb=4096,
-                 n_ctx=2048):
-        self.engine = Engine(model_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=THREADS)
+                 n_ctx=2048, flash_attn="auto"):
+        self.engine = Engine(model_path, n_ctx=n_ctx, kv_type=kv_type, n_threads=THREADS,
+                             flash_attn=flash_attn)
         self.service = service_over(folder, self.engine, GREEDY, cache=enabled,
                                     max_disk_bytes=max_mb * 1024 * 1024)
         self.store, self.kv = self.service.store, self.service.cache.files
@@ -65,13 +66,13 @@ def cold_reply(folder, model_path, node, chat_id, text):
     return last.text
 
 
-def sitting(folder, model_path, script, *, system_prompt=GREEDY.system_prompt):
+def sitting(folder, model_path, script, *, system_prompt=GREEDY.system_prompt, **node):
     """The replies of one uninterrupted conversation with the cache off: the exact reference.
 
     A restored KV must give bit-identical replies to this. A cold prefill of the whole history
     is close but not bit-identical: llama.cpp's batched and one-token evaluations round
     differently (see close_to_cold)."""
-    node = Node(folder, model_path, enabled=False)
+    node = Node(folder, model_path, enabled=False, **node)
     chat = node.service.new_chat(system_prompt=system_prompt)
     return [node.say(chat.id, text).text for text in script]
 
@@ -135,6 +136,31 @@ def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, model_path):
     second.kv.flush()
     third = Node(folder, model_path)
     assert close_to_cold(third, chat.id, "Thank you!", model_path).source == "disk"
+
+
+def test_with_flash_attention_a_restored_chat_answers_as_the_uninterrupted_one(folder,
+                                                                              model_path):
+    """[model] flash_attn = true on the default model (auto leaves it off for its 64-wide
+    heads): its KV files are its own, and a chat restored from one answers as the
+    uninterrupted conversation with flash attention does."""
+    script = ["Which planet do we live on?", "Name three fruits.", "Say hello."]
+    plain = Node(folder, model_path)
+    assert not plain.engine.flash_attn
+    chat = plain.service.new_chat()
+    for text in script[:2]:
+        plain.say(chat.id, text)
+    plain.kv.flush()
+    first = Node(folder, model_path, flash_attn="true")
+    assert first.engine.flash_attn and "flash_attn=1" in first.engine.kv_fingerprint
+    assert first.say(chat.id, script[0]).stats.source != "disk", "another setting's file"
+    chat = first.service.new_chat()
+    for text in script[:2]:
+        first.say(chat.id, text)
+    first.kv.flush()
+    second = Node(folder, model_path, flash_attn="true")
+    last = second.say(chat.id, script[2])
+    assert last.stats.source == "disk" and last.stats.prefilled < 20
+    assert last.text == sitting(folder / "ref", model_path, script, flash_attn="true")[-1]
 
 
 def test_switching_between_three_chats_restores_each(folder, model_path):

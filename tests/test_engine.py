@@ -2,9 +2,13 @@ import pytest
 
 from reame.inference.batches import CHUNK, plan, whole_chunks
 from reame.inference.engine import Engine
+from reame.inference.llama_params import flash_attention
 from reame.inference.sampling import Sampling
+from reame.models.gguf_info import read_gguf_info
 from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
 from reame.web.render import inert_html
+
+from .conftest import THREADS
 
 
 def test_missing_model_names_the_path_and_lists_the_models_folder(tmp_path):
@@ -107,3 +111,21 @@ def test_chunks_ramp_up_so_that_a_short_shared_opening_is_reused(engine):
     reused = engine.prefill(other)
     assert reused == whole_chunks(len(opening)) >= 16
     assert engine.evaluated - before == len(other) - reused
+
+
+@pytest.mark.parametrize("mode, kv_type, head_dim, on", [
+    ("auto", "f16", 64, False),  # SmolLM2, the Qwen2.5-0.5B shape: slower with it
+    ("auto", "f16", 128, True),  # Qwen2.5-1.5B: faster (bench.flash_attention)
+    ("auto", "f16", None, False),
+    ("false", "q8_0", 128, True),  # a quantized V cache needs it
+    ("true", "f16", 64, True),
+    ("false", "f16", 128, False),
+])
+def test_flash_attention_follows_the_setting_and_the_heads(mode, kv_type, head_dim, on):
+    assert flash_attention(mode, kv_type, head_dim)[0] is on
+
+
+def test_the_default_model_loads_without_flash_attention_unless_asked(model_path):
+    assert read_gguf_info(model_path).head_dim == 64
+    assert not Engine(model_path, n_ctx=256, n_threads=THREADS).flash_attn
+    assert Engine(model_path, n_ctx=256, n_threads=THREADS, flash_attn="true").flash_attn

@@ -45,6 +45,10 @@ SETTINGS: tuple[Setting, ...] = (
             "map the model file (true) or read it into memory (false); auto = read it where "
             "llama.cpp repacks some of its weights for this CPU, which a mapped file would hold "
             "twice, map it otherwise", choices=("auto", "true", "false")),
+    Setting("model", "flash_attn", str, "auto",
+            "llama.cpp's flash attention: auto = on for models whose attention heads are 128 "
+            "wide or more (faster there on CPUs; slower for 64-wide heads), and always with a "
+            "q8_0 KV cache, which needs it", choices=("auto", "true", "false")),
     # The defaults of new chats: a chat's own settings, declared in chat_settings.py.
     *FIELDS,
     Setting("server", "host", str, "127.0.0.1", "address to listen on"),
@@ -103,6 +107,7 @@ class ModelConfig:
     kv_ram_mb: int
     exact_under_load: bool
     mmap: str
+    flash_attn: str
 
     @property
     def kv_ram_bytes(self) -> int:

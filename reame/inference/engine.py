@@ -32,7 +32,13 @@ from reame.inference.batches import (
     valid,
     whole_chunks,
 )
-from reame.inference.llama_params import KV_TYPES, context_params, init_backend, model_params
+from reame.inference.llama_params import (
+    KV_TYPES,
+    context_params,
+    flash_attention,
+    init_backend,
+    model_params,
+)
 from reame.inference.sampling import Pending, Sampler
 from reame.inference.vocab import Vocabulary
 from reame.models.gguf_info import GGUFInfo, read_gguf_info
@@ -85,7 +91,8 @@ class Engine(Vocabulary, Sampler):
                  models_dir: Path | None = None, n_batch: int = 512, slots: int = 1,
                  kv_budget_bytes: int | None = None,
                  exact_under_load: bool = setting("model", "exact_under_load").default,
-                 mmap: str = setting("model", "mmap").default):
+                 mmap: str = setting("model", "mmap").default,
+                 flash_attn: str = setting("model", "flash_attn").default):
         model_path = Path(model_path)
         check_model_file(model_path, models_dir or model_path.parent)
         if kv_type not in KV_TYPES:
@@ -98,8 +105,9 @@ class Engine(Vocabulary, Sampler):
                         Weights(mmap != "false", 0, 0, "its header is unreadable"))
         self.slots_wanted = slots
         slots = slots_that_fit(slots, n_ctx, self.kv_bytes_per_token, kv_budget_bytes)
-        # A quantized V cache needs flash attention in llama.cpp.
-        self.kv_type, self.flash_attn = kv_type, kv_type != "f16"
+        self.kv_type = kv_type
+        self.flash_attn, flash_reason = flash_attention(flash_attn, kv_type,
+                                                        info.head_dim if info else None)
         started = time.perf_counter()
         init_backend()
         try:
@@ -145,6 +153,7 @@ class Engine(Vocabulary, Sampler):
                  self.n_ctx, slots, "" if slots == 1 else "s", threads, self.load_s)
         log.info("%s %s: %s", "mapped" if self.weights.mapped else "read into memory",
                  model_path.name, self.weights.reason)
+        log.info("flash attention %s: %s", "on" if self.flash_attn else "off", flash_reason)
 
     @property
     def name(self) -> str:
