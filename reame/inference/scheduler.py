@@ -275,12 +275,7 @@ class Scheduler:
             with self._cond:
                 while True:
                     timeout = end_stalled((*self._active, *self._line), self.limits.stall_s)
-                    self._drop_cancelled()
-                    self._admit()
-                    others = any(not t.background for t in self._active)
-                    ready = [t for t in self._active
-                             if t.cancelled or (t.runnable and not (
-                                 t.background and others))]
+                    ready = self._ready()
                     if ready:
                         break
                     if not self._active and not self._line:
@@ -288,13 +283,31 @@ class Scheduler:
                         self._cond.notify_all()  # stop() waits for this
                         return
                     self._cond.wait(timeout)
-            for task in ready:
+            done: set[int] = set()
+            while ready:
+                task = ready.pop(0)
+                done.add(id(task))
                 if task.cancelled:
                     self._close(task)
                 else:
                     self._step(task)
+                # A task that came during this round takes its first step in it, not after
+                # every other task's step (measured: 4 prompts sent at once to the 1.5B shape,
+                # the 4th began 0.8 s after the others, a round of three 16-token decodes).
+                with self._cond:
+                    if self._line:
+                        ready += [t for t in self._ready()
+                                  if id(t) not in done and t not in ready]
             # The replies' next tokens queued in this round: one decode for all of them.
             self.engine.decode_pending()
+
+    def _ready(self) -> list[Task]:
+        """Admit what can be, then the active tasks that can take a step (the lock is held)."""
+        self._drop_cancelled()
+        self._admit()
+        others = any(not t.background for t in self._active)
+        return [t for t in self._active
+                if t.cancelled or (t.runnable and not (t.background and others))]
 
     def _drop_cancelled(self) -> None:
         for task in [t for t in self._line if t.cancelled]:
