@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 STEP = 0.05  # of the sliders
 
 
+# The events that draw the chat list from a chat open at the time they were sent: answered one
+# at a time, in the order they were sent.
+LIST_LINE = dict(concurrency_id="chat-list", concurrency_limit=1)
+
 def _range(name: str) -> tuple[float, float]:
     """A chat setting's range for a slider (an open end starts one step in)."""
     field = FIELD[name]
@@ -287,11 +291,12 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
             # click that came while the one before was still being answered (‹ right after
             # opening a chat), and two run at once could answer in the other order (the
             # open's view, read before the ‹ was stored, shown after it). Actions are quick
-            # (a few database reads or writes), so they take turns, everyone's.
+            # (a few database reads or writes), so they take turns, everyone's, in one line
+            # with the search's list (below).
             action_btn.click(handlers.act, [action, current], [*view, download, cache_md],
                              cancels=replies,
                              js="(action, chat) => [window.reameAction || '', chat]",
-                             trigger_mode="multiple", concurrency_limit=1, **HIDDEN)):
+                             trigger_mode="multiple", **LIST_LINE, **HIDDEN)):
         event.then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)
         event.then(None, None, None, js=FOCUS_MESSAGE_JS, **HIDDEN).then(
             None, None, None, js=FOLLOW_JS, **HIDDEN)
@@ -299,9 +304,12 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     for event in users.moved_chats if users is not None else ():  # chats adopted: list them
         event.then(handlers.find, [search, current], [chat_list], **HIDDEN)
     # change, not input: Gradio 6's Textbox sends no input event for a deletion, so clearing
-    # the box left the list on its last search.
+    # the box left the list on its last search. In the actions' line: opening a search result
+    # empties the box, and the list that change sends, marked with the chat open then, came
+    # (unqueued) after the next chat opened with the keys and marked the old one again (seen
+    # once in a fresh-clone run of test_page_chats).
     search.change(handlers.find, [search, current], [chat_list], trigger_mode="always_last",
-                 queue=False, show_progress="hidden", **HIDDEN)
+                  show_progress="hidden", **LIST_LINE, **HIDDEN)
     export_all_btn.click(handlers.export_all, None, [download], **HIDDEN)
     import_btn.upload(handlers.import_chats, [import_btn, current], view, cancels=replies,
                       **HIDDEN).then(None, [shown_id], None, js=SHOW_URL_JS, **HIDDEN)
