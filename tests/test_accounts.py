@@ -33,6 +33,27 @@ def cli(config, *args, password: str | None = None) -> subprocess.CompletedProce
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
+def test_an_unknown_name_costs_a_login_check_what_a_known_one_does(tmp_path, monkeypatch):
+    """A wrong password for a known name and any password for an unknown one: one scrypt each,
+    with the same parameters, so the time of a failed login does not tell which names
+    exist. (The scrypts are counted, not timed: the same on any CPU.)"""
+    import hashlib
+
+    accounts = Accounts(tmp_path / "users.json")
+    accounts.add_user("alice", "correct horse", admin=True)
+    real, calls = hashlib.scrypt, []
+
+    def counted(*args, **kwargs):
+        calls.append({k: kwargs[k] for k in ("n", "r", "p", "dklen")})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hashlib, "scrypt", counted)
+    assert not accounts.check_password("alice", "wrong horse")
+    known, calls[:] = list(calls), []
+    assert not accounts.check_password("nobody", "wrong horse")
+    assert calls == known and len(known) == 1
+
+
 def test_passwords_are_scrypt_hashes_and_keys_are_stored_hashed(tmp_path):
     accounts = Accounts(tmp_path / "users.json")
     accounts.add_user("alice", "correct horse", admin=True)
