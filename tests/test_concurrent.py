@@ -366,3 +366,28 @@ def test_a_turn_that_comes_during_a_round_takes_its_first_step_in_it(services, e
     late["thread"].join(30)
     assert late["answer"] == ["late"]
     assert steps.index(("late", 0)) < steps.index(("first", 1)), steps
+
+
+def test_a_stateless_reply_evaluates_the_next_head_only_when_nobody_else_is_talking(
+        services, engine4, engine4_exact):
+    """After a stateless reply, the next turn's fixed head ("<|im_end|>\\n<|im_start|>user\\n")
+    is evaluated ahead only while no other turn is on a slot or waiting: under load it was a
+    decode of its own per reply, delaying everyone. A stored chat's turn, and every turn with
+    exact_under_load (whose KV must not depend on who else is talking), always do it."""
+    def ahead(service, question):
+        return last(service.complete("", [PromptMessage("user", question)],
+                                     max_tokens=8, temperature=0)).stats.ahead
+
+    service = services(engine4, GREEDY.changed(max_tokens=200))
+    assert ahead(service, "Say hello.") > 0, "alone"
+    story = service.send(service.new_chat().id, LONG)
+    assert next(story).text  # on its slot, being written
+    assert ahead(service, "Name three fruits.") == 0, "beside another reply"
+    chat = service.new_chat()
+    assert last(service.send(chat.id, "Say hi.")).stats.ahead > 0, "a stored chat's: always"
+    story.close()
+    exact = services(engine4_exact, GREEDY.changed(max_tokens=200))
+    story = exact.send(exact.new_chat().id, LONG)
+    assert next(story).text
+    assert ahead(exact, "What colour is the sky?") > 0, "exact_under_load: always"
+    story.close()

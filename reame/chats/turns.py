@@ -383,7 +383,9 @@ class Turns:
                    branched_from=chat.branched_from)
 
     def _runner(self, runtime: ModelRuntime) -> TurnRunner:
-        return TurnRunner(runtime.engine, runtime.cache, runtime.prompts, self.observe_turn)
+        load = runtime.scheduler.load
+        return TurnRunner(runtime.engine, runtime.cache, runtime.prompts, self.observe_turn,
+                          others=lambda: load() != (1, 0))  # (on a slot, waiting): this one
 
     # stateless completions (the OpenAI routes): nothing stored, the KV cache still used
 
