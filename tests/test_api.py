@@ -4,8 +4,6 @@ import time
 
 import pytest
 
-from reame.inference.batches import KEPT_CHUNK
-
 from .conftest import start_server
 from .gradio_api import ApiClient
 from .reference import assert_answers, model_answer
@@ -91,8 +89,9 @@ def test_regenerate_and_edit_through_the_api(server):
     regenerated = job.result()
     after = client.predict(chat_id, api_name="/get_chat")["messages"]
     assert len(after) == 4 and after[-1]["content"] == regenerated
-    # Only the prompt's last decode (at most one chunk) is evaluated again.
-    assert 0 < after[-1]["stats"]["prefilled"] <= KEPT_CHUNK, "only the prompt's last chunk again"
+    # The prompt is live with its last decode's logits kept: nothing is evaluated again.
+    stats = after[-1]["stats"]
+    assert stats["prefilled"] == 0 and stats["reused"] == stats["prompt_tokens"]
 
     second_user = before[2]
     edited = client.predict(chat_id, second_user["id"], "Say goodbye.", api_name="/edit_message")

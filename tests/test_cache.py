@@ -265,24 +265,27 @@ def test_queued_writes_of_a_file_land_in_order_and_readers_wait_for_them(folder)
 def test_regenerate_recomputes_only_the_reply(folder, model_path):
     node = Node(folder, model_path)
     chat = node.service.new_chat()
-    # A first message long enough that its prompt holds whole chunks (16, 32, 64).
+    # A first message long enough that its prompt holds whole chunks.
     first = node.say(chat.id, "I am writing a school report about the solar system: the sun "
                      "and its eight planets, their moons and rings, how far each one is from "
                      "the sun, and how long its year and its day last. My teacher asked us "
                      "to start simply. Which planet do we live on?")
     again = node.finish(node.service.regenerate(chat.id))
-    # The prompt's last chunk is evaluated again (the decode that made its logits), no more.
-    last_chunk = again.stats.prompt_tokens - whole_chunks(again.stats.prompt_tokens - 1)
-    assert again.stats.reused == again.stats.prompt_tokens - last_chunk >= 64
-    assert again.stats.prefilled == last_chunk
+    # The KV still holds the prompt, made by the decodes that evaluated it, and the logits of
+    # its last decode were kept: nothing is evaluated but the reply.
+    assert again.stats.reused == again.stats.prompt_tokens and again.stats.source == "live"
+    assert again.stats.prefilled == 0
     assert again.text == first.text, "greedy: the same prompt, the same decodes, the same reply"
     messages = node.store.messages(chat.id)
     assert [m.role for m in messages] == ["user", "assistant"]
     node.kv.flush()
-    # After a restart too: the reply is recomputed from the file, as in one sitting.
+    # After a restart the file has no logits: the prompt's last chunk is evaluated again (the
+    # decode that made its logits), no more, and the reply is the one of one sitting.
+    last_chunk = again.stats.prompt_tokens - whole_chunks(again.stats.prompt_tokens - 1)
     later = Node(folder, model_path)
     third = later.finish(later.service.regenerate(chat.id))
     assert third.stats.source == "disk" and third.stats.prefilled == last_chunk
+    assert third.stats.reused == third.stats.prompt_tokens - last_chunk >= 16
     assert third.text == again.text
 
 

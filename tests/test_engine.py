@@ -55,7 +55,7 @@ def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine
     engine.clear()
     first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 16)
     assert engine.prefill(first) == 0
-    # The prompt is evaluated in chunks at absolute chunk boundaries (16, 32, 64, then CHUNK's).
+    # The prompt is evaluated in chunks at absolute chunk boundaries (16, 64, then CHUNK's).
     assert [(b.start, b.end) for b in engine.batches] == plan(0, len(first))
     assert all(whole_chunks(b.start) == b.start and not b.kept for b in engine.batches)
     # Another prompt sharing its start reuses only the whole chunks: the KV it gets is the
@@ -94,23 +94,64 @@ def test_html_is_inert_outside_code_and_untouched_inside():
     assert "**bold**" in out and "> quote" in out
 
 
-def test_chunks_ramp_up_so_that_a_short_shared_opening_is_reused(engine):
-    """Chunk boundaries at 16, 32, 64, then every CHUNK: a prompt sharing only a short opening
-    with the live KV (a template's header, a short system prompt) still reuses its whole
-    chunks, as llama-server reuses such a prefix."""
-    assert plan(0, 300) == [(0, 16), (16, 32), (32, 64), (64, 128), (128, 256), (256, 300)]
-    assert plan(20, 70) == [(20, 32), (32, 64), (64, 70)]
+def test_a_first_chunk_of_16_lets_a_short_shared_opening_be_reused(engine):
+    """Chunk boundaries at 16, 64, then every CHUNK: a prompt sharing only a short opening
+    with the live KV (a template's header, a short system prompt) still reuses its first
+    chunk, as llama-server reuses such a prefix; a system prompt of 64 tokens or more is whole
+    chunks too (a snapshot's 64-token blocks, test_cache)."""
+    assert plan(0, 300) == [(0, 16), (16, 64), (64, 128), (128, 256), (256, 300)]
+    assert plan(20, 70) == [(20, 64), (64, 70)]
     assert plan(0, 40, kept_from=0) == [(0, 16), (16, 32), (32, 40)]
     opening = engine.tokenize("You are a helpful assistant of the town library. Answer clearly "
                               "and briefly, and in plain words, please.")
-    assert 16 <= len(opening) < CHUNK
+    assert 16 <= len(opening) < 64
     engine.clear()
     engine.prefill(opening + engine.tokenize(" What is the capital of France?"))
     before = engine.evaluated
     other = opening + engine.tokenize(" Name three colours of the rainbow.")
     reused = engine.prefill(other)
-    assert reused == whole_chunks(len(opening)) >= 16
+    assert reused == whole_chunks(len(opening)) == 16
     assert engine.evaluated - before == len(other) - reused
+
+
+def test_the_same_prompt_again_evaluates_nothing_and_samples_the_same_bits(model_path):
+    """A regenerate, or a request sent again: the KV holds the prompt and the reply after it.
+    The logits the prompt's last decode made are kept, so nothing is evaluated again, and they
+    are the bits a fresh evaluation of the prompt gives (computed here on another slot)."""
+    engine = Engine(model_path, n_ctx=1024, n_threads=THREADS, slots=2)
+    mine, other = engine.sequences
+    prompt = engine.tokenize("<|im_start|>user\nWhich planet do we live on? Answer in a full "
+                             "sentence, please.<|im_end|>\n<|im_start|>assistant\n")
+    assert 16 < len(prompt) < CHUNK, "its last chunk is most of it"
+    engine.use(other)
+    engine.prefill(prompt)
+    fresh = engine.logits_digest()
+
+    engine.use(mine)
+    engine.prefill(prompt)
+    reply = [t for _, t in zip(range(6), engine.generate(Sampling(temperature=0), 6))]
+    assert len(engine.tokens) == len(prompt) + len(reply) - 1
+    engine.use(other)
+    engine.prefill(prompt + engine.tokenize(" Earth"))  # another slot decodes meanwhile
+    engine.use(mine)
+    before = engine.evaluated
+    assert engine.prefill(prompt) == len(prompt)
+    assert engine.evaluated == before, "nothing evaluated again"
+    assert engine.tokens == prompt, "the old reply's KV is gone"
+    assert engine.logits_digest() == fresh
+    again = [t for _, t in zip(range(6), engine.generate(Sampling(temperature=0), 6))]
+    assert again == reply
+
+    # Only while the KV before the prompt's end is the one its logits came from.
+    engine.truncate(16)
+    assert not engine.recallable(prompt)
+    before = engine.evaluated
+    assert engine.prefill(prompt) == 16 and engine.evaluated == before + len(prompt) - 16
+    assert engine.logits_digest() == fresh
+    shorter = prompt[:-1]
+    assert not engine.recallable(shorter) and engine.prefill(shorter) == 16
+    engine.clear()
+    assert not engine.recallable(prompt)
 
 
 @pytest.mark.parametrize("mode, kv_type, head_dim, on", [

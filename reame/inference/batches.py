@@ -6,8 +6,8 @@ of a batch in groups). A token's KV and logits therefore depend on which decode 
 and greedy decoding flips at near ties. So that the cache changes the speed and never the
 answer, every prompt is evaluated by the same plan, whatever part of it was reused:
 
-- the prompt's tokens are split at the chunk boundaries 16, 32, 64, 128, 256, ... (every
-  CHUNK, after a ramp) up to the conversation's first kept token (its opening and first
+- the prompt's tokens are split at the chunk boundaries 16, 64, 128, 256, ... (every CHUNK,
+  after chunks of 16 and 48) up to the conversation's first kept token (its opening and first
   message: what a cold start or another conversation can share), and at multiples of
   KEPT_CHUNK after it (a conversation's later messages: a message typed ahead is reused but
   for its last KEPT_CHUNK tokens); a batch that starts after a reused prefix runs to the next
@@ -18,9 +18,16 @@ answer, every prompt is evaluated by the same plan, whatever part of it was reus
 Prompt evaluation gains up to chunks of 128: an 840-token prompt of SmolLM2 on this machine
 at 246 / 254 / 257 tokens/s in chunks of 64 / 128 / 256, a 600-token prompt of the Qwen2.5-1.5B
 shape at 79.7 / 84.2 / 84.5 (Engine.extend timed with CHUNK set to each, medians of 4; chunks
-of 16 are 13-17 % slower than 64). The ramp keeps a short opening that many prompts share (a
-template's header, a short system prompt: llama-server reuses such a prefix from any slot)
-whole chunks, for a few milliseconds per cold prompt. After the first reply 16 stays, because a conversation's later
+of 16 are 13-17 % slower than 64). Below CHUNK two boundaries: 16, so that a short opening
+many prompts share (a template's header, a short system prompt: llama-server reuses such a
+prefix from any slot) is a whole chunk, and 64, so that a system prompt of 64-127 tokens is
+one too, and gets a shared-prefix snapshot on disk (kvstore.BLOCK: snapshots are found by
+their 64-token blocks). Each boundary below CHUNK costs every cold prompt a decode: against
+session 20's ramp (16, 32, 64), dropping 32 evaluates a new prompt of 80 / 128 / 800 tokens
+1.07 / 1.07 / 1.04x faster on SmolLM2 and 1.05 / 1.03 / 1.03x on the Qwen2.5-1.5B shape;
+dropping 64 too would give 1.13 / 1.08 / 1.04x and 1.18 / 1.24 / 1.03x, but a system prompt of
+64-127 tokens would then share 16 tokens, live only (bench/first_chunks.py).
+After the first reply 16 stays, because a conversation's later
 messages are short and typing ahead reuses only whole chunks of them.
 
 (Evaluating the prompt's last token alone as well would let the same prompt reuse all but that
@@ -49,9 +56,9 @@ from typing import NamedTuple
 # evaluation stops gaining, see the module's doc), and after it.
 CHUNK = 128
 KEPT_CHUNK = 16
-# Below CHUNK the chunks ramp up, so that a short shared opening (a chat template's header, a
-# short system prompt) is still whole chunks: boundaries at 16, 32, 64, then every 128.
-RAMP = (16, 32, 64)
+# Below CHUNK: 16 (a chat template's header, a short system prompt) and 64 (a system prompt
+# worth a snapshot); then every CHUNK. See the module's doc.
+RAMP = (16, 64)
 
 
 class Batch(NamedTuple):
@@ -79,7 +86,7 @@ def plan(start: int, end: int, kept_from: int | None = None) -> list[tuple[int, 
 
 
 def next_boundary(at: int) -> int:
-    """The first chunk boundary after position at: 16, 32, 64, then every CHUNK."""
+    """The first chunk boundary after position at: 16, 64, then every CHUNK."""
     if at < CHUNK:
         return next((b for b in RAMP if b > at), CHUNK)
     return (at // CHUNK + 1) * CHUNK

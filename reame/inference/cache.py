@@ -124,8 +124,9 @@ class KVCache(CacheFigures):
                 counts.hits += 1
                 self.count_saved(counts, live)
             return Restored(live, ahead.source, ahead.restore_ms, typed=ahead.typed)
-        # The live KV is this chat's own (its file holds the same tokens): nothing to look up.
-        if self.files is None or live >= usable or (
+        # The live KV is this chat's own (its file holds the same tokens), or the same prompt
+        # again with its logits kept (Engine.recallable): nothing to look up.
+        if self.files is None or live >= usable or engine.recallable(prompt) or (
                 live and chat_id is not None and live_chat == chat_id):
             return Restored(live, "live" if live else "none")
         counts = self._count()
