@@ -10,6 +10,7 @@ from before accounts still unadopted, the adopting test adopts them.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -268,10 +269,27 @@ def test_accounts_are_turned_on_old_chats_adopted_and_a_user_added_without_a_ter
         assert "users_file = \n" in config.read_text(), "nothing written"
         page.fill("#first-admin-password input", PASSWORDS["alice"])
         page.fill("#first-admin-again input", PASSWORDS["alice"])
+        # The page opens the event stream that carries its answer after its request, and here
+        # late: after accounts are on (as a slow network or a busy browser may). The answer
+        # still reaches it, while nobody else gets through to Gradio without a login.
+        streams = []
+
+        def late_stream(route):
+            time.sleep(1.0)
+            streams.append(route.request.url)
+            route.continue_()
+
+        page.route("**/gradio_api/queue/data**", late_stream)
         page.click("#turn-accounts-on")
         expect(page.locator("#accounts-off-status")).to_contain_text(
             "Accounts are on; user alice added (admin)")
         expect(page.locator("#first-admin-password input")).to_have_value("")
+        assert streams, "the answer came by a stream opened after the request"
+        page.unroute("**/gradio_api/queue/data**")
+        for path in ("/config", "/gradio_api/info", "/gradio_api/queue/data?session_hash=x"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(server.url + path.lstrip("/"), timeout=10)
+            assert refused.value.code == 401, path
 
         # On at once, by every route, and in reame.conf for the next start.
         assert "users_file = users.json" in config.read_text()

@@ -21,15 +21,17 @@ class LiveAccounts:
         self.current = accounts
         self.config_path = config_path
         self._lock = threading.Lock()
-        self._turned_on: list[Callable[[Accounts], None]] = []
+        self._turned_on: list[Callable[[Accounts, str | None], None]] = []
 
-    def when_turned_on(self, callback: Callable[[Accounts], None]) -> None:
-        """Call callback(accounts) once accounts are turned on here (e.g. Gradio's login)."""
+    def when_turned_on(self, callback: Callable[[Accounts, str | None], None]) -> None:
+        """Call callback(accounts, page) once accounts are turned on here (e.g. Gradio's
+        login); page: the Gradio session of the page that turned them on, if any."""
         self._turned_on.append(callback)
 
-    def turn_on(self, name: str, password: str) -> str:
+    def turn_on(self, name: str, password: str, *, page: str | None = None) -> str:
         """Accounts on, with name as their first admin; what was done (AccountError: why
-        not). Once: from then on users are managed by an admin."""
+        not). Once: from then on users are managed by an admin. page: the Gradio session of
+        the page doing it (its answer is still to reach it)."""
         with self._lock:
             if self.current is not None:
                 raise AccountError("accounts are on already: log in, and an admin adds users")
@@ -38,7 +40,7 @@ class LiveAccounts:
                                    "file's name into")
             accounts, said = manage.first_admin(self.config_path, name, password)
             for callback in self._turned_on:
-                callback(accounts)
+                callback(accounts, page)
             self.current = accounts
         log.warning("accounts turned on from the page: %s is the first admin", name)
         return said

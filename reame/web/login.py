@@ -43,6 +43,12 @@ NAME_MAX_DELAY_S = 60
 DEVICE_COOKIE = "reame-device"
 DEVICE_DAYS = 90
 CONCURRENT_CHECKS = 2  # password checks running at once (each takes a core for ~50 ms)
+# When the page turns accounts on, Gradio's own login check starts this long after: the page
+# reads its answer from an event stream it may open only after its request ran, and Gradio's
+# check would refuse that stream (then the page reloads to the login without the answer: 1
+# run in about 9 of test_page_users). Meanwhile Reame's check refuses every request to Gradio
+# without a login but that stream.
+ANSWER_WINDOW_S = 5.0
 
 # The page at / before a login: Reame's own, light or dark as the system is. A failed attempt
 # says why and keeps the name typed (the form is sent by fetch, the page stays).
@@ -182,6 +188,9 @@ class WebLogins:
         self._stamps: dict[str, tuple[str, tuple]] = {}  # token -> (name, stamp at login)
         self._lock = threading.Lock()
         self._seen = -1  # the accounts' version last checked
+        # The Gradio session of the page that turned accounts on, while its answer may be
+        # on its way (ANSWER_WINDOW_S); None otherwise.
+        self._answering: str | None = None
 
     def install(self, app: FastAPI) -> None:
         """Add the /login route and the check that ends changed accounts' sessions; call it
@@ -189,7 +198,7 @@ class WebLogins:
         the server has no accounts; once they are turned on (the page's first admin),
         Gradio's own check asks for a login too."""
         self.live.when_turned_on(
-            lambda accounts: setattr(_gradio(app), "auth", accounts.check_password))
+            lambda accounts, page: self._turned_on(_gradio(app), accounts, page))
 
         @app.post("/login")
         @app.post("/login/")
@@ -218,6 +227,12 @@ class WebLogins:
                         and not _logged_in(request, gradio)):
                     # Not Gradio's login page: ours keeps the name typed.
                     return await HTMLResponse(LOGIN_PAGE)(scope, receive, send)
+                answering = login._answering
+                if (answering is not None and _to_gradio(request)
+                        and not _answer_stream(request, answering)
+                        and not _logged_in(request, gradio)):
+                    return await JSONResponse({"detail": "Not authenticated"}, status_code=401)(
+                        scope, receive, send)
                 await self.inner(scope, receive, send)
 
         app.add_middleware(EndChangedSessions)
@@ -225,6 +240,21 @@ class WebLogins:
     @property
     def accounts(self) -> Accounts | None:
         return self.live.current
+
+    def _turned_on(self, gradio, accounts: Accounts, page: str | None) -> None:
+        """Accounts were just turned on (by page, a Gradio session, if not None): Gradio's
+        own login check is set, after ANSWER_WINDOW_S if a page is still to read its answer."""
+        def check_logins() -> None:
+            gradio.auth = accounts.check_password
+            self._answering = None
+
+        if page is None:
+            check_logins()
+            return
+        self._answering = page
+        timer = threading.Timer(ANSWER_WINDOW_S, check_logins)
+        timer.daemon = True
+        timer.start()
 
     async def _login(self, request: Request, gradio) -> JSONResponse:
         form = await request.form()
@@ -289,6 +319,27 @@ def _logged_in(request: Request, gradio) -> bool:
     """Whether the request carries a session token Gradio knows (its cookies' names)."""
     return any(request.cookies.get(f"access-token{kind}-{gradio.cookie_id}") in gradio.tokens
                for kind in ("", "-unsecure"))
+
+
+def _app_path(request: Request) -> str:
+    """The request's path in the app, without [server] public_root (which the ASGI server
+    may put in front of it)."""
+    path, root = request.url.path, request.scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+def _to_gradio(request: Request) -> bool:
+    """Whether a request goes to what Gradio's login check guards: its API, queue and files
+    (under /gradio_api/) and the page's configuration."""
+    path = _app_path(request)
+    return path.startswith("/gradio_api/") or path.rstrip("/") == "/config"
+
+
+def _answer_stream(request: Request, session: str) -> bool:
+    """Whether a request is session's event stream (or its heartbeat): where its answers go."""
+    path = _app_path(request).rstrip("/")
+    return (path == "/gradio_api/queue/data" and request.query_params.get("session_hash") == session
+            or path == f"/gradio_api/heartbeat/{session}")
 
 
 def _gradio(app: FastAPI):

@@ -313,7 +313,8 @@ class UsersPanel:
         try:
             if (password or "") != (again or ""):
                 raise AccountError("the passwords differ")
-            said = self.live.turn_on((name or "").strip(), password or "")
+            said = self.live.turn_on((name or "").strip(), password or "",
+                                     page=request.session_hash if request else None)
         except AccountError as exc:
             gr.Warning(str(exc))
             return f"**Not done:** {inert_html(str(exc))}", "", "", gr.skip()
