@@ -35,6 +35,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     current_id,
     new_chat,
     open_app,
+    open_panel_and_type,
     page,
     selected_title,
     send,
@@ -162,6 +163,11 @@ def test_a_phone_can_do_everything_by_touch(browser, server):
         expect(sidebar).to_have_class(OPEN)
         page.locator("#new-chat").tap()
         expect(sidebar).not_to_have_class(OPEN)
+        # A reply long enough to be stopped by a tap on a fast machine too (in a fresh clone's
+        # run the server's 64 tokens were written before the tap found the Stop button).
+        open_panel_and_type(page, "#chat-settings", "#max-tokens input", "1500")
+        page.locator("#chat-settings .reame-panel-toggle").tap()
+        expect(page.locator("#max-tokens input")).to_be_hidden()
         page.locator(BOX).tap()
         page.locator(BOX).fill("Write a long story about a ship.")
         page.locator("#message [data-testid=submit-button]").tap()
