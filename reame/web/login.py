@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reame.accounts.live import LiveAccounts
 from reame.accounts.users import Accounts
+from reame.web.app_path import app_path
 
 MAX_FAILURES = 10  # failed logins per address within FAILURE_WINDOW_S; then it waits
 FAILURE_WINDOW_S = 600
@@ -321,23 +322,16 @@ def _logged_in(request: Request, gradio) -> bool:
                for kind in ("", "-unsecure"))
 
 
-def _app_path(request: Request) -> str:
-    """The request's path in the app, without [server] public_root (which the ASGI server
-    may put in front of it)."""
-    path, root = request.url.path, request.scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
-
-
 def _to_gradio(request: Request) -> bool:
     """Whether a request goes to what Gradio's login check guards: its API, queue and files
     (under /gradio_api/) and the page's configuration."""
-    path = _app_path(request)
+    path = app_path(request.url.path, request.scope.get("root_path", ""))
     return path.startswith("/gradio_api/") or path.rstrip("/") == "/config"
 
 
 def _answer_stream(request: Request, session: str) -> bool:
     """Whether a request is session's event stream (or its heartbeat): where its answers go."""
-    path = _app_path(request).rstrip("/")
+    path = app_path(request.url.path, request.scope.get("root_path", "")).rstrip("/")
     return (path == "/gradio_api/queue/data" and request.query_params.get("session_hash") == session
             or path == f"/gradio_api/heartbeat/{session}")
 

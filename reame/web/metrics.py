@@ -34,6 +34,7 @@ from reame.chats.service import ChatService
 from reame.config.reame_conf import LOOPBACK_NAMES
 from reame.inference.cache_state import FROM_FILES
 from reame.inference.turn import Decoding, TurnStats
+from reame.web.app_path import app_path
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +191,7 @@ class CountRequests:
 
 def api_of(path: str, root_path: str = "") -> str:
     """Which API a request path is for (a few values: a label of bounded size)."""
-    if root_path and path.startswith(root_path):
-        path = path[len(root_path):]
+    path = app_path(path, root_path)
     for prefix, api in (("/v1/", "v1"), ("/gradio_api/", "gradio_api"),
                         ("/health", "health"), ("/metrics", "metrics")):
         if path.startswith(prefix):
