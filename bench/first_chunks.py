@@ -18,7 +18,6 @@ Prints the table (ms, and the speed against 16, 32, 64); writes first_chunks.md,
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -30,7 +29,7 @@ from unittest import mock
 from reame.inference import batches
 from reame.inference.engine import Engine
 
-from . import make_models, report
+from . import by_model, make_models, report
 from .anchor import LABELS, MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,24 +109,8 @@ def write(data: dict, out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.first_chunks",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="smollm2,qwen2.5-1.5b")
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
-    names = args.models.split(",")
-    unknown = set(names) - set(MODELS)
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(sorted(unknown))}: pick from "
-                     f"{', '.join(MODELS)}")
-    data = {"command": "python -m bench.first_chunks " + " ".join(
-                sys.argv[1:] if argv is None else argv),
-            "date": time.strftime("%Y-%m-%d %H:%M"), "machine": report.machine_info(),
-            "load": report.load_average(), "runs": args.runs,
-            "models": [run_model(name, args.runs) for name in names]}
-    print(write(data, args.out))
-    return 0
+    return by_model.main(argv, module="bench.first_chunks", doc=__doc__, models="smollm2,qwen2.5-1.5b",
+                         runs=5, out=OUT, run_model=run_model, write=write)
 
 
 if __name__ == "__main__":
