@@ -12,13 +12,15 @@ export, branches) works on it as on any message. A chat whose first message open
 same document as an earlier chat of the same user starts from that chat's KV: the document is
 evaluated once (the cache finds the shared opening by its tokens).
 
-Text files are read as UTF-8; PDFs through pypdf (text only: no images, no OCR).
+Text files are read as UTF-8, here (cheap); PDFs through pypdf (text only: no images, no OCR)
+in a bounded process of their own (pdf_readers.py, pdf_worker.py): a crafted PDF can cost
+minutes of CPU.
 """
 
 from __future__ import annotations
 
-import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -68,15 +70,23 @@ def kind_of(name: str) -> str | None:
     return suffix if suffix in KINDS else None
 
 
-def read_document(name: str, data: bytes) -> Document:
-    """The document a file holds, or DocumentRefused saying why not."""
+def read_document(name: str, data: bytes,
+                  read_pdf: Callable[[str, bytes], str] | None = None) -> Document:
+    """The document a file holds, or DocumentRefused saying why not. read_pdf(name, data):
+    a PDF's text (default: pdf_readers.read_pdf, a bounded process, at once; the page waits
+    for its turn among users' PDFs: PdfReaders.read)."""
     kind = kind_of(name)
     shown = clean_name(name)
     if kind is None:
         raise DocumentRefused(
             f"{shown} cannot be attached: only text, Markdown, code and PDF files can "
             f"({', '.join(KINDS)})")
-    text = _pdf_text(shown, data) if kind == PDF else _plain_text(shown, data)
+    if kind == PDF:
+        if read_pdf is None:
+            from reame.chats.pdf_readers import read_pdf  # it imports this module
+        text = read_pdf(shown, data)
+    else:
+        text = _plain_text(shown, data)
     # A text holding the block's own closing line would end the block early.
     text = text.replace("\n</document>", "\n</ document>").strip("\n")
     if not text.strip():
@@ -92,27 +102,6 @@ def _plain_text(name: str, data: bytes) -> str:
     except UnicodeDecodeError:
         raise DocumentRefused(f"{name} is not UTF-8 text") from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _pdf_text(name: str, data: bytes) -> str:
-    from pypdf import PdfReader  # imported when a PDF comes: the page need not load it
-    from pypdf.errors import PyPdfError
-
-    if not data.lstrip()[:5] == b"%PDF-":
-        raise DocumentRefused(f"{name} is not a PDF file")
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise DocumentRefused(f"{name} is encrypted: save it without a password first")
-        if len(reader.pages) > MAX_PAGES:
-            raise DocumentRefused(f"{name} has {len(reader.pages):,} pages: at most "
-                                  f"{MAX_PAGES:,} can be read")
-        pages = [page.extract_text() or "" for page in reader.pages]
-    except DocumentRefused:
-        raise
-    except (PyPdfError, ValueError, KeyError, TypeError, OSError, RecursionError) as exc:
-        raise DocumentRefused(f"{name} could not be read as a PDF ({exc})") from None
-    return "\n\n".join(page.strip("\n") for page in pages if page.strip())
 
 
 def compose(documents: list[Document], text: str) -> str:
