@@ -1,6 +1,7 @@
 """Documents attached to a message, in a real browser: attached, shown with their size, read
 and removed before sending; sent folded into the message, which holds their text; a PDF's
-text read; what cannot be attached refused by name; and the same document in a second chat
+text read; what cannot be attached refused by name; one user's .txt attached at once while
+another user's eight slow PDFs are read; and the same document in a second chat
 answered at least 5x sooner, its KV reused from the first chat (a 1,000-token document in
 `make test`, the 3,000 tokens README quotes in `make test-full`).
 
@@ -9,13 +10,18 @@ Helpers and fixtures: tests/browser_helpers.py.
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
+from reame.accounts.users import Accounts
 from reame.chats.documents import Document, compose
 
 from .browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
@@ -25,6 +31,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     SCREENSHOTS,
     STATS,
     TOAST,
+    UI_TIMEOUT,
     USER,
     api,
     browser,
@@ -33,12 +40,17 @@ from .browser_helpers import (  # noqa: F401 - browser, page and server are fixt
     new_chat,
     open_app,
     page,
+    page_load,
     server,
+    shown_as_loaded,
     wait_for_reply_done,
 )
-from .conftest import FULL, Server, start_server
+from .conftest import FULL, Server, start_server, write_config
+from .page_events import PageSession, file_data
+from .pdf_files import shared_stream_pdf
 
 ATTACHED = "#attached .reame-attached"
+PASSWORDS = {"alice": "alice-secret-1", "bob": "bob-secret-22"}
 
 WORDS = ("harbour lighthouse keeper lamp storm ship rope tide night island stone stairs "
          "window signal fog horn boat gull winter supply letter log weather wind wave rock "
@@ -162,6 +174,96 @@ def test_a_pdf_is_read_and_what_cannot_be_attached_is_named(page, server, tmp_pa
     expect(toast).to_contain_text("more than this model's context of 2,048 tokens")
     expect(toast).to_contain_text("empty.txt holds no text")
     assert strip_names(page) == ["paper.pdf"], "a refused file was attached"
+
+
+@pytest.fixture
+def accounts_server(tmp_path, model_path) -> Server:
+    """A server of its own with accounts (alice, bob): stopped at the end with whatever it
+    is still reading."""
+    config = write_config(tmp_path, model_path=model_path, max_tokens=8,
+                          users_file="users.json")
+    accounts = Accounts(tmp_path / "users.json")
+    for name, password in PASSWORDS.items():
+        accounts.add_user(name, password)
+    server = Server(config, tmp_path / "server.log").start()
+    yield server
+    server.stop()
+
+
+def attach_over_http(server: Server, name: str, content: bytes, started, done) -> None:
+    """Log in as alice in a session of its own (another tab) and attach a file as the page
+    does; started and done (threading.Event) are set as its event starts and ends."""
+    session = PageSession(server.url, "alice", PASSWORDS["alice"])
+    try:
+        uploaded = session.upload(name, content)
+        assert uploaded.status_code == 200, uploaded.text
+        joined = session.http.post("gradio_api/queue/join", json={
+            "data": [[file_data(uploaded.json()[0], name)], []],
+            "fn_index": session.fn_index("attach", "upload"), "trigger_id": None,
+            "event_data": None, "session_hash": session.session_hash})
+        assert joined.status_code == 200, joined.text
+        with session.http.stream("GET", "gradio_api/queue/data", timeout=None,
+                                 params={"session_hash": session.session_hash}) as stream:
+            for line in stream.iter_lines():
+                message = json.loads(line[5:]) if line.startswith("data:") else {}
+                if message.get("msg") == "process_starts":
+                    started.set()
+                elif message.get("msg") == "process_completed":
+                    done.set()
+                    return
+    except httpx.HTTPError:
+        pass  # the server stopped at the test's end, still reading
+    finally:
+        session.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_text_file_attaches_at_once_while_another_users_pdfs_are_read(browser,
+                                                                        accounts_server,
+                                                                        tmp_path):
+    """Eight tabs of alice attach a slow PDF each (four pages of the crafted stream: 1.3-6 s
+    of CPU a page); while all eight are in flight, bob's one-line .txt attaches at once. Before,
+    the attach events ran eight at a time (the server's default concurrency) in the server's
+    own process: bob's .txt waited for one of alice's PDFs to end. Now they run any number at
+    once, alice's PDFs are read one at a time in a reader process, and a .txt needs none."""
+    server = accounts_server
+    note = tmp_path / "note.txt"
+    note.write_text("Fog came at nine.\n", encoding="utf-8")
+    context = browser.new_context()
+    context.set_default_timeout(UI_TIMEOUT)
+    bob = context.new_page()
+    bob.goto(server.url)
+    bob.fill("#username", "bob")
+    bob.fill("#password", PASSWORDS["bob"])
+    with bob.expect_response(page_load) as loaded:
+        bob.click("button[type=submit]")
+    shown_as_loaded(bob, loaded.value)
+    slow = shared_stream_pdf(4)
+    started = [threading.Event() for _ in range(8)]
+    done = [threading.Event() for _ in range(8)]
+    tabs = [threading.Thread(target=attach_over_http, daemon=True,
+                             args=(server, f"slow{n}.pdf", slow, started[n], done[n]))
+            for n in range(8)]
+    try:
+        for tab in tabs:
+            tab.start()
+        for event in started:
+            assert event.wait(30), "alice's attach events did not all start"
+        assert not any(event.is_set() for event in done), "alice's PDFs were read at once"
+        start = time.monotonic()
+        attach(bob, note)
+        expect(bob.locator(ATTACHED)).to_have_count(1)
+        took = time.monotonic() - start
+        assert strip_names(bob) == ["note.txt"]
+        ended = sum(event.is_set() for event in done)
+    finally:
+        context.close()
+        server.stop()
+        for tab in tabs:
+            tab.join(30)
+    print(f"\nbob's .txt attached in {took:.2f} s, {8 - ended} of alice's 8 PDFs in flight")
+    assert ended == 0, f"bob's .txt waited for {ended} of alice's PDFs"
+    assert took < 5, f"bob's .txt took {took:.1f} s to attach"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,10 @@
 """Documents attached to the message being written: the page's strip of them above the message
 box, and the handlers that add and remove them (page.py wires them).
 
+Attaching runs for everyone at once (page.py: no concurrency limit): a text file is read at
+once, a PDF waits for its turn among the server's PDF readers, one at a time per user
+(reame/chats/pdf_readers.py), so one person's slow PDFs never hold up another's attachments.
+
 The documents wait in a gr.State (a list of {"name", "text", "tokens"}) until the message is
 sent: begin_send puts them into it (documents.compose), where the person sees them folded. Each
 is shown in the strip with its size, its text on demand, and a button that removes it.
@@ -13,9 +17,11 @@ import html
 import gradio as gr
 
 from reame.chats.documents import Document, DocumentRefused, clean_name, compose, read_document
+from reame.chats.pdf_readers import PdfReaders
 from reame.chats.service import ChatService
 from reame.config.refusals import ChatError
 from reame.web.uploads import UploadRefused, Uploads, session_key
+from reame.web.user import user_of
 
 MAX_DOCUMENTS = 8  # attached to one message
 
@@ -43,8 +49,10 @@ def with_documents(docs: list[dict] | None, text: str) -> str:
 
 
 class Attachments:
-    def __init__(self, service: ChatService, uploads: Uploads | None):
+    def __init__(self, service: ChatService, uploads: Uploads | None,
+                 readers: PdfReaders | None = None):
         self.service, self.uploads = service, uploads
+        self.readers = readers or PdfReaders()
 
     def attach(self, uploaded, docs, request: gr.Request):
         """Read the uploaded files (through the upload ledger) and add them to the strip; a
@@ -55,6 +63,12 @@ class Attachments:
                            print_exception=False)
         paths = uploaded if isinstance(uploaded, list) else [uploaded]
         key = session_key(request.headers.get("cookie", ""))
+        # Whose turn a PDF waits for: the logged-in user (without accounts, the one user).
+        user = user_of(request) or key
+
+        def read_pdf(name: str, data: bytes) -> str:
+            return self.readers.read(user, name, data)
+
         problems = []
         for path in filter(None, paths):
             name = clean_name(getattr(path, "orig_name", None) or str(path))
@@ -63,7 +77,7 @@ class Attachments:
                 if len(docs) >= MAX_DOCUMENTS:
                     raise DocumentRefused(f"at most {MAX_DOCUMENTS} documents go with one "
                                           "message")
-                doc = read_document(name, data)
+                doc = read_document(name, data, read_pdf)
                 tokens = self.service.document_tokens(doc.text)
             except (UploadRefused, ChatError) as exc:
                 problems.append(f"{name}: {exc}")

@@ -209,7 +209,11 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     # Progress and errors only on the textbox, hidden: the Chatbot would show an "Error"
     # badge over the conversation even with show_progress="hidden".
     attachments = Attachments(service, uploads)
-    attach_btn.upload(attachments.attach, [attach_btn, docs], [docs, attached], **HIDDEN)
+    # Any number at once: a PDF waits for its turn among the PDF readers, one per user at a
+    # time (attachments.py). Eight at a time (the queue's default) let one person's eight
+    # slow PDFs hold up everyone's attachments: a one-line .txt waited 56 s.
+    attach_btn.upload(attachments.attach, [attach_btn, docs], [docs, attached],
+                      concurrency_limit=None, **HIDDEN)
     detach_btn.click(attachments.detach, [detach, docs], [docs, attached, detach], queue=False,
                      **HIDDEN)
     sending = message.submit(
