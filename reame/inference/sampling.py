@@ -5,7 +5,6 @@ tokens queued and decoded together (decode_pending)."""
 from __future__ import annotations
 
 import ctypes
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ import xxhash
 from llama_cpp._internals import LlamaSampler
 
 from reame.config.chat_settings import FIELD
+from reame.inference.held import HeldSampling, TriggerWatch
 
 if TYPE_CHECKING:
     import numpy
@@ -38,21 +38,9 @@ class Sampling:
     top_logprobs: int | None = None
     # A llama.cpp grammar (GBNF) the reply must follow, e.g. JSON (None: any text).
     grammar: str | None = None
-    # When set, the grammar holds the reply only from where this regex's first group matches
-    # the reply so far (llama.cpp's lazy grammar), e.g. a tool call begun.
+    # When set, the grammar holds the reply only from where this text first occurs in it
+    # (a lazy grammar), e.g. "<tool_call>": a tool call begun.
     grammar_trigger: str | None = None
-
-
-# A grammar's bounds: llama.cpp expands a repetition x{m,n} into n copies of x, and every
-# token's sampling walks the grammar's rules, so a schema of maxLength 10**6 costs memory and
-# minutes per token.
-MAX_GRAMMAR_CHARS = 200_000
-MAX_GRAMMAR_REPEAT = 1_000
-_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
-
-
-class GrammarError(ValueError):
-    """A grammar llama.cpp cannot follow, or one past the bounds."""
 
 
 @dataclass(frozen=True)
@@ -67,16 +55,18 @@ class TokenChoice:
 
 class ReplySampler(LlamaSampler):
     """llama.cpp's sampler chain, and the choices it made when log-probabilities are asked;
-    a grammar is kept beside the chain (Sampler._sample_held says why)."""
+    a grammar is kept beside the chain (HeldSampling._sample_held says why)."""
 
     def __init__(self, top_logprobs: int | None, choices: list[TokenChoice] | None = None):
         super().__init__()
         self.top_logprobs = top_logprobs
         self.choices: list[TokenChoice] = [] if choices is None else choices
         self.grammar = None  # a llama_sampler of a grammar, or None
+        self.grammar_text = ""  # its GBNF
+        self.watch: TriggerWatch | None = None  # a lazy grammar's trigger not yet seen
 
-    def hold_to(self, grammar) -> None:
-        self.grammar = grammar
+    def hold_to(self, grammar, text: str, watch: TriggerWatch | None = None) -> None:
+        self.grammar, self.grammar_text, self.watch = grammar, text, watch
         self._exit_stack.callback(llama_cpp.llama_sampler_free, grammar)
 
 
@@ -91,7 +81,7 @@ class Pending:
     error: BaseException | None = None
 
 
-class Sampler:
+class Sampler(HeldSampling):
     """Engine's sampling and generation (a mixin: Engine's context, sequences and decodes)."""
 
     def sampler(self, sampling: Sampling,
@@ -105,7 +95,9 @@ class Sampler:
             sampler.add_penalties(self.n_vocab, self.n_ctx, 1.0, sampling.frequency_penalty,
                                   sampling.presence_penalty)
         if sampling.grammar is not None:
-            sampler.hold_to(self._grammar_sampler(sampling.grammar, sampling.grammar_trigger))
+            trigger = sampling.grammar_trigger
+            sampler.hold_to(self._grammar_sampler(sampling.grammar, trigger), sampling.grammar,
+                            None if trigger is None else TriggerWatch(trigger))
         if sampling.temperature <= 0:
             sampler.add_greedy()
             return sampler
@@ -116,27 +108,6 @@ class Sampler:
         sampler.add_temp(sampling.temperature)
         sampler.add_dist(seed)
         return sampler
-
-    def check_grammar(self, grammar: str, trigger: str | None = None) -> None:
-        """GrammarError when llama.cpp cannot follow the grammar (GBNF): its parser's words
-        are in the log. A grammar can be hundreds of rules: checked once, before a turn."""
-        llama_cpp.llama_sampler_free(self._grammar_sampler(grammar, trigger))
-
-    def _grammar_sampler(self, grammar: str, trigger: str | None):
-        repeats = (int(n) for pair in _REPEAT.findall(grammar) for n in pair if n)
-        if len(grammar) > MAX_GRAMMAR_CHARS or max(repeats, default=0) > MAX_GRAMMAR_REPEAT:
-            raise GrammarError(f"it is over {MAX_GRAMMAR_CHARS:,} characters of grammar or "
-                               f"repeats a part over {MAX_GRAMMAR_REPEAT:,} times")
-        text, root = grammar.encode("utf-8"), b"root"
-        if trigger is None:
-            made = llama_cpp.llama_sampler_init_grammar(self._model.vocab, text, root)
-        else:
-            patterns = (ctypes.c_char_p * 1)(trigger.encode("utf-8"))
-            made = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
-                self._model.vocab, text, root, patterns, 1, (llama_cpp.llama_token * 0)(), 0)
-        if not made:  # llama.cpp's parser refused it (and logged why)
-            raise GrammarError("llama.cpp's grammar parser refused it")
-        return made
 
     def generate(self, sampling: Sampling, max_tokens: int, *, queued: bool = False,
                  choices: list[TokenChoice] | None = None) -> Iterator[int | None]:
@@ -238,28 +209,6 @@ class Sampler:
             sampler.choices.append(self._choice(row, token, sampler.top_logprobs))
         return token
 
-    def _sample_held(self, sampler: ReplySampler, row: int) -> int:
-        """Sample under a grammar as llama.cpp's own server does: the chain picks a token
-        from every candidate, and only when the grammar refuses that token are the candidates
-        held to the grammar and the chain asked again. Holding every candidate at every step
-        walks the grammar once per token of the vocabulary: 1.5 s a token with Gemma 3's
-        262k, where this costs one walk when the model writes what the grammar wants."""
-        import numpy
-
-        logits = numpy.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx.ctx, row),
-                                          shape=(self.n_vocab,))
-        candidates = _candidates(logits)
-        token = _apply(sampler.sampler, candidates)
-        alone = _candidates(logits[token:token + 1], first=token)
-        _apply(sampler.grammar, alone)
-        if not numpy.isfinite(alone["logit"][0]):  # refused: choose among what it allows
-            candidates = _candidates(logits)
-            _apply(sampler.grammar, candidates)
-            token = _apply(sampler.sampler, candidates)
-        llama_cpp.llama_sampler_accept(sampler.grammar, token)
-        llama_cpp.llama_sampler_accept(sampler.sampler, token)
-        return token
-
     def _choice(self, row: int, token: int, top: int) -> TokenChoice:
         import numpy
 
@@ -292,23 +241,3 @@ class Sampler:
         import numpy
 
         return numpy.ctypeslib.as_array(self._logits_ptr(), shape=(self.n_vocab,)).copy()
-
-
-def _candidates(logits, first: int = 0):
-    """llama.cpp's llama_token_data for each logit (token ids from first on), in numpy."""
-    import numpy
-
-    data = numpy.zeros(len(logits), dtype=[("id", numpy.int32), ("logit", numpy.float32),
-                                           ("p", numpy.float32)])
-    data["id"] = numpy.arange(first, first + len(logits), dtype=numpy.int32)
-    data["logit"] = logits
-    return data
-
-
-def _apply(sampler, candidates) -> int:
-    """Apply a llama_sampler to the candidates in place; the token it selected, if any."""
-    array = llama_cpp.llama_token_data_array(
-        data=ctypes.cast(candidates.ctypes.data, llama_cpp.llama_token_data_p),
-        size=len(candidates), selected=-1, sorted=False)
-    llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
-    return int(candidates["id"][array.selected]) if array.selected >= 0 else -1

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 from llama_cpp.llama_grammar import SchemaConverter
 
+from reame.inference.grammar_bounds import check_schema_cost
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
-# llama.cpp matches a lazy grammar's trigger against the whole reply so far; the grammar starts
-# at the first group.
-TRIGGER_PATTERN = r"[\s\S]*?(<tool_call>)[\s\S]*"
 
 _CALL_HEAD = CALL_OPEN + '\n{"name": '
 _CALL_RE = re.compile(re.escape(CALL_OPEN) + r'\n\{"name": ("(?:[^"\\]|\\.)*"), "arguments": '
@@ -194,7 +193,9 @@ def grammar(use: ToolUse) -> tuple[str, bool]:
     for tool in offered:
         index = use.tools.index(tool)
         try:
-            schema = converter.resolve_refs(json.loads(tool.parameters), f"tool{index}")
+            parameters = json.loads(tool.parameters)
+            check_schema_cost(parameters)  # before the converter writes it out
+            schema = converter.resolve_refs(parameters, f"tool{index}")
             rule = converter.visit(schema, f"tool{index}-arguments")
         except Exception as exc:  # the converter's own words
             raise SchemaError(index, str(exc)[:200]) from None

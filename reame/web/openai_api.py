@@ -38,7 +38,7 @@ from reame.chats.service import (
     ChatService,
     TurnUpdate,
 )
-from reame.inference.sampling import GrammarError
+from reame.inference.held import GrammarError
 from reame.inference.turn_stream import TurnStream
 from reame.web.completions_api import add_completions
 from reame.web.openai_reply import ReplyShape
@@ -118,8 +118,9 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
         gone = asyncio.ensure_future(client_gone(request))
         try:
             ready()
-            parsed = parse_request(body, model_ids())
-            _check_grammar(service, parsed)
+            # A schema's conversion and the grammar's check take milliseconds to a second:
+            # off the event loop, which answers every other request meanwhile.
+            parsed = await asyncio.to_thread(_parsed, service, body, model_ids())
             chat_id = _chat_header(request)
             _check_choices(service, parsed, chat_id)
             if chat_id is not None:
@@ -158,6 +159,12 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
 
     add_completions(router, service, caller, ready, model_ids)
     return router
+
+
+def _parsed(service: ChatService, body: object, models: list[str]) -> CompletionRequest:
+    parsed = parse_request(body, models)
+    _check_grammar(service, parsed)
+    return parsed
 
 
 def _check_grammar(service: ChatService, parsed: CompletionRequest) -> None:

@@ -21,10 +21,10 @@ from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P
 from reame.config.chat_settings import FIELD
 from reame.config.refusals import RETRY_LOADING_S
 from reame.config.setting import field_type
+from reame.inference.grammar_bounds import check_schema_cost
 from reame.inference.prompt import PromptMessage
 from reame.inference.tools import (
     CALL_OPEN,
-    TRIGGER_PATTERN,
     SchemaError,
     Tool,
     ToolCall,
@@ -297,7 +297,7 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
                            "follows one grammar (send 'tool_choice': 'none' to ask for JSON "
                            "text)", param="response_format", code="unsupported_parameter")
         grammar, lazy = _tool_grammar(use)
-        trigger = TRIGGER_PATTERN if lazy else None
+        trigger = CALL_OPEN if lazy else None  # the grammar holds a call begun
     return CompletionRequest(
         request.model, "\n\n".join(system), turns,
         request.max_completion_tokens or request.max_tokens,
@@ -364,6 +364,7 @@ def response_grammar(response_format: Any) -> str | None:
             and set(response_format) == {"type", "json_schema"}
             and set(spec) <= {"name", "description", "schema", "strict"}):
         try:
+            check_schema_cost(spec["schema"])  # before the converter writes it out
             return json_schema_to_gbnf(json.dumps(spec["schema"]))
         except Exception as exc:  # the converter's own words: what it cannot express
             raise ApiError(400, f"'response_format.json_schema.schema' cannot be followed: "

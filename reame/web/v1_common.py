@@ -114,7 +114,8 @@ def turn_refusal(exc: ApiError | ChatError | ChatNotFound, prompt_param: str) ->
     if isinstance(exc, NoModel):
         return error_response(503, str(exc), type_="server_error", code="no_model",
                               headers={"Retry-After": str(RETRY_NO_MODEL_S)})
-    return error_response(400, str(exc))  # EmptyMessage and other ChatErrors
+    # EmptyMessage and other ChatErrors; one that names the request's field says so
+    return error_response(400, str(exc), param=getattr(exc, "param", None))
 
 
 async def client_gone(request: Request) -> None:
