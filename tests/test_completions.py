@@ -228,7 +228,7 @@ def test_logprobs_come_in_the_legacy_shape_streamed_or_not(server):
 
 
 # OpenAI's completions parameters (its API reference) with a value that asks for something:
-# honoured (200), or refused by name (400, param set). README's table says the same.
+# honoured (200), or refused by name (400, param set). docs/api.md's table says the same.
 HONOURED = {
     "max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "stop": ["zzz"], "seed": 7,
     "logit_bias": {"1": 1}, "stream": True, "stream_options": {"include_usage": True},
@@ -371,11 +371,11 @@ def test_any_body_is_answered_or_refused_never_a_500(server, body):
         assert answer["object"] == "text_completion", answer
 
 
-def test_the_readme_table_names_every_completions_parameter():
-    """README's "/v1/completions" table and the request model stay one list."""
+def test_the_docs_table_names_every_completions_parameter():
+    """docs/api.md's "/v1/completions" table and the request model stay one list."""
     from reame.web.completions_request import CompletionsBody
 
-    table = (ROOT / "README.md").read_text().split("| completions parameter | here |")[1]
+    table = (ROOT / "docs" / "api.md").read_text().split("| completions parameter | here |")[1]
     table = table.split("\n\n")[0]
     named = {name for row in table.splitlines() if row.startswith("|")
              for name in row.split("|")[1].split("`")[1::2]}

@@ -346,7 +346,7 @@ def test_a_refusal_names_the_field_by_its_path_and_types_are_strict(server, chan
 
 
 # Every parameter of OpenAI's chat completions (its API reference, 2026) with a value that
-# asks for something: honoured (200), or refused by name (400, param set). README's table.
+# asks for something: honoured (200), or refused by name (400, param set). docs/api.md's table.
 HONOURED = {
     "max_tokens": 2, "max_completion_tokens": 2, "temperature": 0.5, "top_p": 0.9,
     "stop": ["zzz"], "seed": 7, "logit_bias": {"1": 1}, "n": 2, "stream": True,
@@ -625,13 +625,13 @@ def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_pat
         server.stop()
 
 
-def test_the_readme_table_names_every_parameter_the_server_reads():
-    """README's "OpenAI parameters" table and the request model stay one list."""
+def test_the_docs_table_names_every_parameter_the_server_reads():
+    """docs/api.md's "OpenAI parameters" table and the request model stay one list."""
     from reame.web.openai_request import ChatRequest
 
     from .conftest import ROOT
 
-    table = (ROOT / "README.md").read_text().split("| parameter | here |")[1].split("\n\n")[0]
+    table = (ROOT / "docs" / "api.md").read_text().split("| parameter | here |")[1].split("\n\n")[0]
     named = {name for row in table.splitlines() if row.startswith("|")
              for name in row.split("|")[1].split("`")[1::2]}
     assert set(ChatRequest.model_fields) <= named, set(ChatRequest.model_fields) - named

@@ -3,7 +3,7 @@ and removed before sending; sent folded into the message, which holds their text
 text read; what cannot be attached refused by name; one user's .txt attached at once while
 another user's eight slow PDFs are read; and the same document in a second chat
 answered at least 5x sooner, its KV reused from the first chat (a 1,000-token document in
-`make test`, the 3,000 tokens README quotes in `make test-full`).
+`make test`, the 3,000 tokens docs/page.md quotes in `make test-full`).
 
 Helpers and fixtures: tests/browser_helpers.py.
 """
@@ -144,7 +144,7 @@ def test_a_document_is_attached_shown_removed_and_sent_folded(page, server, tmp_
     assert sent == compose([Document("notes.md", notes.read_text().strip("\n"))],
                            "When did the fog come?")
     # After a reload the message still shows its document folded; and in dark mode (the
-    # browser's preference), for README's screenshot.
+    # browser's preference), for docs/page.md's screenshot.
     page.emulate_media(color_scheme="dark")
     page.reload()
     expect(page.locator(USER).locator("details.reame-doc summary")).to_have_text(
@@ -275,7 +275,7 @@ def wide_server(tmp_path_factory, model_path) -> Server:
     server.stop()
 
 
-# The document's size: README's 3,000 tokens under make test-full; 1,000 in make test, where
+# The document's size: docs/page.md's 3,000 tokens under make test-full; 1,000 in make test, where
 # reading 3,000 tokens on one core of a busy machine took 42 s and checked nothing more.
 DOC_WORDS, DOC_TOKENS = (2500, (2700, 3300)) if FULL else (830, (900, 1100))
 

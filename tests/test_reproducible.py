@@ -172,7 +172,7 @@ def test_a_continued_conversation_gives_the_uninterrupted_reply(
     live = node.ask(PROMPTS[1], "greedy", history)
     # The same request again: from the KV its first answer left, the same reply. (After a
     # restart the server no longer knows the reply's text as the tokens it generated, and a
-    # re-tokenized reply is another prompt: README, "Same request, same reply".)
+    # re-tokenized reply is another prompt: docs/cache.md, "Same request, same reply".)
     again = node.ask(PROMPTS[1], "greedy", history)
     assert again[2] == "live" and again[:2] == live[:2]
     node.close()

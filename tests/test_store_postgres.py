@@ -54,7 +54,7 @@ def test_an_empty_database_gets_every_table_index_and_migration(postgres_url):  
 
 
 def test_a_role_that_owns_its_database_needs_no_superuser(postgres):  # noqa: F811
-    # The setup README tells: createuser reame; createdb --owner reame reame.
+    # The setup docs/self-hosting.md tells: createuser reame; createdb --owner reame reame.
     with psycopg.connect(postgres.url(), autocommit=True) as conn:
         conn.execute("CREATE ROLE chats LOGIN PASSWORD 'chats-password'")
         conn.execute("CREATE DATABASE chats OWNER chats")
