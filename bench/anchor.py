@@ -73,7 +73,7 @@ class Plan:
     at_once: tuple[int, ...] = (1, 2, 4, 8)
     at_once_tokens: int = 200
     # Each N at once this many times, new prompts each time, the servers' order alternating:
-    # one sample moved a row by up to 30 % from run to run (session 24).
+    # one sample moved a row by up to 30 % from run to run (2026-12-05, 33aa2d6).
     at_once_runs: int = 3
 
     @classmethod

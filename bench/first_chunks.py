@@ -9,8 +9,8 @@ decode each. For each model, one engine evaluates new prompts of 80, 128 and 800
 a first chunk of 16 (the opening a prompt usually finds live), under each set of boundaries,
 alternated, medians of --runs runs:
 
-- 16, 32, 64 (session 20's ramp), 16, 64 (today's plan), 16: a boundary less each, then
-  every CHUNK.
+- 16, 32, 64 (the ramp of 2026-12-04, cba69c8), 16, 64 (today's plan), 16: a boundary less
+  each, then every CHUNK.
 
 Prints the table (ms, and the speed against 16, 32, 64); writes first_chunks.md, .json and
 .png to --out.

@@ -517,7 +517,7 @@ def markdown(results: dict, plots: list[str]) -> str:
         parts += ["", "## The batch plan's cost", "",
                   f"Every prompt is evaluated in chunks of {plan['chunk']} tokens at absolute "
                   "positions, so that the reply never depends on what the "
-                  "cache held (README, \"Same request, same reply\"). Side by side on one "
+                  "cache held (docs/cache.md, \"Same request, same reply\"). Side by side on one "
                   f"engine, median of {plan['runs']}: a turn's new tokens "
                   f"({plan['rows'][0]['new_tokens']}: a message and the reply header) on top of "
                   "the history, until the first token's logits; and a cold prompt of the "

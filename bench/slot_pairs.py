@@ -4,7 +4,7 @@
                                [--out bench/results/slot_pairs]
 
 Reame's engine gives each slot a KV of its own (llama.cpp sequences in separate streams:
-faster than one shared pool, see README's Speed). llama.cpp then decodes in one pass only
+faster than one shared pool, see docs/speed.md). llama.cpp then decodes in one pass only
 sequences that are consecutive; the replies of slots 0 and 2 go in two passes. This times one
 decode of one token per reply (Engine._decode_rows, what a step of replies written at once
 makes) for sets of slots side by side and apart, each slot holding --history tokens, the sets
