@@ -155,15 +155,20 @@ def test_each_earlier_message_is_tokenized_once_and_the_prompt_is_unchanged(serv
     assert fresh.tokens(chat.system_prompt, turns) == first and calls == []
 
 
-def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service):
+def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service, monkeypatch):
     """A turn's writes of one moment are one transaction: before its reply (the user's
-    message, the title of a first message, the rewind of an edit), and when it ends (the
-    reply, its stats, the chat's leaf and time). The first is not put off to the end: a reload
-    while the reply is written shows the message (checked here mid-reply)."""
+    message, the title of a first message, the rewind of an edit), its reply's row once its
+    first words are passed on (then its text at most once per WRITE_EVERY_S, made long here:
+    tests/test_streaming_reply_kept.py), and when it ends (the reply, its stats, the chat's
+    leaf and time, in that row). The first is not put off to the end: a reload while the reply
+    is written shows the message (checked here mid-reply)."""
     from contextlib import closing
 
     from sqlalchemy import event
 
+    from reame.chats import chat_keeper
+
+    monkeypatch.setattr(chat_keeper, "WRITE_EVERY_S", 3600.0)
     commits = []
     event.listen(service.store.db, "commit", lambda conn: commits.append(1))
     chat = service.new_chat()
@@ -175,19 +180,21 @@ def test_a_turn_writes_in_one_transaction_before_its_reply_and_one_after(service
         assert [m.role for m in service.messages(chat.id)] == ["user"]
         assert service.get_chat(chat.id).title == "Name a colour."
         assert list(stream)[-1].done
-    assert len(commits) == 2, "the reply, its stats and the chat's leaf in one transaction"
+    assert len(commits) == 3, "the reply's row, then its end: text, stats and leaf in one"
+    assert [m.role for m in service.store.tree(chat.id).messages] == ["user", "assistant"]
 
     first = service.messages(chat.id)[0]
     commits.clear()
     assert list(service.edit_message(chat.id, first.id, "Name a fruit."))[-1].done
-    assert len(commits) == 2, "an edit: the rewind and the new version, then the reply"
+    assert len(commits) == 3, "an edit: the rewind and the new version, the row, the reply"
     commits.clear()
     assert list(service.regenerate(chat.id))[-1].done
-    assert len(commits) == 2
+    assert len(commits) == 3
     tree = service.store.tree(chat.id)
     assert [m.content for m in tree.branch][0] == "Name a fruit."
     assert tree.version(tree.branch[0]) == (2, 2)
     assert tree.version(tree.branch[1]) == (2, 2)
+    assert len(tree.messages) == 5, "one row a reply"
 
 
 def test_a_settings_change_on_a_full_server_stands_without_sharing_the_opening(tmp_path,

@@ -88,9 +88,13 @@ def start_counting(page, title: str) -> str:
 
 
 def reply_text(server, chat_id: int) -> dict | None:
-    """The chat's stored reply (None while it is still being written: it is kept at its end)."""
+    """The chat's stored reply once its turn ended (None while it is still being written: its
+    row, written as it streams, is marked unfinished until its end)."""
     messages = api(server).predict(chat_id, api_name="/get_chat")["messages"]
-    return messages[-1] if messages and messages[-1]["role"] == "assistant" else None
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "assistant" or (last["stats"] or {}).get("unfinished"):
+        return None
+    return last
 
 
 def test_a_reply_goes_on_while_other_chats_are_shown(page, server):

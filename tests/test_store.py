@@ -201,6 +201,43 @@ def test_a_reply_follows_the_message_it_answers_whatever_is_shown(store):
     assert reply.position == 1
 
 
+def test_a_reply_written_as_it_streams_is_completed_in_its_own_row(store):
+    """The rows a streaming reply writes (reame/chats/chat_keeper.py): begun by add_message,
+    its text updated by write_so_far (search sees it), completed by end_reply in that row,
+    which becomes the leaf again even if another version was shown meanwhile."""
+    chat = new_chat(store, owner="alice")
+    question = store.add_message(chat.id, "user", "q")
+    row = store.add_message(chat.id, "assistant", "Zebras", stopped=True,
+                            stats={"stopped": True, "unfinished": True}, after=question.id)
+    assert store.write_so_far(row.id, "Zebras live in Africa")
+    assert ids(store.search("alice", "africa")) == [chat.id]
+    shown = store.tree(chat.id).branch[-1]
+    assert (shown.id, shown.content, shown.stopped, shown.token_list) == (
+        row.id, "Zebras live in Africa", True, None)
+    store.rewind(chat.id, 0)  # the user shows another version meanwhile
+    store.add_message(chat.id, "user", "q2")
+    with pytest.raises(ChatNotFound):
+        store.end_reply(chat.id, row.id, "x", tokens=None, tokens_model=None, stats=None,
+                        stopped=False, after=question.id, expect_owner="bob")
+    kept = store.end_reply(chat.id, row.id, "Zebras live in Africa.", tokens=[1, 2],
+                           tokens_model="m", stats={"generated": 2}, stopped=False,
+                           after=question.id, expect_owner="alice")
+    tree = store.tree(chat.id)
+    assert kept.id == row.id == tree.leaf_id and len(tree.messages) == 3
+    assert (kept.content, kept.stopped) == ("Zebras live in Africa.", False)
+    assert [m.content for m in tree.branch] == ["q", "Zebras live in Africa."]
+    final = tree.branch[-1]
+    assert (final.token_list, final.tokens_model, final.stats_dict, final.stopped) == (
+        [1, 2], "m", {"generated": 2}, False)
+    assert final.created_at >= row.created_at and store.get_chat(chat.id).updated_at >= \
+        final.created_at
+    store.delete_chat(chat.id)
+    assert not store.write_so_far(row.id, "more"), "its chat was deleted: nothing written"
+    with pytest.raises(ChatNotFound):
+        store.end_reply(chat.id, row.id, "x", tokens=None, tokens_model=None, stats=None,
+                        stopped=False, after=None)
+
+
 def test_a_database_of_lists_becomes_one_branch_each(database):
     store = Store(database)
     chat = new_chat(store)

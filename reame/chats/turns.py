@@ -8,15 +8,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 
+from reame.chats.chat_keeper import ChatKeeper
 from reame.chats.conversation import (
     STATELESS_TEMPERATURE,
     STATELESS_TOP_P,
     ConversationKeeper,
     PlainKeeper,
 )
-from reame.chats.store import Chat, Message, MessageTree, Store
+from reame.chats.store import Chat, Message
 from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
 from reame.config.refusals import (
@@ -34,67 +35,10 @@ from reame.inference.sampling import Sampling
 from reame.inference.scope import Scope, user_scope
 from reame.inference.tasks import Replaced, Stopped, Waiting
 from reame.inference.tools import Tool, repeated_call
-from reame.inference.turn import Decoding, Job, Keeper, TurnRunner, TurnStats, TurnUpdate
+from reame.inference.turn import Job, Keeper, TurnRunner, TurnStats, TurnUpdate
 from reame.inference.turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
-
-
-class ChatKeeper:
-    """A stored chat's Keeper (turn.py): the reply becomes the chat's next message, with its
-    exact tokens and stats; nothing is kept if the chat was deleted while it answered. kept:
-    the chat's MessageTree once the reply is kept: the one read before the turn, with what the
-    turn added (nothing else in this process adds to a chat during its turn; another node
-    sharing the database may)."""
-
-    def __init__(self, store: Store, chat: Chat, messages: list[Message], model: str,
-                 after: int | None, continued: Message | None = None,
-                 replaced: int | None = None):
-        self.store, self.chat, self.model = store, chat, model
-        self.messages = messages  # the chat's, every version, the user's message included
-        self.after = after  # the message the reply follows (the user may show another meanwhile)
-        # A reply this turn continues (Continue): kept as a new version of it, its text and
-        # tokens followed by the turn's.
-        self.continued = continued
-        # The reply a retry replaces: shown again if the retry keeps none (unmade).
-        self.replaced = replaced
-        self.kept: MessageTree | None = None
-        self.text = ""  # the reply's text as kept
-
-    def alive(self) -> bool:
-        return self.store.has_chat(self.chat.id, self.chat.owner)
-
-    def keep(self, decoding: Decoding, stats: TurnStats) -> int:
-        """The turn's write at its end, one transaction (Turns._prepare_turn says why there is
-        one before): the reply with its stats, as the chat's leaf, its updated time."""
-        reply, tokens = decoding.text, None if decoding.cut else decoding.generated
-        if self.continued is not None:
-            stats.continued_chars = len(self.continued.content)
-            reply = self.continued.content + reply
-            earlier = (self.continued.token_list
-                       if self.continued.tokens_model == self.model else None)
-            tokens = None if tokens is None or earlier is None else earlier + list(tokens)
-        self.text = reply.strip() if decoding.finished else reply
-        message = self.store.add_message(
-            self.chat.id, "assistant", self.text,
-            # A reply cut at a stop string holds tokens past its text: re-tokenize it.
-            tokens=tokens,
-            tokens_model=self.model, stats=asdict(stats), stopped=stats.stopped,
-            after=self.after, expect_owner=self.chat.owner)
-        self.kept = MessageTree(self.messages + [message], message.id)
-        return message.id
-
-    def unmade(self) -> None:
-        """The turn has ended: if it kept no reply (stopped, or failed, before its reply
-        began), a retry's chat shows the reply it was to replace again, not its question
-        alone. (A sent or edited message stays, as its turn's first write left it.)"""
-        if self.kept is not None or self.replaced is None:
-            return
-        try:
-            self.store.put_leaf_back(self.chat.id, shown=self.after, back_to=self.replaced,
-                                     expect_owner=self.chat.owner)
-        except ChatNotFound:  # deleted meanwhile: nothing to show
-            pass
 
 
 class Turns:
@@ -295,6 +239,7 @@ class Turns:
                 if update.done:
                     update.kept = keeper.kept
                 yield update
+                keeper.shown(update)  # passed on: the reply so far may be written
         finally:
             results.close()  # waits for the turn's end: its reply kept, or none
             keeper.unmade()
@@ -305,11 +250,12 @@ class Turns:
                       continued: Message | None = None) -> tuple[Job, ChatKeeper]:
         """Store the user's message and make the turn's job (its slot is held meanwhile).
 
-        A turn writes twice, each time one transaction: here, before its reply (the user's
-        message, the rewind of an edit or a regenerate, the window moved, the title of a first
-        message), and when its reply ends (ChatKeeper.keep: the reply, its stats, the chat's
-        leaf and updated time). The first write is not kept for the end: a reload while the
-        reply is written shows the message, and a reply stopped, or failed, keeps it."""
+        A turn writes, each time one transaction: here, before its reply (the user's message,
+        the rewind of an edit or a regenerate, the window moved, the title of a first
+        message); its reply's row as it streams (ChatKeeper.shown: a crash loses at most a
+        second of it); and when its reply ends (ChatKeeper.keep: the reply, its stats, the
+        chat's leaf and updated time). The first write is not kept for the end: a reload while
+        the reply is written shows the message, and a reply stopped, or failed, keeps it."""
         chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
         tree = self.store.tree(chat.id)
         history = tree.branch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 
+from reame.chats.chat_keeper import being_written, unfinished
 from reame.chats.documents import Document, compose, split
 from reame.chats.store import Message, MessageTree
 from reame.inference.cache_state import FROM_FILES
@@ -51,7 +52,8 @@ def user_text(shown: str) -> str:
     return compose(documents, shown[at:])
 
 
-def reply_markdown(text: str, stats: dict | TurnStats | None = None) -> str:
+def reply_markdown(text: str, stats: dict | TurnStats | None = None, *,
+                   writing: bool = False) -> str:
     """A reply as shown: HTML made inert, then its stats line (if any).
 
     A reply cut by max_tokens or by stop can end inside a code fence; close it first, or the
@@ -62,7 +64,7 @@ def reply_markdown(text: str, stats: dict | TurnStats | None = None) -> str:
     if unclosed and unclosed[-1].startswith("```") and (
             len(unclosed[-1]) < 6 or not unclosed[-1].endswith("```")):
         shown += "\n```"
-    return shown + stats_line(stats, text)
+    return shown + stats_line(stats, text, writing=writing)
 
 
 def shown_reply(update: TurnUpdate) -> str:
@@ -80,13 +82,24 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def stats_line(stats: dict | TurnStats | None, text: str = "") -> str:
+# Under a reply whose turn never ended: the server stopped (a crash, a kill) while writing it.
+CUT_BY_RESTART = ("Cut off: the server stopped while writing this reply. It is kept as far as "
+                  "it had been saved; Continue goes on from there.")
+# Under a reply still being written (by an API client's turn in this chat), as far as it got.
+BEING_WRITTEN = "Being written: this is the reply so far."
+
+
+def stats_line(stats: dict | TurnStats | None, text: str = "", *, writing: bool = False) -> str:
     """The stats line as the page shows it under a reply (stats as stored, or of a turn; text:
     the reply's): what happened in words (stats_words), the figures under Details
     (stats_text). One line of HTML, no div inside (page.js's copy cuts at the first </div>)."""
     if not stats:
         return ""
     if isinstance(stats, dict):
+        if unfinished(stats):  # written as it streams: still (writing), or cut by a stop
+            words = BEING_WRITTEN if writing else CUT_BY_RESTART
+            return ('\n\n<div class="reame-stats"><span class="reame-stats-words">'
+                    f"{html.escape(words)}</span></div>")
         stats = TurnStats.from_dict(stats)
     return (f'\n\n<div class="reame-stats"><span class="reame-stats-words">'
             f"{html.escape(stats_words(stats, text))}</span> "
@@ -237,7 +250,7 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
     shown = []
     for n, m in enumerate(messages):
         if m.role == "assistant":
-            content = reply_markdown(m.content, m.stats_dict)
+            content = reply_markdown(m.content, m.stats_dict, writing=being_written(m.id))
             if n == last_outside:
                 content += WINDOW_MARKER
         else:
@@ -263,8 +276,11 @@ def message_tools(message: Message, tree: MessageTree) -> str:
             f'<span class="reame-version-of">{version}/{versions}</span>',
             _tool("›", "Next version", f"show-{ids[version]}" if version < versions else None)]
     if message.role == "assistant":
-        if message.id == tree.leaf_id and (message.stats_dict or {}).get("at_limit"):
-            # Cut at Max tokens: the same reply goes on (ChatService.continue_reply).
+        stats = message.stats_dict
+        if message.id == tree.leaf_id and (stats.get("at_limit") or (
+                unfinished(stats) and not being_written(message.id))):
+            # Cut at Max tokens, or by the server's stop: the same reply goes on
+            # (ChatService.continue_reply).
             buttons.append(_tool("Continue", "Continue", f"continue-{message.id}"))
         buttons.append(_tool("Branch from here", "Branch from here", f"branch-{message.id}"))
     if not buttons:

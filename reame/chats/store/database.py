@@ -12,12 +12,13 @@ from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 
-from sqlalchemy import event, insert
+from sqlalchemy import event, insert, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, create_engine, delete, func, select
 
 from reame.chats.store.message_tree import MessageTree
+from reame.chats.store.rows import append, complete, locked_chat, owned_chat
 from reame.chats.store.migrations import enable_wal, is_postgres, migrate
 from reame.chats.store.search import Found, postgres_matches, search_terms, sqlite_matches
 from reame.chats.store.tables import (
@@ -244,12 +245,12 @@ class Store:
         arguments of add_message after chat_id, or None for none), in one transaction: what a
         turn writes at one moment (turns.py). The chat, and the message added."""
         with self._session() as session:
-            chat = _owned_chat(session, chat_id, expect_owner)
+            chat = owned_chat(session, chat_id, expect_owner)
             for name, value in fields.items():
                 if not hasattr(Chat, name) or name in ("id", "created_at"):
                     raise AttributeError(f"Chat has no editable field {name!r}")
                 setattr(chat, name, value)
-            added = _append(session, chat, **message) if message is not None else None
+            added = append(session, chat, **message) if message is not None else None
             session.add(chat)
             session.commit()
         return chat, added
@@ -261,7 +262,7 @@ class Store:
         shown (checked in the write's transaction: a message added meanwhile stays shown).
         Whether it was put back."""
         with self._session() as session:
-            chat = _owned_chat(session, chat_id, expect_owner)
+            chat = owned_chat(session, chat_id, expect_owner)
             if chat.leaf_id != shown:
                 return False
             chat.leaf_id = back_to
@@ -275,7 +276,7 @@ class Store:
     @_writes
     def delete_chat(self, chat_id: int) -> None:
         with self._session() as session:
-            chat = _locked_chat(session, chat_id)
+            chat = locked_chat(session, chat_id)
             if chat is None:
                 raise ChatNotFound(chat_id)
             session.exec(delete(Message).where(Message.chat_id == chat_id))
@@ -314,6 +315,27 @@ class Store:
         return self.write_turn(chat_id, expect_owner=expect_owner, message=dict(
             role=role, content=content, tokens=tokens, tokens_model=tokens_model, stats=stats,
             stopped=stopped, created_at=created_at, after=after))[1]
+
+    @_writes
+    def write_so_far(self, message_id: int, content: str) -> bool:
+        """A reply's text so far, into its row (begun by add_message while it streams: the
+        turn's end completes it, end_reply). False if the row is gone (its chat deleted)."""
+        with self.db.begin() as conn:
+            return conn.execute(update(Message).where(Message.id == message_id).values(
+                content=content)).rowcount == 1
+
+    @_writes
+    def end_reply(self, chat_id: int, message_id: int, content: str, *,
+                  expect_owner: object = ANY_OWNER, **fields) -> Message:
+        """The reply written while it streamed (message_id) completed as add_message would
+        have added it now (fields: its tokens, tokens_model, stats, stopped and after), one
+        transaction; the chat's leaf. expect_owner: as update_chat."""
+        with self._session() as session:
+            chat = owned_chat(session, chat_id, expect_owner)
+            message = complete(session, chat, message_id, content=content, **fields)
+            session.add(chat)
+            session.commit()
+        return message
 
     def copy_messages(self, chat_id: int, messages: list[Message]) -> None:
         """Copies of messages (a branch of another chat), as the branch of chat_id."""
@@ -373,44 +395,3 @@ class Store:
         self.update_chat(chat_id, leaf_id=tree.newest_under(message_id))
         return self.tree(chat_id).branch
 
-
-def _append(session: Session, chat: Chat, *, role: str, content: str,
-            tokens: Iterable[int] | None = None, tokens_model: str | None = None,
-            stats: dict | None = None, stopped: bool = False, created_at: float | None = None,
-            after: int | None = None) -> Message:
-    """Add a message to chat (locked in session) after `after` (None: the chat's leaf), as
-    the chat's new leaf (Store.add_message); the caller commits."""
-    parent_id = after if after is not None else chat.leaf_id
-    parent = session.get(Message, parent_id) if parent_id is not None else None
-    if parent is not None and parent.chat_id != chat.id:
-        raise MessageNotFound(parent_id)
-    message = Message(
-        chat_id=chat.id, parent_id=parent.id if parent else None,
-        position=parent.position + 1 if parent else 0, role=role,
-        content=content, tokens=json.dumps(list(tokens)) if tokens is not None else None,
-        tokens_model=tokens_model, stats=json.dumps(stats) if stats else None,
-        stopped=stopped,
-    )
-    if created_at is not None:
-        message.created_at = created_at
-    session.add(message)
-    session.flush()
-    chat.leaf_id = message.id
-    chat.updated_at = time.time()
-    return message
-
-
-def _owned_chat(session: Session, chat_id: int, owner: object) -> Chat:
-    """The chat, locked (_locked_chat), if it belongs to owner (ANY_OWNER: anyone's)."""
-    chat = _locked_chat(session, chat_id)
-    if chat is None or (owner is not ANY_OWNER and chat.owner != owner):
-        raise ChatNotFound(chat_id)
-    return chat
-
-
-def _locked_chat(session: Session, chat_id: int) -> Chat | None:
-    """The chat, its row locked until the session ends, on a database several processes write
-    (PostgreSQL: SELECT ... FOR UPDATE; SQLite has one writer at a time anyway and ignores
-    it). Two nodes adding to one chat then take turns: each new message sees the other's as
-    the chat's last (no lost leaf_id), and a delete never meets a message added meanwhile."""
-    return session.get(Chat, chat_id, with_for_update=True)

@@ -27,9 +27,10 @@ ROLES = ("user", "assistant")
 HIDDEN = "is_visually_hidden_from_conversation"  # ChatGPT's flag on messages not shown
 
 TYPE_WORDS = {int: "a whole number", float: "a number", str: "a text", bool: "true or false"}
-# The type of each stat shown under a reply (render.stats_text formats them as such).
+# The type of each stat shown under a reply (render.stats_text formats them as such), and
+# the mark of a reply whose server stopped while writing it (chat_keeper.UNFINISHED).
 STAT_TYPES: dict[str, type] = {f.name: type(f.default) for f in fields(TurnStats)
-                                if type(f.default) in TYPE_WORDS}
+                                if type(f.default) in TYPE_WORDS} | {"unfinished": bool}
 # The stats as pydantic checks them, strict as JSON means its types (a whole number may be
 # written 7.0); stats this server does not know are left out.
 STATS = create_model("Stats", __config__=ConfigDict(STRICT, extra="ignore"), **{
