@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -87,8 +89,10 @@ def output_path(shape: Shape) -> Path:
     return CACHE / f"{shape.name}-shape-random.Q4_K_M.gguf"
 
 
+@functools.lru_cache(maxsize=4)
 def tokenizer_fields(source: Path, vocab: int) -> dict:
-    """SmolLM2's tokenizer metadata, its token list padded with unused tokens to vocab."""
+    """SmolLM2's tokenizer metadata, its token list padded with unused tokens to vocab (read
+    once per source and size: parsing the tokenizer's arrays takes seconds)."""
     from gguf import GGUFReader, TokenType
 
     reader = GGUFReader(source)
@@ -112,6 +116,24 @@ def tokenizer_fields(source: Path, vocab: int) -> dict:
     }
 
 
+def add_tokenizer(writer, vocab: int) -> None:
+    """SmolLM2's tokenizer and chat template (tokenizer_fields), padded to vocab, into a
+    GGUFWriter's metadata: prompts of any model written with it tokenize and render."""
+    tok = tokenizer_fields(TOKENIZER_SOURCE, vocab)
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model(tok["model"])
+    writer.add_tokenizer_pre(tok["pre"])
+    writer.add_token_list(tok["tokens"])
+    writer.add_token_types(tok["types"])
+    writer.add_token_merges(tok["merges"])
+    writer.add_bos_token_id(tok["bos"])
+    writer.add_eos_token_id(tok["eos"])
+    writer.add_unk_token_id(tok["unk"])
+    writer.add_pad_token_id(tok["pad"])
+    writer.add_add_bos_token(tok["add_bos"])
+    writer.add_chat_template(tok["chat_template"])
+
+
 def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """Norms 1, biases 0, weights N(0, WEIGHT_STD): finite activations, no meaning."""
     if name.endswith("_norm.weight"):
@@ -126,47 +148,57 @@ def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
     return out
 
 
-def write_f16(shape: Shape, path: Path, seed: int = 0) -> None:
-    """The model as an F16 GGUF (1-D tensors F32), written one tensor at a time."""
+# A tensor to write: its name, its numpy shape (rows = outputs, columns = inputs: llama.cpp's
+# dimensions reversed) and its type in the file.
+Tensor = tuple[str, tuple[int, ...], np.dtype]
+
+
+def write_gguf(path: Path, arch: str, metadata: Callable[[object], None],
+               tensors: list[Tensor], *, seed: int = 0,
+               values: Callable[[np.random.Generator, str, tuple[int, ...]], np.ndarray]
+               = random_tensor) -> None:
+    """A GGUF of arch: metadata(writer) adds the architecture's keys (the tokenizer's are
+    added here), then each tensor is written with values(rng, name, shape) cast to its type,
+    one at a time (memory stays low)."""
     import gguf
 
-    tok = tokenizer_fields(TOKENIZER_SOURCE, shape.vocab)
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_name(f"{shape.name} shape, random weights (Reame benchmark)")
-    writer.add_context_length(shape.context)
-    writer.add_embedding_length(shape.hidden)
-    writer.add_block_count(shape.layers)
-    writer.add_feed_forward_length(shape.ffn)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_rope_freq_base(shape.rope_base)
-    writer.add_layer_norm_rms_eps(shape.rms_eps)
-    writer.add_vocab_size(shape.vocab)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_tokenizer_model(tok["model"])
-    writer.add_tokenizer_pre(tok["pre"])
-    writer.add_token_list(tok["tokens"])
-    writer.add_token_types(tok["types"])
-    writer.add_token_merges(tok["merges"])
-    writer.add_bos_token_id(tok["bos"])
-    writer.add_eos_token_id(tok["eos"])
-    writer.add_unk_token_id(tok["unk"])
-    writer.add_pad_token_id(tok["pad"])
-    writer.add_add_bos_token(tok["add_bos"])
-    writer.add_chat_template(tok["chat_template"])
-    specs = shape.tensors()
-    for name, dims in specs:
-        dtype = np.float32 if len(dims) == 1 else np.float16
-        writer.add_tensor_info(name, dims, np.dtype(dtype), int(np.prod(dims)) * np.dtype(dtype).itemsize)
+    writer = gguf.GGUFWriter(path, arch)
+    metadata(writer)
+    vocab = next(shape[0] for name, shape, _ in tensors if name == "token_embd.weight")
+    add_tokenizer(writer, vocab)
+    for name, dims, dtype in tensors:
+        dtype = np.dtype(dtype)
+        writer.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
     writer.write_header_to_file(path)
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for n, (name, dims) in enumerate(specs):
-        writer.write_tensor_data(random_tensor(rng, name, dims))
+    for n, (name, dims, dtype) in enumerate(tensors):
+        writer.write_tensor_data(np.ascontiguousarray(values(rng, name, dims), dtype=dtype))
         if n % 50 == 0:
-            log.info("%s: tensor %d/%d", shape.name, n + 1, len(specs))
+            log.info("%s: tensor %d/%d", path.name, n + 1, len(tensors))
     writer.close()
+
+
+def write_f16(shape: Shape, path: Path, seed: int = 0) -> None:
+    """The model as an F16 GGUF (1-D tensors F32), written one tensor at a time."""
+    import gguf
+
+    def metadata(writer) -> None:
+        writer.add_name(f"{shape.name} shape, random weights (Reame benchmark)")
+        writer.add_context_length(shape.context)
+        writer.add_embedding_length(shape.hidden)
+        writer.add_block_count(shape.layers)
+        writer.add_feed_forward_length(shape.ffn)
+        writer.add_head_count(shape.heads)
+        writer.add_head_count_kv(shape.kv_heads)
+        writer.add_rope_freq_base(shape.rope_base)
+        writer.add_layer_norm_rms_eps(shape.rms_eps)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+
+    tensors = [(name, dims, np.float32 if len(dims) == 1 else np.float16)
+               for name, dims in shape.tensors()]
+    write_gguf(path, "qwen2", metadata, tensors, seed=seed)
 
 
 def quantize(src: Path, dst: Path) -> None:

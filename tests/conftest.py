@@ -60,6 +60,36 @@ def gemma_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def lfm2_path(tiny_models_dir) -> Path:
+    """A tiny random-weight LFM2 (short convolutions beside attention: a hybrid memory),
+    written in a second or two (tests/tiny_models.py)."""
+    from .tiny_models import write
+
+    return write("lfm2", tiny_models_dir)
+
+
+@pytest.fixture(scope="session")
+def qwen35_path(tiny_models_dir) -> Path:
+    """A tiny random-weight Qwen3.5 (gated delta-net layers beside attention)."""
+    from .tiny_models import write
+
+    return write("qwen35", tiny_models_dir)
+
+
+@pytest.fixture(scope="session")
+def granitehybrid_path(tiny_models_dir) -> Path:
+    """A tiny random-weight Granite 4.0-H (Mamba-2 layers beside attention)."""
+    from .tiny_models import write
+
+    return write("granitehybrid", tiny_models_dir)
+
+
+@pytest.fixture(scope="session")
 def engine(model_path) -> Engine:
     return Engine(model_path, n_ctx=2048, n_threads=THREADS)
 
