@@ -21,6 +21,7 @@ from reame.chats.conversation import ReplyMemory
 from reame.chats.model_holder import ModelHolder
 from reame.chats.store import Store
 from reame.chats.titles import title_from
+from reame.chats.stateless_turns import StatelessTurns
 from reame.chats.turns import Turns
 from reame.config.chat_settings import ChatSettings
 from reame.config.reame_conf import setting
@@ -46,7 +47,7 @@ __all__ = ["ChatService", "ChatError", "ChatNotFound", "EmptyMessage", "MessageT
            "NoModel", "ServerBusy", "TooManyChats", "TurnStats", "TurnUpdate", "title_from"]
 
 
-class ChatService(ModelHolder, ChatActions, Turns):
+class ChatService(ModelHolder, ChatActions, Turns, StatelessTurns):
     """Everything a user can do with chats; the UI and the API are thin layers over it."""
 
     def __init__(self, store: Store, engine: Engine | None, defaults: ChatSettings, *,
