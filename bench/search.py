@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from reame.chats.store import Store
-from reame.web.chat_list import SHOWN, chat_list_html
+from reame.web.page.chat_list import SHOWN, chat_list_html
 
 ROOT = Path(__file__).resolve().parent.parent
 MESSAGES = 10  # per chat

@@ -24,7 +24,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from reame.inference.turn import TurnStats
-from reame.web.render import stats_text
+from reame.web.page.render import stats_text
 
 from .conftest import ROOT, Server
 from .gradio_api import ApiClient
@@ -70,7 +70,8 @@ ITALY = "What is the capital of Italy?"
 STATS_TAIL = re.compile(r"(\d+) tokens at [\d.]+ tok/s")  # in the stats line's figures
 # The stats line as a message's text shows it (its figures folded under Details).
 STATS_SHOWN = re.compile(r"\n[^\n]*\bDetails$")
-# The buttons under a message (reame/web/render.py, message_tools), as its text shows them.
+# The buttons under a message (reame/web/page/render.py, message_tools), as its text shows
+# them.
 TOOLS_LINE = re.compile(
     r"(?:\s|[‹›]|Previous version|Next version|\d+/\d+|Continue|Branch from here)*$")
 VERSIONS = "#chatbot .reame-version-of"
@@ -180,7 +181,8 @@ def reload(page: Page) -> None:
 def shown_as_loaded(page: Page, load) -> None:
     """Wait until the page shows what its load event answered: every chat in the list."""
     assert load.ok, load.status
-    chat_list = load.json()["data"][1]  # the outputs' order: see reame/web/page.py, `view`
+    # the outputs' order: see reame/web/page/layout.py, `view`
+    chat_list = load.json()["data"][1]
     if isinstance(chat_list, dict):
         chat_list = chat_list.get("value") or ""
     expect(page.locator(CHATS)).to_have_count(chat_list.count('class="reame-open"'))

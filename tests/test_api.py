@@ -223,8 +223,8 @@ def test_versions_and_branches_through_the_api(server):
 def test_an_idle_server_leaves_the_cpu_to_the_model(server):
     """Gradio's queue alone looked for new events every millisecond: 9 % of a core here while
     nothing happened, taken from llama.cpp's threads while they decoded
-    (reame/web/queue_polling.py). An idle server now uses a few percent at most, and an event
-    sent to it is still answered."""
+    (reame/web/http/queue_polling.py). An idle server now uses a few percent at most, and an
+    event sent to it is still answered."""
     import psutil
 
     process = psutil.Process(server.process.pid)

@@ -11,7 +11,7 @@ import pytest
 from reame.chats.service import ChatError
 from reame.chats.window import turns_of
 from reame.config.refusals import ChatNotFound
-from reame.web.render import stats_text
+from reame.web.page.render import stats_text
 
 from .test_cache import Node
 

@@ -16,7 +16,7 @@ from reame.inference.engine import Engine, common_prefix
 from reame.inference.kv.kvstore import BLOCK, TOTALS_NAME, KVStore
 from reame.inference.prompt import PromptMessage
 from reame.runtime import service_over
-from reame.web.render import stats_text
+from reame.web.page.render import stats_text
 
 from .conftest import GREEDY, THREADS
 from .reference import assert_answers, model_answer
@@ -279,13 +279,12 @@ def test_regenerate_recomputes_only_the_reply(folder, model_path):
     messages = node.store.messages(chat.id)
     assert [m.role for m in messages] == ["user", "assistant"]
     node.kv.flush()
-    # After a restart the file has no logits: the prompt's last chunk is evaluated again (the
-    # decode that made its logits), no more, and the reply is the one of one sitting.
-    last_chunk = again.stats.prompt_tokens - whole_chunks(again.stats.prompt_tokens - 1)
+    # After a restart too: the file keeps the logits of the prompt's end, so nothing is
+    # evaluated again, and the reply is the one of one sitting.
     later = Node(folder, model_path)
     third = later.finish(later.service.regenerate(chat.id))
-    assert third.stats.source == "disk" and third.stats.prefilled == last_chunk
-    assert third.stats.reused == third.stats.prompt_tokens - last_chunk >= 16
+    assert third.stats.source == "disk" and third.stats.prefilled == 0
+    assert third.stats.reused == third.stats.prompt_tokens
     assert third.text == again.text
 
 
@@ -650,7 +649,7 @@ def test_the_time_saved_is_counted_once_per_hit_and_only_grows(folder, model_pat
     saved = later.service.cache_stats()["time_saved_s"]
     assert saved > 0
     # The sidebar says it in time once there is half a second of it, never "≈ 0 s saved".
-    from reame.web.settings_tab import cache_markdown
+    from reame.web.page.settings_tab import cache_markdown
 
     line = cache_markdown(later.service)
     assert ("of recomputation saved" in line) == (saved >= 0.5), (saved, line)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 
 from reame.chats.store import END_MARK, MARK, Store
-from reame.web.chat_list import SHOWN, chat_list_html, search_results_html
+from reame.web.page.chat_list import SHOWN, chat_list_html, search_results_html
 
 ATTACK = '<img src=x onerror="alert(1)">" data-reame-action="delete:999'
 

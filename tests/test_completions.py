@@ -373,7 +373,7 @@ def test_any_body_is_answered_or_refused_never_a_500(server, body):
 
 def test_the_docs_table_names_every_completions_parameter():
     """docs/api.md's "/v1/completions" table and the request model stay one list."""
-    from reame.web.completions_request import CompletionsBody
+    from reame.web.v1.completions_request import CompletionsBody
 
     table = (ROOT / "docs" / "api.md").read_text().split("| completions parameter | here |")[1]
     table = table.split("\n\n")[0]

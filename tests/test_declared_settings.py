@@ -60,7 +60,7 @@ from reame.chats.store import Store
 from reame.config.chat_settings import ChatSettings
 from reame.config.reame_conf import ConfigError, load_config, setting
 from reame.config.setting import settings_model
-from reame.web.openai_request import ApiError, parse_request
+from reame.web.v1.chat_request import ApiError, parse_request
 
 folder = Path(tempfile.mkdtemp())
 conf = folder / "reame.conf"

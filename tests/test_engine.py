@@ -6,7 +6,7 @@ from reame.inference.llama_params import flash_attention
 from reame.inference.sampling import Sampling
 from reame.models.gguf_info import read_gguf_info
 from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
-from reame.web.render import inert_html
+from reame.web.page.render import inert_html
 
 from .conftest import THREADS
 

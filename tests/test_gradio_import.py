@@ -1,6 +1,6 @@
-"""Gradio's import made lighter (reame/web/gradio_import.py): a component class defined after
-Reame's web layer is imported writes no .pyi beside its module, as it does without it; a
-server that answered events never loaded pandas or matplotlib."""
+"""Gradio's import made lighter (reame/web/gradio_api/gradio_import.py): a component class
+defined after Reame's web layer is imported writes no .pyi beside its module, as it does
+without it; a server that answered events never loaded pandas or matplotlib."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def test_no_type_stub_is_written_once_reames_web_layer_is_imported(tmp_path):
 def test_a_server_that_answered_gradio_events_never_loaded_pandas_or_matplotlib(page_server):
     """Gradio imports pandas at start, and after every queued event built a DataFrame of its
     last 10,000 events (for its /monitoring page): pandas now loads only when used, and the
-    queue's summary is off (reame/web/queue_polling.py), so it never is. Gradio imported
+    queue's summary is off (reame/web/http/queue_polling.py), so it never is. Gradio imported
     matplotlib at the first API call, for a backend switch around every call: that switch
-    now does nothing (reame/web/gradio_import.py)."""
+    now does nothing (reame/web/gradio_api/gradio_import.py)."""
     from .gradio_api import ApiClient
 
     client = ApiClient(page_server.url)

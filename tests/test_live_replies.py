@@ -1,5 +1,5 @@
-"""reame/web/live_replies.py on the real service, without a browser: what the page relies on
-when it shows another chat, reloads or closes (tests/test_page_live.py does it in Chromium).
+"""reame/web/page/live_replies.py on the real service, without a browser: what the page relies
+on when it shows another chat, reloads or closes (tests/test_page_live.py does it in Chromium).
 
 A reply is written whoever follows it; each follower sees it from where it is; Stop keeps it
 as far as it got; a reply no tab watches is stopped after the bound, unless a tab follows it
@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from reame.chats.service import ChatError
-from reame.web.live_replies import LiveReplies
+from reame.web.page.live_replies import LiveReplies
 
 LONG = "Write the numbers from 1 to 500, separated by commas."
 
@@ -214,7 +214,7 @@ def test_the_page_reads_a_chat_s_messages_once_per_message_sent(service):
     from types import SimpleNamespace
 
     from reame.config.chat_settings import ChatSettings
-    from reame.web.page_handlers import PageHandlers
+    from reame.web.page.sending import PageHandlers
 
     handlers = PageHandlers(service, LiveReplies(unwatched_s=60), settings=None,
                             can_configure=lambda user: True, uploads=None)
@@ -259,7 +259,7 @@ def test_a_reply_whose_following_failed_is_followed_again_to_its_end(service):
     from types import SimpleNamespace
 
     from reame.config.chat_settings import ChatSettings
-    from reame.web.page_handlers import PageHandlers
+    from reame.web.page.sending import PageHandlers
 
     handlers = PageHandlers(service, LiveReplies(unwatched_s=60), settings=None,
                             can_configure=lambda user: True, uploads=None)

@@ -14,8 +14,8 @@ from reame.chats.service import MessageTooLong
 from reame.config.reame_conf import GenerationConfig
 from reame.inference.engine import Engine
 from reame.runtime import service_over
-from reame.web.named_api import message_dict
-from reame.web.render import stats_text, to_chatbot
+from reame.web.gradio_api.named_api import message_dict
+from reame.web.page.render import stats_text, to_chatbot
 
 from .conftest import THREADS
 

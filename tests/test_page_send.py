@@ -402,7 +402,7 @@ def test_the_wait_shown_counts_from_the_press_of_enter_to_the_first_words(page, 
     assert stats["waited_s"] >= browser_wait, (stats, browser_wait)
     assert stats["waited_s"] <= browser_wait + 1.0, "not the same wait"
     assert stats["waited_s"] >= stats["first_token_s"] > 0, stats
-    from reame.web.render import seconds
+    from reame.web.page.render import seconds
 
     expect(page.locator(STATS_WORDS)).to_contain_text(re.compile(  # (typed ahead: filled)
         rf"Read your message in {re.escape(seconds(stats['waited_s']))}"
@@ -481,7 +481,7 @@ def test_the_stats_line_says_what_happened_in_words_its_figures_under_details(pa
             assert technical not in line, line
         replies.append((reply, line))
     from reame.inference.turn import TurnStats
-    from reame.web.render import stats_words
+    from reame.web.page.render import stats_words
 
     for reply, line in replies:
         assert line == stats_words(TurnStats.from_dict(reply["stats"]), reply["content"]), line

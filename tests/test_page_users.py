@@ -1,5 +1,5 @@
 """The admin's Users tab and the note about the chats from before accounts (reame/web/
-users_panel.py), against a real server with accounts, in Chromium: add a user who then sees
+page/users_panel.py), against a real server with accounts, in Chromium: add a user who then sees
 only their own chats, reset a password, make and revoke an API key, remove a user, adopt the
 old chats; and a non-admin who neither sees the tab nor can call its events past the page.
 

@@ -24,7 +24,7 @@ from reame.admin.live_settings import Settings
 from reame.config.reame_conf import load_config, update_config
 from reame.models.catalog import list_models, model_folders
 from reame.models.pull import PullError, pull_model
-from reame.web.settings_tab import picker_info
+from reame.web.page.settings_tab import picker_info
 
 from .conftest import ROOT
 from .hub_server import COMMIT, FakeHub

@@ -21,7 +21,7 @@ from reame.chats import chat_keeper
 from reame.chats.chat_keeper import UNFINISHED, ChatKeeper, unfinished
 from reame.config.refusals import ChatNotFound
 from reame.inference.turn import TurnUpdate
-from reame.web.render import BEING_WRITTEN, CUT_BY_RESTART, to_chatbot
+from reame.web.page.render import BEING_WRITTEN, CUT_BY_RESTART, to_chatbot
 
 from .conftest import start_server
 from .gradio_api import ApiClient

@@ -1,6 +1,6 @@
-"""How a turn's updates reach the event loop (reame/web/turn_updates.py): in order, the latest
-of those waiting for a consumer that shows the reply so far, the turn's error raised where it
-is awaited, and an interrupt that does not wait for the turn. The turn here is a plain
+"""How a turn's updates reach the event loop (reame/web/http/turn_updates.py): in order, the
+latest of those waiting for a consumer that shows the reply so far, the turn's error raised
+where it is awaited, and an interrupt that does not wait for the turn. The turn here is a plain
 generator of updates: what is tested is the hand-off, not the model (the servers' tests run it
 with the model)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from reame.inference.turn import TurnUpdate
 from reame.inference.turn_stream import TurnStream
-from reame.web.turn_updates import UpdateFeed, turn_updates
+from reame.web.http.turn_updates import UpdateFeed, turn_updates
 
 
 def stream_of(updates, *, gate: threading.Event | None = None, error=None) -> TurnStream:

@@ -16,7 +16,7 @@ import pytest
 from reame.config.refusals import ServerBusy
 from reame.inference.turn import TurnUpdate
 from reame.inference.turn_stream import TurnStream
-from reame.web.v1_common import last_update, started
+from reame.web.v1.common import last_update, started
 
 
 def waits_then_refused(stream: TurnStream):

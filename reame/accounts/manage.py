@@ -1,5 +1,5 @@
 """Managing accounts: what `python app.py adduser|passwd|deluser|addkey|revokekey|users|adopt`
-(cli.py) and the admin's Users tab of the page (reame/web/users_panel.py) both do, with the
+(cli.py) and the admin's Users tab of the page (reame/web/page/users_panel.py) both do, with the
 same rules and the same words. Each change returns the sentence that says what was done; a
 refusal is an AccountError saying why. store: the chat database (reame.chats.store.Store), for
 the chats that follow users.

@@ -1,5 +1,5 @@
 """How many connections the server holds, and the open files that takes (read by the HTTP
-protocol, reame/web/connections.py, and by the service unit's LimitNOFILE)."""
+protocol, reame/web/http/connections.py, and by the service unit's LimitNOFILE)."""
 
 HEADERS_S = 10.0  # to send a request's headers (slowloris)
 PER_ADDRESS = 128  # connections from one address (a browser holds a few per tab)

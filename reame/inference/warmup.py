@@ -2,8 +2,8 @@
 
 A fresh process pays once for what every later request finds ready. (Gradio's first API call
 used to import matplotlib for a backend switch around every call, 0.8 s to that call's first
-token against 0.3 s for the next, `python -m bench.warmup`: reame/web/gradio_import.py now
-replaces that switch by nothing.)
+token against 0.3 s for the next, `python -m bench.warmup`:
+reame/web/gradio_api/gradio_import.py now replaces that switch by nothing.)
 
 warm_model() runs a short turn's steps on one slot (llama.cpp's first decode reads the model
 file's pages, which after a reboot are not in memory yet; its first sampling and its first copy

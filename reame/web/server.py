@@ -17,19 +17,19 @@ from reame.admin.live_settings import Settings
 from reame.chats.service import ChatService
 from reame.config.reame_conf import Config
 from reame.inference.warmup import settle_objects
-from reame.web.connections import limited_protocol
-from reame.web.guard import Guard
-from reame.web.health import build_health_router
-from reame.web.login import WebLogins
-from reame.web.metrics import CountRequests, Metrics, build_metrics_router
-from reame.web.named_api import register_api
-from reame.web.openai_api import build_router
-from reame.web.page import build_page
-from reame.web.page_parts import CSS, PAGE_JS
-from reame.web.queue_polling import poll_gently
-from reame.web.uploads import Uploads
-from reame.web.users_panel import USERS_CSS, UsersPanel
-from reame.web.v1_common import internal_error
+from reame.web.gradio_api.named_api import register_api
+from reame.web.http.connections import limited_protocol
+from reame.web.http.guard import Guard
+from reame.web.http.health import build_health_router
+from reame.web.http.login import WebLogins
+from reame.web.http.metrics import CountRequests, Metrics, build_metrics_router
+from reame.web.http.queue_polling import poll_gently
+from reame.web.http.uploads import Uploads
+from reame.web.page.layout import build_page
+from reame.web.page.parts import CSS, PAGE_JS
+from reame.web.page.users_panel import USERS_CSS, UsersPanel
+from reame.web.v1.chat_completions import build_router
+from reame.web.v1.common import internal_error
 
 log = logging.getLogger("reame")
 SETTINGS_GROUP = "settings"  # one settings change at a time (turns: the scheduler bounds them)
@@ -37,7 +37,7 @@ SETTINGS_GROUP = "settings"  # one settings change at a time (turns: the schedul
 
 def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     """One ASGI app: /v1 (OpenAI-compatible) and the Gradio page and API at /, behind the
-    Guard (host names, origins, body sizes, cookies: reame/web/guard.py). Without accounts,
+    Guard (host names, origins, body sizes, cookies: reame/web/http/guard.py). Without accounts,
     the page's Users tab can turn them on (live: every part reads them at each request)."""
     settings = Settings(config, service)
     live = LiveAccounts(accounts, config.path)
@@ -65,7 +65,8 @@ def build_app(config: Config, service: ChatService, accounts: Accounts | None):
     app.add_exception_handler(Exception, internal_error)
     app = gr.mount_gradio_app(
         app, demo, path="/", auth=accounts.check_password if accounts is not None else None,
-        auth_message="Reame: log in with your user name and password.", css=CSS + USERS_CSS, js=PAGE_JS,
+        auth_message="Reame: log in with your user name and password.", css=CSS + USERS_CSS,
+        js=PAGE_JS,
         # Only gr.Error messages reach clients; anything else is logged, not shown.
         show_error=False, ssr_mode=False, run_history=False,
         # Behind a proxy that serves it under a path: the page's own links and API calls.
@@ -109,7 +110,7 @@ def serve(config: Config, service: ChatService, accounts: Accounts | None) -> No
     # named: otherwise anyone could name any address (login limits) or claim https.
     proxies = config.server.trusted_proxies.replace(" ", "")
     # Connections limited per address and in all, with a deadline for each request's headers
-    # (reame/web/connections.py); a proxy's clients are counted by the proxy.
+    # (reame/web/http/connections.py); a proxy's clients are counted by the proxy.
     uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning",
                 timeout_graceful_shutdown=5, proxy_headers=bool(proxies),
                 forwarded_allow_ips=proxies or None,

@@ -17,8 +17,8 @@ from reame.chats.service import ChatError, ChatNotFound, ChatService
 from reame.chats.store import END_MARK, MARK, Chat, Message, MessageTree
 from reame.config.chat_settings import ChatSettings
 from reame.config.setting import STRICT, WHOLE_NUMBER, first_problem
-from reame.web.turn_updates import turn_updates
-from reame.web.user import user_of
+from reame.web.http.turn_updates import turn_updates
+from reame.web.http.user import user_of
 
 
 def chat_summary(chat: Chat) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def host_name(host: str) -> str:
 UPLOAD_PATH = "/gradio_api/upload"  # the page's file uploads (an import of chats)
 # The request bodies taken, in bytes.
 MAX_BODY_BYTES = 2 << 20  # any request (the page, the Gradio API, /v1), checked here
-MAX_V1_BODY_BYTES = 1 << 20  # /v1's, checked by openai_api.py: far more text than any context
+MAX_V1_BODY_BYTES = 1 << 20  # /v1's, checked by v1/common.py: far more text than any context
 MULTIPART_SLACK = 64 << 10  # an upload's body beyond its file: the form's parts
 
 

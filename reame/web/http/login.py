@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reame.accounts.live import LiveAccounts
 from reame.accounts.users import Accounts
-from reame.web.app_path import app_path
+from reame.web.http.app_path import app_path
 
 MAX_FAILURES = 10  # failed logins per address within FAILURE_WINDOW_S; then it waits
 FAILURE_WINDOW_S = 600

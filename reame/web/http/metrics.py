@@ -34,7 +34,7 @@ from reame.chats.service import ChatService
 from reame.config.reame_conf import LOOPBACK_NAMES
 from reame.inference.cache_state import FROM_FILES
 from reame.inference.turn import Decoding, TurnStats
-from reame.web.app_path import app_path
+from reame.web.http.app_path import app_path
 
 log = logging.getLogger(__name__)
 

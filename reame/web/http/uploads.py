@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reame.chats import documents
-from reame.web.guard import UPLOAD_PATH, refuse
+from reame.web.http.guard import UPLOAD_PATH, refuse
 
 KINDS = tuple(dict.fromkeys((".json", *documents.KINDS)))
 KEEP_S = 600.0  # an upload not imported within 10 minutes is deleted

@@ -1,7 +1,7 @@
 """Documents attached to the message being written: the page's strip of them above the message
-box, and the handlers that add and remove them (page.py wires them).
+box, and the handlers that add and remove them (layout.py wires them).
 
-Attaching runs for everyone at once (page.py: no concurrency limit): a text file is read at
+Attaching runs for everyone at once (layout.py: no concurrency limit): a text file is read at
 once, a PDF waits for its turn among the server's PDF readers, one at a time per user
 (reame/chats/pdf_readers.py), so one person's slow PDFs never hold up another's attachments.
 
@@ -20,8 +20,8 @@ from reame.chats.documents import Document, DocumentRefused, clean_name, compose
 from reame.chats.pdf_readers import PdfReaders
 from reame.chats.service import ChatService
 from reame.config.refusals import ChatError
-from reame.web.uploads import UploadRefused, Uploads, session_key
-from reame.web.user import user_of
+from reame.web.http.uploads import UploadRefused, Uploads, session_key
+from reame.web.http.user import user_of
 
 MAX_DOCUMENTS = 8  # attached to one message
 

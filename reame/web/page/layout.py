@@ -1,4 +1,4 @@
-"""The Gradio page: its layout and the wiring of its events to the handlers (page_handlers.py:
+"""The Gradio page: its layout and the wiring of its events to the handlers (sending.py:
 thin handlers over ChatService; they take state and return state)."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from reame.admin.live_settings import Settings
 from reame.chats.documents import KINDS
 from reame.chats.service import ChatService
 from reame.config.chat_settings import FIELD
-from reame.web.attachments import Attachments
-from reame.web.live_replies import LiveReplies
-from reame.web.page_handlers import PageHandlers
-from reame.web.page_parts import (
+from reame.web.http.uploads import Uploads
+from reame.web.http.user import user_of
+from reame.web.page.attachments import Attachments
+from reame.web.page.live_replies import LiveReplies
+from reame.web.page.parts import (
     ASKED_JS,
     CLEAR_JS,
     DOWNLOAD_JS,
@@ -30,10 +31,9 @@ from reame.web.page_parts import (
     panel,
     panel_js,
 )
-from reame.web.settings_tab import banner_texts, build_settings_tab, cache_markdown
-from reame.web.uploads import Uploads
-from reame.web.user import user_of
-from reame.web.users_panel import UsersPanel
+from reame.web.page.sending import PageHandlers
+from reame.web.page.settings_tab import banner_texts, build_settings_tab, cache_markdown
+from reame.web.page.users_panel import UsersPanel
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from reame.chats.store import MessageTree
 from reame.config.refusals import ChatError, ChatNotFound
 from reame.inference.turn import TurnUpdate
 from reame.inference.turn_stream import TurnStream
-from reame.web.turn_updates import turn_updates
+from reame.web.http.turn_updates import turn_updates
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 () => {
-    // The page's own behaviour, run once when it loads (reame/web/page_parts.py, PAGE_JS).
+    // The page's own behaviour, run once when it loads (reame/web/page/parts.py, PAGE_JS).
     // Buttons rendered by the server (the chat list, a message's tools) carry a
     // data-reame-action; it reaches the server through the hidden action button.
     const $ = (selector, root = document) => root.querySelector(selector);
@@ -78,7 +78,7 @@
     // The address bar names the chat shown (?chat=ID; none for a new or no chat), the rest of
     // the address kept (a proxy's path, other parameters). Each chat opened is a step of the
     // history, which Back and Forward retrace; the page's own load and a step retraced add
-    // none. The page shows the chat asked for when it loads (page.py, ASKED_JS).
+    // none. The page shows the chat asked for when it loads (layout.py, ASKED_JS).
     let replaceUrl = true;
     window.reameShowUrl = (id) => {
         const url = new URL(location.href);
@@ -284,7 +284,7 @@
     }, true);
 
     // What the person waited, from Enter (or Send) to the first words of the reply on the
-    // screen, measured here and told to the server (page.py, #reame-waited) for the reply's
+    // screen, measured here and told to the server (layout.py, #reame-waited) for the reply's
     // stats line: the server alone sees neither the way there nor the way back.
     let pressed = null;  // {at: the press's time, bots: the replies shown then}
     const bubbles = () => document.querySelectorAll(
@@ -326,7 +326,7 @@
     };
 
     // While a reply is read and written, a quiet line under the message box says so (Gradio's
-    // own progress text is off: page.py).
+    // own progress text is off: layout.py).
     const showWriting = () => {
         let note = $("#reame-busy");
         if (!note) {

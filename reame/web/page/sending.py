@@ -1,4 +1,4 @@
-"""The page's handlers: what each event of the page does, over ChatService (page.py lays the
+"""The page's handlers: what each event of the page does, over ChatService (layout.py lays the
 page out and wires its events to these). Every handler that touches a chat passes on the
 logged-in user (gr.Request): the service answers for another user's chat as if it did not
 exist."""
@@ -19,20 +19,20 @@ from reame.chats.service import ChatService
 from reame.chats.turns import kept_on_regenerate
 from reame.config.chat_settings import FIELD, ChatSettings
 from reame.config.refusals import ChatError, ChatNotFound, EmptyMessage, NoModel
-from reame.web.attachments import strip_html, with_documents
-from reame.web.chat_list import archived_listing_html, latest_chat_id, listing_html
-from reame.web.live_replies import LiveReplies, LiveReply
-from reame.web.page_parts import download_payload, flatten
-from reame.web.render import (
+from reame.web.http.uploads import UploadRefused, Uploads, session_key
+from reame.web.http.user import user_of
+from reame.web.page.attachments import strip_html, with_documents
+from reame.web.page.chat_list import archived_listing_html, latest_chat_id, listing_html
+from reame.web.page.live_replies import LiveReplies, LiveReply
+from reame.web.page.parts import download_payload, flatten
+from reame.web.page.render import (
     shown_reply,
     to_chatbot,
     user_html,
     user_text,
     without_added,
 )
-from reame.web.settings_tab import cache_markdown, loading_text
-from reame.web.uploads import UploadRefused, Uploads, session_key
-from reame.web.user import user_of
+from reame.web.page.settings_tab import cache_markdown, loading_text
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _settings_values(service: ChatService, chat_id: int | None, user: str | None
 
 
 class PageHandlers:
-    """The handlers of one page (page.py wires them). live: the replies being written, which
+    """The handlers of one page (layout.py wires them). live: the replies being written, which
     go on whatever the page shows."""
 
     def __init__(self, service: ChatService, live: LiveReplies, *,

@@ -15,8 +15,8 @@ from reame.admin.live_settings import Settings, SettingsError
 from reame.chats.service import ChatService
 from reame.config.reame_conf import setting
 from reame.models.pull import Pulled, PullError
-from reame.web.render import inert_html
-from reame.web.user import user_of
+from reame.web.http.user import user_of
+from reame.web.page.render import inert_html
 
 log = logging.getLogger(__name__)
 

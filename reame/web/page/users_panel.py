@@ -20,9 +20,9 @@ from reame.accounts import manage
 from reame.accounts.live import LiveAccounts
 from reame.accounts.users import MIN_PASSWORD, AccountError, Accounts
 from reame.chats.service import ChatService
-from reame.web.page_parts import HIDDEN
-from reame.web.render import inert_html
-from reame.web.user import user_of
+from reame.web.http.user import user_of
+from reame.web.page.parts import HIDDEN
+from reame.web.page.render import inert_html
 
 USERS_CSS = """
 html[data-reame-role=user] #users-tab-button { display: none !important; }

@@ -1,5 +1,5 @@
 """OpenAI-compatible endpoints on the app's own server: GET /v1/models, POST /v1/chat/completions
-(and POST /v1/completions, completions_api.py).
+(and POST /v1/completions, completions.py).
 
 Stateless clients resend the whole conversation each time; the KV cache finds it anyway (the
 request's tokens are looked up by chained block hashes among the KV files, tokens checked), so
@@ -40,11 +40,9 @@ from reame.chats.service import (
 )
 from reame.inference.held import GrammarError
 from reame.inference.turn_stream import TurnStream
-from reame.web.completions_api import add_completions
-from reame.web.openai_reply import ReplyShape
-from reame.web.openai_request import ApiError, CompletionRequest, parse_request
-from reame.web.turn_updates import UpdateFeed
-from reame.web.v1_common import (
+from reame.web.http.turn_updates import UpdateFeed
+from reame.web.v1.chat_request import ApiError, CompletionRequest, parse_request
+from reame.web.v1.common import (
     CHAT_HEADER,
     INTERNAL_ERROR,
     STOPPED_BY_SERVER,
@@ -61,6 +59,8 @@ from reame.web.v1_common import (
     turn_refusal,
     usage_of,
 )
+from reame.web.v1.completions import add_completions
+from reame.web.v1.reply_shape import ReplyShape
 
 log = logging.getLogger(__name__)
 

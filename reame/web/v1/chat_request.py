@@ -34,7 +34,7 @@ from reame.inference.tools import (
 from reame.inference.tools import grammar as tool_grammar
 
 MAX_STOPS = 4
-MAX_CHOICES = 16  # n: also at most the server's slots (openai_api.py)
+MAX_CHOICES = 16  # n: also at most the server's slots (chat_completions.py)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
 MAX_TOOLS = 128  # OpenAI's limit

@@ -1,4 +1,4 @@
-"""What the /v1 routes share (openai_api.py: chat completions; completions_api.py: text
+"""What the /v1 routes share (chat_completions.py: chat completions; completions.py: text
 completions): reading a JSON body, noticing a client that hangs up, a request refused or a
 turn ended in OpenAI's shape and status, the usage and Reame's own figures of an answer."""
 
@@ -25,9 +25,9 @@ from reame.chats.service import (
 )
 from reame.config.refusals import RETRY_LOADING_S, RETRY_NO_MODEL_S
 from reame.inference.turn_stream import TurnStream
-from reame.web.guard import MAX_V1_BODY_BYTES
-from reame.web.openai_request import ApiError, error_response
-from reame.web.turn_updates import UpdateFeed
+from reame.web.http.guard import MAX_V1_BODY_BYTES
+from reame.web.http.turn_updates import UpdateFeed
+from reame.web.v1.chat_request import ApiError, error_response
 
 CHAT_HEADER = "X-Reame-Chat"
 

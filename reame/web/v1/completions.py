@@ -4,7 +4,7 @@ The prompt is the client's own text (completion clients write their own template
 with its control tokens parsed and a BOS where the model wants one, as llama-server does; no
 chat template. Its KV is found by its tokens like a stateless conversation's (the cache's
 chained block hashes), so a client that resends its text grown by the completion and more
-evaluates only what is new. Everything else is /v1/chat/completions' (openai_api.py): the key,
+evaluates only what is new. Everything else is /v1/chat/completions' (chat_completions.py): the key,
 the JSON-only body and its size, the refusals (429, 503, OpenAI's error shape), a client that
 hangs up stopping its turn.
 """
@@ -22,10 +22,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from reame.chats.service import ChatError, ChatNotFound, ChatService, TurnUpdate
-from reame.web.completions_request import TextRequest, parse_completions
-from reame.web.openai_request import ApiError
-from reame.web.turn_updates import UpdateFeed
-from reame.web.v1_common import (
+from reame.web.http.turn_updates import UpdateFeed
+from reame.web.v1.chat_request import ApiError
+from reame.web.v1.common import (
     INTERNAL_ERROR,
     STOPPED_BY_SERVER,
     client_gone,
@@ -39,6 +38,7 @@ from reame.web.v1_common import (
     turn_refusal,
     usage_of,
 )
+from reame.web.v1.completions_request import TextRequest, parse_completions
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The body of POST /v1/completions (OpenAI's legacy text completions) as a pydantic model,
-checked as strictly as a chat request's (openai_request.py): JSON's own types, a field that is
+checked as strictly as a chat request's (chat_request.py): JSON's own types, a field that is
 not OpenAI's refused by name, and each of OpenAI's parameters honoured or refused by name
 unless it has its neutral value (UNSUPPORTED)."""
 
@@ -12,10 +12,10 @@ from pydantic import Field, ValidationError
 
 from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P
 from reame.config.chat_settings import FIELD
-from reame.web.openai_request import (
+from reame.web.v1.chat_request import (
     EXPECTED as CHAT_EXPECTED,
 )
-from reame.web.openai_request import (
+from reame.web.v1.chat_request import (
     MAX_STOPS,
     ApiError,
     NonEmpty,
