@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import platform
 from pathlib import Path
+
+from .report_format import (  # noqa: F401 (report.table and friends: the benchmarks' names)
+    load_average,
+    log_ticks,
+    machine_info,
+    mb,
+    pct,
+    ratio,
+    save_figure,
+    secs,
+    table,
+    target_row,
+)
 
 from .systems import (
     DISK_CACHE,
@@ -19,69 +30,6 @@ from .systems import (
 
 COLORS = {REAME: "#1b7837", NO_CACHE: "#b2182b", DISK_CACHE: "#2166ac"}
 MARKERS = {REAME: "o", NO_CACHE: "s", DISK_CACHE: "^"}
-
-
-# machine
-
-
-def machine_info() -> dict:
-    """CPU model, cores, RAM, versions: what the numbers depend on."""
-    import llama_cpp
-    import psutil
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu, "arch": platform.machine(), "cores": os.cpu_count(),
-        "ram_gb": round(psutil.virtual_memory().total / 1024 ** 3, 1),
-        "os": platform.platform(), "python": platform.python_version(),
-        "llama_cpp_python": llama_cpp.__version__,
-    }
-
-
-def load_average() -> str:
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-# formatting
-
-
-def table(headers: list[str], rows: list[list]) -> str:
-    """A markdown table."""
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
-
-
-def secs(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
-
-
-def mb(n: float | None) -> str:
-    return "n/a" if n is None else f"{n / MB:,.1f}"
-
-
-def ratio(a: float | None, b: float | None) -> str:
-    """How many times b is a (b / a), e.g. the speed-up of a over b."""
-    if not a or b is None:
-        return "n/a"
-    return f"{b / a:,.1f}x"
-
-
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.1f} %"
 
 
 def rss(row: dict) -> str:
@@ -246,7 +194,7 @@ def table_restore(rt: dict) -> str:
     return table(["step (median of %d)" % rt["reps"], "ms", "MB/s"], rows)
 
 
-def table_save(ss: dict) -> str:
+def tablesave_figure(ss: dict) -> str:
     rows = [[r["scenario"], r["turns"], f"{r['save_ms']:,.1f}", f"{r['share'] * 100:.1f} %",
              f"{r['max_share'] * 100:.1f} %", f"{r.get('write_ms', 0):,.0f}",
              f"{r['mb_per_s']:,.0f}"] for r in ss["rows"]]
@@ -267,12 +215,12 @@ def targets(res: dict) -> list[dict]:
         reame, none, ldc = (_by(s1["rows"], size=size, system=k) for k in SYSTEMS)
         if reame and none:
             x = none["ttft_s"] / reame["ttft_s"]
-            out.append(_target(f"restart at {size:,} tokens: reame >= 20x faster to first token "
+            out.append(target_row(f"restart at {size:,} tokens: reame >= 20x faster to first token "
                                "than no cache", f"{x:,.1f}x ({secs(reame['ttft_s'])} s vs "
                                f"{secs(none['ttft_s'])} s)", x >= 20))
         if reame and ldc:
             x = ldc["ttft_s"] / reame["ttft_s"]
-            out.append(_target(f"restart at {size:,} tokens: reame >= 5x faster than "
+            out.append(target_row(f"restart at {size:,} tokens: reame >= 5x faster than "
                                "LlamaDiskCache", f"{x:,.1f}x ({secs(reame['ttft_s'])} s vs "
                                f"{secs(ldc['ttft_s'])} s)", x >= 5))
         for variant, how in ((REAME_OPENED, "the chat opened before the message (the page "
@@ -282,7 +230,7 @@ def targets(res: dict) -> list[dict]:
             page = _by(s1["rows"], size=size, system=variant)
             if page and ldc:
                 x = ldc["ttft_s"] / page["ttft_s"]
-                out.append(_target(f"the same, with {how}", f"{x:,.1f}x "
+                out.append(target_row(f"the same, with {how}", f"{x:,.1f}x "
                                    f"({secs(page['ttft_s'])} s vs {secs(ldc['ttft_s'])} s)",
                                    x >= 5))
         lo, hi = min(s1["sizes"]), max(s1["sizes"])
@@ -292,35 +240,31 @@ def targets(res: dict) -> list[dict]:
                                                                   system=variant)
             if a and b and lo != hi:
                 x = b["ttft_s"] / a["ttft_s"]
-                out.append(_target(f"{name} grows at most 2x from {lo:,} to {hi:,} tokens",
+                out.append(target_row(f"{name} grows at most 2x from {lo:,} to {hi:,} tokens",
                                    f"{x:.2f}x ({secs(a['ttft_s'])} s -> "
                                    f"{secs(b['ttft_s'])} s)", x <= 2))
     rt = res.get("restore")
     if rt and rt.get("ratio"):
-        out.append(_target("restore (read + restore) within 2x of a plain read of the file",
+        out.append(target_row("restore (read + restore) within 2x of a plain read of the file",
                            f"{rt['ratio']:.2f}x ({rt['tokens']:,}-token file, "
                            f"{rt['file_bytes'] / MB:.1f} MB)", rt["ratio"] <= 2))
     s4 = res.get("s4")
     if s4:
         reame = _by(s4["rows"], system=REAME)
         if reame and reame["overhead"] is not None:
-            out.append(_target("low overlap: reame within 10 % of no cache (mean turn time)",
+            out.append(target_row("low overlap: reame within 10 % of no cache (mean turn time)",
                                pct(reame["overhead"]), reame["overhead"] <= 0.10))
     s6 = res.get("s6")
     if s6:
         reame, none = _by(s6["rows"], system=REAME), _by(s6["rows"], system=NO_CACHE)
         if reame and none:
             x = reame["sum_total_s"] / none["sum_total_s"]
-            out.append(_target("over time: reame's cumulative time at most 1/3 of no cache's",
+            out.append(target_row("over time: reame's cumulative time at most 1/3 of no cache's",
                                f"{x:.2f} ({secs(reame['sum_total_s'])} s vs "
                                f"{secs(none['sum_total_s'])} s)", x <= 1 / 3))
-    from .report_users import targets_users  # it imports this module's helpers
+    from .report_users import targets_users
 
     return out + targets_users(res.get("users"))
-
-
-def _target(name: str, measured: str, hit: bool) -> dict:
-    return {"target": name, "measured": measured, "hit": hit}
 
 
 def table_targets(items: list[dict]) -> str:
@@ -530,7 +474,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                   "file, fsync, rename) is written by a background thread after the reply: "
                   "'background write ms'; the benchmark waits for it, untimed, before the next "
                   "step. MB/s = bytes written / background write time.", "",
-                  table_save(sc["save"])]
+                  tablesave_figure(sc["save"])]
     for model in results["models"][1:]:
         parts += ["", f"## Larger shape: {model['name']}", "", model.get("description", "")]
         if "s1" in model["scenarios"]:
@@ -598,7 +542,7 @@ def plot_plan(plan: dict, path: Path) -> str:
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_ttft(models: list[dict], path: Path) -> str:
@@ -620,34 +564,14 @@ def plot_ttft(models: list[dict], path: Path) -> str:
         ax.set_xticks(sizes)
         ax.set_xticklabels([f"{s:,}" for s in sizes])
         ax.minorticks_off()
-        _log_ticks(ax, [r["ttft_s"] for r in rows])
+        log_ticks(ax, [r["ttft_s"] for r in rows])
         ax.set_xlabel("history before the new message (tokens)")
         ax.set_ylabel("time to first token after a restart (s)")
         ax.set_title(model["name"], fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend()
     fig.suptitle("Restart and continue: time to first token (log-log)")
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> str:
-    """Lay out, write and close a figure; its file name, for results.md."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path.name
-
-
-def _log_ticks(ax, values: list[float]) -> None:
-    """Readable ticks (0.1, 0.2, 0.5, 1, 2, 5, ...) on a log y axis."""
-    low, high = min(values), max(values)
-    ticks = [m * 10 ** e for e in range(-3, 4) for m in (1, 2, 5)]
-    ticks = [t for t in ticks if low / 1.5 <= t <= high * 1.5]
-    ax.set_yticks(ticks)
-    ax.set_yticklabels([f"{t:g}" for t in ticks])
-    ax.yaxis.set_minor_locator(__import__("matplotlib").ticker.NullLocator())
+    return save_figure(fig, path)
 
 
 def plot_over_time(s6: dict, path: Path) -> str:
@@ -666,7 +590,7 @@ def plot_over_time(s6: dict, path: Path) -> str:
                  f"restart every {s6['restart_every']}")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_low_overlap(s4: dict, path: Path) -> str:
@@ -696,7 +620,7 @@ def plot_low_overlap(s4: dict, path: Path) -> str:
     ax.set_title("Low overlap: the cost of saving when nothing is reused")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 LONG_COLORS = {"shift": COLORS[REAME], "re-evaluate": "#762a83"}
@@ -722,7 +646,7 @@ def plot_long_chat(s7: dict, path: Path) -> str:
                        label=f"overflow, {variant} ({len(over)})")
     ax.set_yscale("log")
     if values:
-        _log_ticks(ax, values)
+        log_ticks(ax, values)
     ax.xaxis.set_major_locator(__import__("matplotlib").ticker.MaxNLocator(integer=True))
     ax.set_xlabel("turn")
     ax.set_ylabel("time to first token (s, log)")
@@ -730,4 +654,4 @@ def plot_long_chat(s7: dict, path: Path) -> str:
                  "KV shifted vs window re-evaluated at each overflow")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)

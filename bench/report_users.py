@@ -1,13 +1,14 @@
 """The several-users scenario in the report: its table, method note, targets and plot.
 
-report.py calls these; they use its helpers (tables, number formats, figures).
+report.py calls these; the shared helpers (tables, number formats, figures) are
+report_format.py's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .report import _log_ticks, _save, _target, secs, table
+from .report_format import log_ticks, save_figure, secs, table, target_row
 from .servers import LLAMA_SERVER, REAME_SERIAL, REAME_SLOTS
 
 COLORS = {REAME_SLOTS: "#1b7837", REAME_SERIAL: "#e08214", LLAMA_SERVER: "#2166ac"}
@@ -97,14 +98,14 @@ def targets_users(u: dict | None) -> list[dict]:
     serial = _row(u, REAME_SERIAL, TARGET_USERS)
     if row and row["p95_s"] is not None:
         versus = f"; reame serial {secs(serial['p95_s'])} s" if serial else ""
-        out.append(_target(
+        out.append(target_row(
             f"{TARGET_USERS} users: p95 first token of a short message on a "
             f"{u['history_tokens']:,}-token history at most {TARGET_P95_S:g} s while other "
             "replies stream (reame)", f"{secs(row['p95_s'])} s{versus}",
             row["p95_s"] <= TARGET_P95_S))
     if row and row.get("vs_one") is not None:
         alone = _row(u, REAME_SLOTS, 1)
-        out.append(_target(
+        out.append(target_row(
             f"aggregate tokens/s with {TARGET_USERS} active replies at least "
             f"{TARGET_TOK_RATIO:g}x of one reply alone (reame)",
             f"{row['vs_one']:.2f}x ({row['tok_s']:,.1f} vs {alone['tok_s']:,.1f} tokens/s)",
@@ -138,14 +139,14 @@ def plot_users(models: list[dict], path: Path) -> str:
         ax.set_xticklabels([str(n) for n in u["counts"]])
         ax.minorticks_off()
         ax.set_yscale("log")
-        _log_ticks(ax, values)
+        log_ticks(ax, values)
         ax.set_xlabel("users at once")
         ax.set_ylabel(f"p95 first token (s), {u['history_tokens']:,}-token history")
         ax.set_title(model["name"], fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=9)
     fig.suptitle("Several users: p95 time to first token while others' replies stream")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def table_batch(b: dict) -> str:

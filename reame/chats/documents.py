@@ -24,7 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from reame.config.refusals import ChatError
+from reame.chats.pdf_readers import MAX_PAGES  # noqa: F401 (documents.MAX_PAGES)
+from reame.chats.pdf_readers import read_pdf as read_pdf_at_once
+from reame.config.refusals import DocumentRefused  # noqa: F401 (documents.DocumentRefused)
 
 PDF = ".pdf"
 # Text, Markdown and code: read as UTF-8 text.
@@ -33,16 +35,11 @@ TEXT_KINDS = (".txt", ".md", ".markdown", ".rst", ".csv", ".tsv", ".log", ".json
               ".tsx", ".jsx", ".java", ".c", ".h", ".cpp", ".hpp", ".cc", ".rs", ".go", ".rb",
               ".php", ".sh", ".sql", ".kt", ".swift", ".cs", ".lua", ".r", ".tex")
 KINDS = (*TEXT_KINDS, PDF)
-MAX_PAGES = 1000  # of a PDF read (its text must fit the context anyway)
 MAX_NAME = 120  # characters of a document's name kept
 
 _OPEN = '<document name="{name}">\n'
 _CLOSE = "\n</document>\n\n"
 _BLOCK = re.compile(r'<document name="([^"\n]*)">\n(.*?)\n</document>\n\n', re.DOTALL)
-
-
-class DocumentRefused(ChatError):
-    """A file that cannot be attached (its kind, its content); the words say why."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +79,7 @@ def read_document(name: str, data: bytes,
             f"{shown} cannot be attached: only text, Markdown, code and PDF files can "
             f"({', '.join(KINDS)})")
     if kind == PDF:
-        if read_pdf is None:
-            from reame.chats.pdf_readers import read_pdf  # it imports this module
-        text = read_pdf(shown, data)
+        text = (read_pdf or read_pdf_at_once)(shown, data)
     else:
         text = _plain_text(shown, data)
     # A text holding the block's own closing line would end the block early.

@@ -25,9 +25,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import reame
-from reame.chats.documents import MAX_PAGES, DocumentRefused
 from reame.chats.pdf_worker import Limits
+from reame.config.refusals import DocumentRefused
 
+MAX_PAGES = 1000  # of a PDF read (its text must fit the context anyway)
 LIMITS = Limits(max_pages=MAX_PAGES)
 SLOTS = max(1, min(os.cpu_count() or 1, 4))  # readers at once, server-wide
 MAX_WAITING = 8  # PDFs of one user waiting for a reader or being read

@@ -34,6 +34,10 @@ class NoModel(ChatError):
     """No model is loaded; the message says why."""
 
 
+class DocumentRefused(ChatError):
+    """A file that cannot be attached (its kind, its content); the words say why."""
+
+
 class ServerBusy(ChatError):
     """Every slot is busy and the line of waiting turns is full: come back later."""
 
