@@ -328,10 +328,11 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
                            prompts.tokens(LONG_SYSTEM, [PromptMessage("user", "Say hello.")]))
     assert shared % BLOCK, "the test needs a shared opening that ends inside a block"
     # All of the shared opening's whole chunks; here even more: chat one's own file is found
-    # by its tokens (the block-hash index), as it starts with this very prompt: all of it but
-    # its last chunk (evaluated again, as a cold start does).
-    last_chunk = last.stats.prompt_tokens - whole_chunks(last.stats.prompt_tokens - 1)
-    assert last.stats.reused == last.stats.prompt_tokens - last_chunk >= whole_chunks(shared)
+    # by its tokens (the block-hash index), as it starts with this very prompt, and keeps the
+    # logits of its end: all of it, nothing evaluated (the same bits as chat one's, made by
+    # the decodes a cold start makes).
+    assert last.stats.reused == last.stats.prompt_tokens > whole_chunks(shared)
+    assert last.stats.prefilled == 0
     later.kv.flush()
     fresh = Node(folder, model_path)  # nothing live: only the snapshot shares this much
     other = fresh.service.new_chat(system_prompt=LONG_SYSTEM)
@@ -521,35 +522,30 @@ def test_with_the_cache_off_a_restart_recomputes_everything(folder, model_path):
     assert not (folder / "kv").exists()
 
 
-def test_gemma3_sliding_window_restores_short_chats_and_recomputes_long_ones(folder, gemma_path):
+def test_gemma3_sliding_window_restores_short_and_long_chats(folder, gemma_path):
     node = Node(folder, gemma_path)
-    assert node.engine.restore_limit == 512, "Gemma 3 270M has a 512-token window"
+    assert node.engine.n_swa == 512, "Gemma 3 270M has a 512-token window"
+    assert node.engine.cuttable(511) and not node.engine.cuttable(512)
     short = node.service.new_chat()
     node.say(short.id, "When does the library open?")
-    long = node.service.new_chat(
-        system_prompt="The library opens at nine and closes at five. " * 60)
+    opening = "The library opens at nine and closes at five. " * 60
+    long = node.service.new_chat(system_prompt=opening)
     node.say(long.id, "When does the library open?")
     assert len(node.engine.tokens) > 512
-    assert node.kv.peek(node.kv.chat_path(long.id)) is None, "no file past the window"
+    # Past the window too: llama.cpp saves the window's KV, and the chat resumes at its end.
+    assert node.kv.peek(node.kv.chat_path(long.id)) == node.engine.tokens
 
     node.kv.flush()
     later = Node(folder, gemma_path)
-    # The restored chat gives the uninterrupted chat's reply (its kept KV, the same decodes);
-    # the recomputed one gives a cold recomputation's (from position 0, the same plan).
-    short_ref = sitting(folder / "a", gemma_path,
-                        ["When does the library open?", "When does it close?"])[-1]
-    long_ref = cold_reply(folder / "b", gemma_path, node, long.id, "When does it close?")
-    restored = later.say(short.id, "When does it close?")
-    assert restored.stats.source == "disk"
-    assert_only_new_tokens_evaluated(restored)
-    assert restored.text == short_ref
-    recomputed = later.say(long.id, "When does it close?")
-    # Not its own file: at most the opening's snapshot, while it fits in the window (512
-    # tokens of its system prompt, whole chunks), or a token or two of the other chat's KV.
-    assert recomputed.stats.source in ("none", "live", "prefix")
-    assert recomputed.stats.reused <= node.engine.restore_limit
-    assert recomputed.stats.prefilled == recomputed.stats.prompt_tokens - recomputed.stats.reused
-    assert recomputed.text == long_ref
+    # Both give the uninterrupted chat's reply (its kept KV, the same decodes).
+    script = ["When does the library open?", "When does it close?"]
+    short_ref = sitting(folder / "a", gemma_path, script)[-1]
+    long_ref = sitting(folder / "b", gemma_path, script, system_prompt=opening)[-1]
+    for chat, reference in ((short, short_ref), (long, long_ref)):
+        restored = later.say(chat.id, "When does it close?")
+        assert restored.stats.source == "disk"
+        assert_only_new_tokens_evaluated(restored)
+        assert restored.text == reference
 
 
 def test_a_chat_deleted_while_it_answers_leaves_no_file(folder, model_path):
@@ -742,7 +738,9 @@ def test_an_opening_reused_from_memory_counts_as_one_restored_from_a_file(folder
     later = Node(folder, model_path)  # nothing live: the opening comes from a file
     base_later = later.service.cache_stats()
     third = later.service.new_chat(system_prompt=system)
-    from_file = later.say(third.id, "Say hello.")
+    # (Not "Say hello." again: the second chat's file keeps that very prompt's logits, and
+    # would give all of it.)
+    from_file = later.say(third.id, "Say goodbye.")
     assert from_file.stats.source in ("prefix", "disk", "branch")
     assert from_file.stats.reused == from_memory.stats.reused
     files = later.service.cache_stats()

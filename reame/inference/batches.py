@@ -134,6 +134,33 @@ def resume_point(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequen
     return resume if continues else cold
 
 
+def reachable(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int],
+              points: Iterable[int] | None, *, complete: bool = True) -> int:
+    """resume_point, where the KV can resume only at some positions (points: its end and
+    its marks, kv_memory.py; None: at any batch boundary): the farthest of them that is a
+    resume point of prompt itself (0: none)."""
+    reach = resume_point(batches, tokens, prompt, complete=complete)
+    if points is None or reach == 0:
+        return reach
+    for at in sorted({p for p in points if 0 < p <= reach}, reverse=True):
+        if (at == reach or at in (b.end for b in batches)) and resume_point(
+                truncated(batches, at), tokens[:at], prompt, complete=complete) == at:
+            return at
+    return 0
+
+
+def replays(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int]) -> bool:
+    """Whether the KV's decodes up to prompt's end (tokens start with prompt) are the ones an
+    evaluation of prompt makes after resuming from this KV: the logits they left at prompt's
+    end are then the very bits that evaluation gives (a kept prompt's logits, reused)."""
+    at = len(prompt)
+    if list(tokens[:at]) != list(prompt) or at not in (b.end for b in batches):
+        return False
+    start = resume_point(batches, tokens, prompt)
+    return [(b.start, b.end) for b in batches if start <= b.start < at] == plan(
+        start, at, kept_from(truncated(batches, start)))
+
+
 def cold_prefix(batches: Sequence[Batch]) -> int:
     """How many leading tokens were made by whole chunks from position 0: the KV any prompt
     starting with them would get from a fresh evaluation."""

@@ -19,16 +19,25 @@ whatever users do: made when the model loads, and pinned against eviction).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from pathlib import Path
 
-from reame.inference.batches import cold_prefix, resume_point, whole_chunks
+from reame.inference.batches import (
+    cold_prefix,
+    reachable,
+    replays,
+    truncated,
+    whole_chunks,
+)
 from reame.inference.cache_figures import CacheFigures
 from reame.inference.cache_state import FROM_FILES, Ahead, Counts, Drop, Live, Restored
 from reame.inference.engine import Engine, Sequence, common_prefix
+from reame.inference.kv.kvfile import Head, KVEntry
 from reame.inference.kv.kvindex import FileIndex, prompt_key
 from reame.inference.kv.kvstore import BLOCK, KVStore, block_hashes
+from reame.inference.kv_memory import Mark
 from reame.inference.scope import NO_ACCOUNTS, SHARED, Scope
 
 log = logging.getLogger(__name__)
@@ -204,7 +213,7 @@ class KVCache(CacheFigures):
             head = self.files.head(path)
             if head is None or not self._readable(head.scope, source):
                 continue
-            reach = resume_point(head.batches, head.tokens, prompt)
+            reach = self._reach(head, prompt)
             if reach > live:
                 ranked.append((reach, -order, source, path))
                 farthest = max(farthest, reach)
@@ -215,7 +224,7 @@ class KVCache(CacheFigures):
             with entry:
                 if not self._readable(entry.scope, source):
                     continue  # replaced since its head was read
-                ok = engine.restore(entry.tokens, entry.state, entry.batches)
+                ok = self._load(entry, reach)
                 if not entry.verified():
                     engine.clear()
                     self.files.reject(path, "checksum mismatch (corrupt or truncated)")
@@ -224,11 +233,35 @@ class KVCache(CacheFigures):
                 self.files.reject(path, "llama.cpp did not take the state back exactly")
                 continue
             if not engine.truncate(reach):
-                log.warning("KV of %s cannot be cut at %d tokens (sliding window or recurrent "
-                            "model): recomputing", path.name, reach)
+                log.warning("KV of %s cannot be cut at %d tokens (%s memory): recomputing",
+                            path.name, reach, engine.kind)
                 continue
             return Restored(reach, source)
         return None
+
+    def _reach(self, head: Head, prompt: list[int]) -> int:
+        """How much of prompt a file can give, at a position its KV resumes from exactly (its
+        end, a mark, or any batch boundary where the memory can be cut back): all of prompt
+        when the file keeps the logits of prompt's end (the same prompt again)."""
+        points = self.engine.resume_points(head.tokens, head.resume_marks())
+        at = len(prompt)
+        if (head.logits_at(at) and (points is None or at in points)
+                and replays(head.batches, head.tokens, prompt)):
+            return at
+        return reachable(head.batches, head.tokens, prompt, points)
+
+    def _load(self, entry: KVEntry, reach: int) -> bool:
+        """Restore the file's state at reach if it holds one there (its end, a mark), else
+        its end's (to be cut back), with the marks up to it (their states and logits copied
+        out of the file)."""
+        at = reach if entry.state_at(reach) is not None else len(entry.tokens)
+        floats = 4 * self.engine.n_vocab
+        marks = [Mark(where, None if state is None else bytes(state),
+                      None if logits is None or len(logits) != floats else
+                      (ctypes.c_float * self.engine.n_vocab).from_buffer_copy(logits))
+                 for where, state, logits in entry.marks if where <= at]
+        return self.engine.restore(entry.tokens[:at], entry.state_at(at),
+                                   truncated(entry.batches, at), marks)
 
     def _readable(self, scope: Scope, source: str) -> bool:
         """Whether a file of scope may serve the live scope: its own, or SHARED (a prefix)."""
@@ -240,15 +273,11 @@ class KVCache(CacheFigures):
         shared = min(common_prefix(prefix, prompt), len(prompt) - 1)
         return whole_chunks(shared)
 
-    def restorable(self, n_tokens: int) -> bool:
-        limit = self.engine.restore_limit
-        return limit is None or n_tokens <= limit
-
     def wants_snapshot(self, length: int, prompt: list[int], *, shared: bool = False) -> bool:
         """Whether prompt[:length] is worth a snapshot that is not on disk yet. Snapshots are
         found by the chained hash of their last whole block, and hold every token up to length.
         shared: of the SHARED scope (the default system prompt's opening), else the live one."""
-        if self.files is None or length < BLOCK or not self.restorable(length):
+        if self.files is None or length < BLOCK:
             return False
         head = self.files.head(self._snapshot_path(prompt[:length], shared))
         return head is None or head.tokens != prompt[:length]
@@ -286,7 +315,7 @@ class KVCache(CacheFigures):
     def pin_shared(self, prefix: list[int]) -> bool:
         """Keep the SHARED snapshot of prefix (whole chunks) from eviction; False if it is
         not on disk (then it is to be made)."""
-        if self.files is None or len(prefix) < BLOCK or not self.restorable(len(prefix)):
+        if self.files is None or len(prefix) < BLOCK:
             return True  # nothing to keep
         path = self._snapshot_path(prefix, True)
         head = self.files.head(path)
@@ -305,17 +334,13 @@ class KVCache(CacheFigures):
         if self.files is None or not self.engine.tokens:
             return 0.0
         self.live.missed = None
-        if not self.restorable(len(self.engine.tokens)):
-            # Past a sliding window the state would not come back exactly. The chat's older,
-            # shorter file (if any) stays: its tokens are still a valid prefix.
-            return 0.0
         return self._save_live(self.files.chat_path(chat_id))
 
     def _save_conversation(self) -> float:
         """Save the live KV of a stateless conversation, found later by its tokens (named by
         a hash of all of them: two conversations that end in the same block are two files)."""
         tokens = self.engine.tokens
-        if self.files is None or len(tokens) < BLOCK or not self.restorable(len(tokens)):
+        if self.files is None or len(tokens) < BLOCK:
             return 0.0
         key = prompt_key(tokens, self.scope)
         return self._save_live(self.files.prefix_path(key[len("prompt:"):]))
@@ -323,7 +348,8 @@ class KVCache(CacheFigures):
     def _save_live(self, path: Path) -> float:
         started = time.perf_counter()
         tokens, batches = list(self.engine.tokens), list(self.engine.batches)
-        self.files.write_later(path, tokens, self.engine.state(), batches, self.scope)
+        self.files.write_later(path, tokens, self.engine.state(), batches, self.scope,
+                               self.engine.seq.marks)
         self.index.add(path, tokens, batches, self.scope)
         return (time.perf_counter() - started) * 1000
 

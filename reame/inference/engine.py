@@ -1,4 +1,5 @@
-"""The llama.cpp model and context: load, evaluate, save and restore KV; one sequence per slot.
+"""The llama.cpp model and context: load, evaluate; one sequence per slot (its memory: cut,
+save, restore, marks, is kv_memory.py's).
 Tokens and text are vocab.py's (Vocabulary), sampling is sampling.py's (Sampler).
 
 The engine tracks `tokens`, the exact token list whose KV is live in the context, and
@@ -8,12 +9,10 @@ counter low, and the tests read it.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import time
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp
@@ -26,12 +25,9 @@ from reame.inference.batches import (
     common_prefix,
     kept_from,
     plan,
-    resume_point,
-    shifted,
-    truncated,
-    valid,
     whole_chunks,
 )
+from reame.inference.kv_memory import Sequence, SequenceMemory
 from reame.inference.llama_params import (
     KV_TYPES,
     context_params,
@@ -53,25 +49,6 @@ class ContextOverflow(ValueError):
     """The tokens to evaluate do not fit in the context window."""
 
 
-@dataclass(eq=False)
-class Sequence:
-    """One llama.cpp sequence of the context (a slot): the exact tokens whose KV it holds, the
-    decodes that made it (batches.py), and len(tokens) right after its last decode."""
-
-    id: int
-    tokens: list[int] = field(default_factory=list)
-    batches: list[Batch] = field(default_factory=list)
-    logits_for: int = -1
-    # Its reply's next step only decodes the token its caller was given (sampling.py): the
-    # scheduler may take that step before the caller asks for the next token.
-    decode_ahead: bool = False
-    evaluated: int = 0  # tokens its decodes evaluated, all told
-    decode_s: float = 0.0  # and the time they took
-    # The logits after its last prompt (Engine.recallable): (the prompt's length, a copy of
-    # the row its last decode made), None once the KV before that position changes.
-    prompt_logits: tuple[int, ctypes.Array] | None = None
-
-
 def drain(steps: Iterator[object]) -> object:
     """Run a generator of steps to its end; its return value."""
     while True:
@@ -81,7 +58,7 @@ def drain(steps: Iterator[object]) -> object:
             return done.value
 
 
-class Engine(Vocabulary, Sampler):
+class Engine(SequenceMemory, Vocabulary, Sampler):
     """One loaded model and its context of `slots` sequences. Not thread-safe: one thread
     drives it (scheduler.py), or a caller holds a lock.
 
@@ -128,15 +105,7 @@ class Engine(Vocabulary, Sampler):
         self._vocab = self._model.vocab
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.max_token_bytes = self._longest_token()  # to refuse huge texts untokenized
-        # A sliding-window model's KV can be saved and restored exactly only while the whole
-        # sequence fits in its window (measured on Gemma 3: past it, the restored sequence
-        # starts at the window). None: no such limit known.
-        n_swa = llama_cpp.llama_model_n_swa(self._model.model)
-        self.restore_limit: int | None = n_swa if n_swa > 0 else None
-        # Context shift (drop old tokens, move the rest down) needs RoPE-style positions; a
-        # sliding-window model's masks depend on absolute positions, so it is not shifted.
-        self.can_shift = (self.restore_limit is None and bool(llama_cpp.llama_memory_can_shift(
-            llama_cpp.llama_get_memory(self._ctx.ctx))))
+        self._init_memory()  # its kind: what a cut back, a shift, a restore can do
         self.sequences = [Sequence(i) for i in range(slots)]
         self.seq = self.sequences[0]  # the sequence the KV methods work on
         # Whose logits the last decode made: sequence id -> row of llama.cpp's logits.
@@ -216,68 +185,6 @@ class Engine(Vocabulary, Sampler):
     def common_prefix(self, tokens: list[int]) -> int:
         return common_prefix(self.tokens, tokens)
 
-    def resume_point(self, prompt: list[int], *, complete: bool = True) -> int:
-        """How much of prompt the live KV can give without changing the reply (batches.py)."""
-        return resume_point(self.batches, self.tokens, prompt, complete=complete)
-
-    @property
-    def _memory(self):
-        return llama_cpp.llama_get_memory(self._ctx.ctx)
-
-    def _holds(self, first: int, last: int) -> bool:
-        """Whether the current sequence's KV spans exactly positions first..last."""
-        mem, seq = self._memory, self.seq.id
-        return (llama_cpp.llama_memory_seq_pos_min(mem, seq) == first
-                and llama_cpp.llama_memory_seq_pos_max(mem, seq) == last)
-
-    def truncate(self, n: int) -> bool:
-        """Keep the KV of the first n tokens, or fewer: the cut goes down to the start of the
-        decode it falls in (a decode's head alone is not what any plan makes). False when the
-        model cannot (then the KV is cleared)."""
-        if n >= len(self.tokens):
-            return True
-        n = max((b.start for b in self.batches if b.start <= n), default=0)
-        ok = n > 0 and llama_cpp.llama_memory_seq_rm(self._memory, self.seq.id, n, -1)
-        # Never trust a True: sliding-window and recurrent models may keep nothing.
-        if ok and not self._holds(0, n - 1):
-            ok = False
-        if not ok:
-            self.clear()
-            return n == 0
-        seq = self.seq
-        seq.tokens, seq.batches, seq.logits_for = seq.tokens[:n], truncated(seq.batches, n), -1
-        if seq.prompt_logits is not None and seq.prompt_logits[0] > n:
-            seq.prompt_logits = None
-        return True
-
-    def shift(self, at: int, n: int) -> bool:
-        """Drop the KV of tokens[at:at + n] and move the tokens after it n positions down,
-        without recomputing them (llama.cpp re-rotates their keys at the next decode).
-        False, with the KV cleared, if the model cannot or the result is not as expected."""
-        if not self.can_shift or n <= 0 or at + n >= len(self.tokens):
-            return False
-        mem, seq = self._memory, self.seq
-        if not llama_cpp.llama_memory_seq_rm(mem, seq.id, at, at + n):
-            self.clear()
-            return False
-        llama_cpp.llama_memory_seq_add(mem, seq.id, at + n, -1, -n)
-        tokens = seq.tokens[:at] + seq.tokens[at + n:]
-        if not self._holds(0, len(tokens) - 1):
-            self.clear()
-            return False
-        seq.tokens, seq.batches, seq.logits_for = tokens, shifted(seq.batches, at, n), -1
-        seq.prompt_logits = None
-        return True
-
-    def clear(self) -> None:
-        """Empty the current sequence's KV. Its cells are only marked free: their old, finite
-        values are masked out of every later decode (17 ms saved per restore at n_ctx 8192
-        against zeroing them)."""
-        llama_cpp.llama_memory_seq_rm(self._memory, self.seq.id, -1, -1)
-        seq = self.seq
-        seq.tokens, seq.batches, seq.logits_for = [], [], -1
-        seq.prompt_logits = None
-
     def _decode(self, tokens: list[int], *, kept: bool = False,
                 seq: Sequence | None = None) -> None:
         """One llama.cpp decode of tokens after the live ones of seq (default: the current
@@ -345,8 +252,10 @@ class Engine(Vocabulary, Sampler):
             return len(prompt)
         self.truncate(self.resume_point(prompt))
         reuse = len(self.tokens)
+        if reuse and not any(m.at == reuse and m.state for m in self.seq.marks):
+            self.mark()  # where this turn resumed: an edit of its message resumes there
         yield from self.extend_steps(prompt[reuse:])
-        self._keep_logits()
+        self.mark(logits=True)
         return reuse
 
     def prefill(self, prompt: list[int]) -> int:
@@ -359,44 +268,6 @@ class Engine(Vocabulary, Sampler):
         return (seq.id in self._live and seq.logits_for == len(prompt) == len(seq.tokens)
                 and seq.tokens == prompt)
 
-    def recallable(self, prompt: list[int]) -> bool:
-        """Whether the KV holds prompt and more, made by the decodes that evaluated prompt
-        last (no cut or shift before its end since), and the logits that prompt's last decode
-        made are kept: the same prompt again (a regenerate, a request sent again) evaluates
-        nothing, and samples from the very bits an evaluation of its last chunk gives again."""
-        seq, at = self.seq, len(prompt)
-        return (seq.prompt_logits is not None and seq.prompt_logits[0] == at
-                and bool(self._live) and at <= len(seq.tokens) and seq.tokens[:at] == prompt
-                and any(batch.end == at for batch in seq.batches))
-
-    def _keep_logits(self) -> None:
-        """Keep a copy of the logits the current sequence's last decode made (its prompt's
-        last token's): a vocabulary of floats, 0.6 MB for Qwen2.5's."""
-        seq = self.seq
-        row = self._live.get(seq.id)
-        if row is None or seq.logits_for != len(seq.tokens):
-            seq.prompt_logits = None
-            return
-        kept = (ctypes.c_float * self.n_vocab)()
-        ctypes.memmove(kept, llama_cpp.llama_get_logits_ith(self._ctx.ctx, row),
-                       ctypes.sizeof(kept))
-        seq.prompt_logits = (len(seq.tokens), kept)
-
-    def _recall(self, at: int) -> bool:
-        """Cut the KV back to the prompt of its kept logits (at) and put those logits in a
-        row of llama.cpp's output (the current sequence's, else another's, whose logits are
-        then no longer live: it evaluates its last chunk again if it needs them). False if the
-        model could not cut its KV there (then it is cleared)."""
-        seq, kept = self.seq, self.seq.prompt_logits
-        if not self.truncate(at) or len(seq.tokens) != at:
-            return False
-        row = self._live.get(seq.id, next(iter(self._live.values())))
-        ctypes.memmove(llama_cpp.llama_get_logits_ith(self._ctx.ctx, row), kept[1],
-                       ctypes.sizeof(kept[1]))
-        self._live = {s: r for s, r in self._live.items() if r != row}
-        self._live[seq.id], seq.logits_for = row, at
-        return True
-
     def prefill_head_steps(self, head: list[int]) -> Iterator[None]:
         """Make the KV hold head, whole chunks of a longer prompt (a shared-prefix snapshot),
         in the decodes that prompt's own plan makes."""
@@ -407,33 +278,6 @@ class Engine(Vocabulary, Sampler):
 
     def prefill_head(self, head: list[int]) -> None:
         drain(self.prefill_head_steps(head))
-
-    # saving and restoring the KV of the current sequence (no logits: a restored sequence
-    # evaluates its last prompt token again, cache.py)
-
-    def state(self) -> memoryview:
-        """The KV of the live tokens, as llama_state_seq_get_data gives it."""
-        ctx, seq = self._ctx.ctx, self.seq.id
-        size = llama_cpp.llama_state_seq_get_size(ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq)
-        return memoryview(buf).cast("B")[:written]
-
-    def restore(self, tokens: list[int], state: memoryview, batches: list[Batch]) -> bool:
-        """Load a saved KV (of any sequence) for tokens, made by batches; False (and an empty
-        sequence) if it does not take exactly."""
-        if not tokens or len(tokens) > self.n_ctx or not valid(batches, len(tokens)):
-            return False
-        self.clear()  # set_data writes every cell it uses
-        buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
-        read = llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buf, len(state), self.seq.id)
-        del buf  # the caller may close the mapping under state
-        # Never trust the call: check the positions the sequence now holds.
-        if read != len(state) or not self._holds(0, len(tokens) - 1):
-            self.clear()
-            return False
-        self.seq.tokens, self.seq.batches = list(tokens), list(batches)
-        return True
 
 
 def _header(path: Path) -> GGUFInfo | None:

@@ -2,7 +2,14 @@
 
 File layout (little-endian):
     magic b"REAMEKV\\0" | u32 format version | u32 header length | header (JSON, utf-8)
-    | tokens (int32 x n_tokens) | state (state_bytes) | u64 xxh3-64 of everything before it
+    | tokens (int32 x n_tokens) | state (state_bytes) | each mark's state, then its logits
+    | u64 xxh3-64 of everything before it
+
+Marks (kv_memory.py) are the positions before the end where the KV can resume exactly: the
+header lists each as [at, state bytes, logits bytes] (0: none). A mark's state is the
+sequence's state copied out at that position (a memory that cannot be cut back: a recurrent
+state, a sliding window past its window); its logits, float32 x the vocabulary, the ones the
+prompt that ends there made (a regenerate after a restart evaluates nothing).
 
 The header holds the fingerprint (model file, KV type, flash attention, llama-cpp-python
 version): a file whose fingerprint differs is not restored. It holds the decodes that made
@@ -38,7 +45,7 @@ from reame.inference.batches import Batch
 from reame.inference.scope import NO_ACCOUNTS, Scope
 
 MAGIC = b"REAMEKV\0"
-FORMAT_VERSION = 3  # 1: crc32 checksum; 2: no batches
+FORMAT_VERSION = 4  # 1: crc32 checksum; 2: no batches; 3: no marks
 _PREAMBLE = struct.Struct("<8sII")
 _SUM = struct.Struct("<Q")
 TMP_PREFIX = "reame-kv-"  # a write in progress: TMP_PREFIX + random + ".tmp", beside the file
@@ -48,12 +55,28 @@ class Unusable(Exception):
     """A KV file that cannot be used (truncated, corrupt, another format or model); says why."""
 
 
+class FileMark(NamedTuple):
+    """A mark as the header lists it: its position and the bytes of its state and logits."""
+
+    at: int
+    state_bytes: int
+    logits_bytes: int
+
+
 class Head(NamedTuple):
     """What a file holds, from its head only."""
 
     tokens: list[int]
     batches: list[Batch]
     scope: Scope
+    marks: tuple[FileMark, ...] = ()
+
+    def resume_marks(self) -> list[int]:
+        """The positions of the marks that hold a state."""
+        return [m.at for m in self.marks if m.state_bytes]
+
+    def logits_at(self, at: int) -> bool:
+        return any(m.at == at and m.logits_bytes for m in self.marks)
 
 
 def checksum(data) -> int:
@@ -68,11 +91,13 @@ class KVEntry:
     trusting anything loaded from `state`."""
 
     def __init__(self, data: mmap.mmap, tokens: list[int], batches: list[Batch], scope: Scope,
-                 body: memoryview, state: memoryview, stored_sum: int):
+                 body: memoryview, state: memoryview, stored_sum: int,
+                 marks: list[tuple[int, memoryview | None, memoryview | None]] = ()):
         self.tokens = tokens
         self.batches = batches
         self.scope = scope
         self.state = state  # writable (a private mapping), so ctypes takes it without a copy
+        self.marks = list(marks)  # (at, its state or None, its logits or None), in order
         self._data, self._body, self._stored_sum = data, body, stored_sum
         self._sum: list[int] = []
         self._checker = threading.Thread(target=lambda: self._sum.append(checksum(body)),
@@ -84,9 +109,16 @@ class KVEntry:
         self._checker.join()
         return self._sum == [self._stored_sum]
 
+    def state_at(self, at: int) -> memoryview | None:
+        """The state the file holds at position at: its end's, or a mark's."""
+        if at == len(self.tokens):
+            return self.state
+        return next((state for where, state, _ in self.marks if where == at), None)
+
     def close(self) -> None:
         self._checker.join()
-        for view in (self.state, self._body):
+        for view in (self.state, *(v for _, *views in self.marks for v in views if v),
+                     self._body):
             view.release()
         self._data.close()
 
@@ -113,7 +145,7 @@ def read_head(path: Path, fingerprint: str) -> Head | None:
         raise Unusable("truncated")
     tokens = array("i")
     tokens.frombytes(raw)
-    return Head(tokens.tolist(), header["batches"], header["scope"])
+    return Head(tokens.tolist(), header["batches"], header["scope"], header["marks"])
 
 
 def fingerprint_of(path: Path) -> str:
@@ -173,14 +205,23 @@ def _parse(data: mmap.mmap, fingerprint: str) -> KVEntry:
     header = _header(data[_PREAMBLE.size:_PREAMBLE.size + header_len], fingerprint)
     n_tokens, state_bytes = header["n_tokens"], header["state_bytes"]
     start = _PREAMBLE.size + header_len
-    if start + 4 * n_tokens + state_bytes != end:
+    at = start + 4 * n_tokens + state_bytes
+    if at + sum(m.state_bytes + m.logits_bytes for m in header["marks"]) != end:
         raise Unusable("sizes do not add up (truncated?)")
     tokens = array("i")
     tokens.frombytes(data[start:start + 4 * n_tokens])
     (stored,) = _SUM.unpack_from(data, end)
-    body = memoryview(data)[:end]
-    return KVEntry(data, tokens.tolist(), header["batches"], header["scope"], body,
-                   body[start + 4 * n_tokens:], stored)
+    body = memoryview(data)
+    marks = []
+    for mark in header["marks"]:
+        views = []
+        for size in (mark.state_bytes, mark.logits_bytes):
+            views.append(body[at:at + size] if size else None)
+            at += size
+        marks.append((mark.at, *views))
+    return KVEntry(data, tokens.tolist(), header["batches"], header["scope"], body[:end],
+                   body[start + 4 * n_tokens:start + 4 * n_tokens + state_bytes], stored,
+                   marks)
 
 
 def _header_length(raw: bytes | mmap.mmap) -> int:
@@ -205,10 +246,15 @@ def _header(raw: bytes, fingerprint: str) -> dict:
         header["scope"] = header.get("scope", NO_ACCOUNTS)  # a file from before scopes
         if not isinstance(header["scope"], str):
             raise TypeError("scope")
+        header["marks"] = tuple(FileMark(*map(int, m)) for m in header.get("marks", ()))
     except (ValueError, KeyError, TypeError):
         raise Unusable("unreadable header") from None
     if header["batches"] is None or not batch_plan.valid(header["batches"],
                                                          header["n_tokens"]):
+        raise Unusable("unreadable header")
+    ends = {b.end for b in header["batches"]}
+    if any(m.at not in ends or min(m) < 0 or m.state_bytes + m.logits_bytes == 0
+           for m in header["marks"]):
         raise Unusable("unreadable header")
     if made_with != fingerprint:
         raise Unusable("made with another model or KV settings")
@@ -216,24 +262,36 @@ def _header(raw: bytes, fingerprint: str) -> dict:
 
 
 def write(path: Path, fingerprint: str, tokens: Sequence[int], state: bytes | memoryview,
-          batches: Sequence[Batch] | None, scope: Scope) -> int:
-    """Atomically replace path by a file of fingerprint holding these; the bytes of its header,
-    tokens and state. OSError if the disk refused (then no temporary file is left). batches:
-    the decodes that made the KV (None: unknown, reusable only as a whole); scope: whose."""
+          batches: Sequence[Batch] | None, scope: Scope, marks: Sequence = ()) -> int:
+    """Atomically replace path by a file of fingerprint holding these; the bytes written
+    (but the preamble and checksum). OSError if the disk refused (then no temporary file is
+    left). batches: the decodes that made the KV (None: unknown, reusable only as a whole);
+    scope: whose; marks: kv_memory.Mark's (at, state, logits) before or at the end, each
+    at a batch's end."""
     if batches is None:
         batches = [Batch(0, len(tokens), True)] if tokens else []
+    ends = {b.end for b in batches}
+    kept = [(m.at, _raw(m.state), _raw(m.logits)) for m in marks
+            if m.at in ends and (m.state is not None or m.logits is not None)]
     header = json.dumps({"fingerprint": fingerprint, "n_tokens": len(tokens),
                          "state_bytes": len(state),
                          "batches": batch_plan.encode(batches),
-                         "scope": scope}).encode()
+                         "scope": scope,
+                         "marks": [[at, len(s), len(lg)] for at, s, lg in kept]}).encode()
     token_bytes = array("i", tokens).tobytes()
     preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header))
+    parts = [preamble, header, token_bytes, state, *(p for _, *two in kept for p in two)]
     digest = xxhash.xxh3_64()
-    for part in (preamble, header, token_bytes, state):
+    for part in parts:
         digest.update(part)
     # Made again if lost: the folder is not synced (a turn would wait for it).
     with atomic_file(path, prefix=TMP_PREFIX, mode=0o600, sync_folder=False) as f:
-        for part in (preamble, header, token_bytes, state):
+        for part in parts:
             f.write(part)
         f.write(_SUM.pack(digest.intdigest()))
-    return len(header) + len(token_bytes) + len(state)
+    return sum(len(part) for part in parts) - len(preamble)
+
+
+def _raw(data) -> memoryview | bytes:
+    """data's bytes (a state, or logits: a ctypes array of floats), b"" for None."""
+    return b"" if data is None else memoryview(data).cast("B")

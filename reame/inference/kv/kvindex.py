@@ -93,7 +93,7 @@ class FileIndex:
             for path in sorted(self.files.own_files(), key=_mtime):
                 head = self.files.head(path, report=False)
                 if head and head.tokens:
-                    self.add(path, *head)
+                    self.add(path, head.tokens, head.batches, head.scope)
         return self._index
 
 

@@ -235,9 +235,11 @@ class KVStore:
 
     def write_later(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
                     batches: Sequence[Batch] | None = None,
-                    scope: Scope = NO_ACCOUNTS) -> None:
-        """Queue write(): it happens on the background writer; state must not change after."""
-        self._writer.submit(path, partial(self.write, path, list(tokens), state, batches, scope))
+                    scope: Scope = NO_ACCOUNTS, marks: Sequence = ()) -> None:
+        """Queue write(): it happens on the background writer; state and the marks' must not
+        change after."""
+        self._writer.submit(path, partial(self.write, path, list(tokens), state, batches, scope,
+                                          list(marks)))
 
     def flush(self) -> None:
         """Wait until every queued write is done."""
@@ -245,12 +247,13 @@ class KVStore:
 
     def write(self, path: Path, tokens: Sequence[int], state: bytes | memoryview,
               batches: Sequence[Batch] | None = None,
-              scope: Scope = NO_ACCOUNTS) -> bool:
+              scope: Scope = NO_ACCOUNTS, marks: Sequence = ()) -> bool:
         """Atomically replace path; False (logged, counted) if the disk refused. batches: the
-        decodes that made the KV (None: unknown, reusable only as a whole); scope: whose."""
+        decodes that made the KV (None: unknown, reusable only as a whole); scope: whose;
+        marks: where else it resumes exactly (kvfile.py)."""
         started = time.perf_counter()
         try:
-            written = kvfile.write(path, self.fingerprint, tokens, state, batches, scope)
+            written = kvfile.write(path, self.fingerprint, tokens, state, batches, scope, marks)
         except OSError as exc:
             self.counters.write_errors += 1
             log.warning("KV file %s not written: %s", path.name, exc)
