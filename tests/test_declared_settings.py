@@ -60,7 +60,8 @@ from reame.chats.store import Store
 from reame.config.chat_settings import ChatSettings
 from reame.config.reame_conf import ConfigError, load_config, setting
 from reame.config.setting import settings_model
-from reame.web.v1.chat_request import ApiError, parse_request
+from reame.web.v1.chat_request import parse_request
+from reame.web.v1.errors import ApiError
 
 folder = Path(tempfile.mkdtemp())
 conf = folder / "reame.conf"

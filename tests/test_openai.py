@@ -627,7 +627,7 @@ def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_pat
 
 def test_the_docs_table_names_every_parameter_the_server_reads():
     """docs/api.md's "OpenAI parameters" table and the request model stay one list."""
-    from reame.web.v1.chat_request import ChatRequest
+    from reame.web.v1.request_models import ChatRequest
 
     from .conftest import ROOT
 

@@ -28,8 +28,8 @@ from reame.web.http.uploads import Uploads
 from reame.web.page.layout import build_page
 from reame.web.page.parts import CSS, PAGE_JS
 from reame.web.page.users_panel import USERS_CSS, UsersPanel
-from reame.web.v1.chat_completions import build_router
 from reame.web.v1.common import internal_error
+from reame.web.v1.router import build_router
 
 log = logging.getLogger("reame")
 SETTINGS_GROUP = "settings"  # one settings change at a time (turns: the scheduler bounds them)

@@ -1,37 +1,25 @@
-"""OpenAI-compatible endpoints on the app's own server: GET /v1/models, POST /v1/chat/completions
-(and POST /v1/completions, completions.py).
+"""POST /v1/chat/completions: a conversation in, the assistant's reply out (whole, or streamed:
+chat_stream.py), with tools, a response format and n choices.
 
 Stateless clients resend the whole conversation each time; the KV cache finds it anyway (the
 request's tokens are looked up by chained block hashes among the KV files, tokens checked), so
 the second request of a conversation evaluates only its new tokens. A request with the header
 `X-Reame-Chat: <chat id>` is instead a turn of that stored chat: its last user message is added
 to the chat (which keeps its own history and settings) and the exchange shows in the page.
-
-Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the status a
-client expects: 400 bad request (a conversation too long for the context: context_length_exceeded,
-as OpenAI says it), 401 no or wrong key, 404 unknown model or chat, 413 a body too large,
-429 when every slot is busy and the line of waiting turns is full (with Retry-After), 503
-while a model loads or when none is loaded (with Retry-After).
-
-A client that hangs up stops its turn at once, streamed or not, also while its prompt is being
-evaluated or it waits in line: every wait for the next update races the connection's end
-(http.disconnect). A client that stops reading, its connection open, is the scheduler's
-stall bound's ([server] stalled_reply_s): its turn is stopped then.
+Everything every /v1 route does alike (the key, the errors' shape, a client that hangs up) is
+router.py's and common.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from reame.accounts.live import LiveAccounts
 from reame.chats.service import (
     ChatError,
     ChatNotFound,
@@ -41,11 +29,10 @@ from reame.chats.service import (
 from reame.inference.held import GrammarError
 from reame.inference.turn_stream import TurnStream
 from reame.web.http.turn_updates import UpdateFeed
-from reame.web.v1.chat_request import ApiError, CompletionRequest, parse_request
+from reame.web.v1.chat_request import CompletionRequest, parse_request
+from reame.web.v1.chat_stream import chat_events
 from reame.web.v1.common import (
     CHAT_HEADER,
-    INTERNAL_ERROR,
-    STOPPED_BY_SERVER,
     client_gone,
     cut_short,
     ended,
@@ -53,59 +40,20 @@ from reame.web.v1.common import (
     last_update,
     read_json,
     refused,
-    sse_error,
     started,
     system_fingerprint,
     turn_refusal,
-    usage_of,
+    usage_of_all,
 )
-from reame.web.v1.completions import add_completions
-from reame.web.v1.reply_shape import ReplyShape
-
-log = logging.getLogger(__name__)
+from reame.web.v1.errors import ApiError
+from reame.web.v1.reply_shape import ReplyShape, logprob_entries
 
 
-def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
-    """The /v1 routes. With accounts, every request needs `Authorization: Bearer <key>`."""
-    router = APIRouter(prefix="/v1")
-
-    def caller(request: Request) -> str | None:
-        accounts = live.current
-        if accounts is None:
-            return None
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>' (make one "
-                           "with `python app.py addkey NAME`)", type_="authentication_error",
-                           code="missing_api_key")
-        user = accounts.user_id(accounts.user_for_key(key.strip()))
-        if user is None:
-            raise ApiError(401, "Incorrect API key provided", type_="authentication_error",
-                           code="invalid_api_key")
-        return user
-
-    def model_ids() -> list[str]:
-        return [service.engine.name] if service.engine is not None else []
-
-    def ready() -> None:
-        if service.loading:
-            raise ApiError(503, "A model is loading; try again in a moment",
-                           type_="server_error", code="model_loading")
-        if service.engine is None:
-            raise ApiError(503, f"No model is loaded: {service.load_error}",
-                           type_="server_error", code="no_model")
-
-    @router.get("/models")
-    def list_models(request: Request):
-        try:
-            caller(request)
-        except ApiError as exc:
-            return exc.response()
-        created = int(service.engine.model_path.stat().st_mtime) if service.engine else 0
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "reame"}
-            for name in model_ids()]}
+def add_chat_completions(router: APIRouter, service: ChatService,
+                         caller: Callable[[Request], str | None], ready: Callable[[], None],
+                         model_ids: Callable[[], list[str]]) -> None:
+    """Add POST /chat/completions to the /v1 router, with its key check (caller), its
+    readiness check (ready) and its models."""
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request):
@@ -143,8 +91,8 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
         # Choices after the first start once it has ended: its KV file holds their prompt.
         more = [_starter(service, parsed, None, user, k) for k in range(1, parsed.n)]
         if parsed.stream:
-            return StreamingResponse(_sse(updates, first, gone, completion_id, parsed,
-                                          fingerprint, vocab, more),
+            return StreamingResponse(chat_events(updates, first, gone, completion_id, parsed,
+                                                 fingerprint, vocab, more),
                                      media_type="text/event-stream",
                                      # nginx passes each event on as it comes
                                      headers={"Cache-Control": "no-cache",
@@ -156,9 +104,6 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
         if not isinstance(done, TurnUpdate):
             return done  # the client hung up, or the server stopped the turn
         return _whole([done], completion_id, parsed, fingerprint, vocab)
-
-    add_completions(router, service, caller, ready, model_ids)
-    return router
 
 
 def _parsed(service: ChatService, body: object, models: list[str]) -> CompletionRequest:
@@ -221,18 +166,6 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
         user=user)
 
 
-def logprob_entries(choices, vocab) -> list[dict]:
-    """OpenAI's logprobs.content: per token its text, log-probability, UTF-8 bytes and the
-    most likely tokens there."""
-    def entry(token: int, logprob: float) -> dict:
-        piece = vocab.token_piece(token, special=True)
-        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob,
-                "bytes": list(piece)}
-
-    return [{**entry(c.token, c.logprob), "top_logprobs": [entry(t, p) for t, p in c.top]}
-            for c in choices]
-
-
 def _check_choices(service: ChatService, parsed: CompletionRequest,
                    chat_id: int | None) -> None:
     if parsed.n == 1:
@@ -254,14 +187,6 @@ def _choice_json(index: int, done: TurnUpdate, parsed: CompletionRequest, vocab)
                          {"content": logprob_entries(done.logprobs, vocab), "refusal": None})}
 
 
-def _usage_of_all(dones: list[TurnUpdate]) -> dict:
-    """One prompt, every choice's tokens (as OpenAI counts n choices)."""
-    total = usage_of(dones[0])
-    generated = sum(d.stats.generated for d in dones)
-    return {**total, "completion_tokens": generated,
-            "total_tokens": total["prompt_tokens"] + generated}
-
-
 def _whole(dones: list[TurnUpdate], completion_id: str, parsed: CompletionRequest,
            fingerprint: str, vocab) -> JSONResponse:
     figures = figures_of(dones[0])
@@ -271,7 +196,7 @@ def _whole(dones: list[TurnUpdate], completion_id: str, parsed: CompletionReques
         "id": completion_id, "object": "chat.completion", "created": int(time.time()),
         "model": parsed.model, "system_fingerprint": fingerprint,
         "choices": [_choice_json(n, d, parsed, vocab) for n, d in enumerate(dones)],
-        "usage": _usage_of_all(dones), "reame": figures,
+        "usage": usage_of_all(dones), "reame": figures,
     })
 
 
@@ -299,120 +224,3 @@ async def _many(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
         for feed in feeds:
             feed.interrupt()
     return _whole(dones, completion_id, parsed, fingerprint, vocab)
-
-
-async def _sse(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
-               completion_id: str, parsed: CompletionRequest, fingerprint: str, vocab,
-               more: list[Callable[[], TurnStream]]) -> AsyncIterator[str]:
-    """The turn as server-sent events, from its first update; with n > 1, the other choices
-    after it, together (their chunks interleaved, each with its index). The turns are stopped
-    when the client hangs up (gone) or this stream is closed."""
-    created = int(time.time())
-    feeds, dones = [updates], []
-
-    def body(choices: list[dict], **extra) -> dict:
-        return {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                "model": parsed.model, "system_fingerprint": fingerprint, "choices": choices,
-                **extra}
-
-    try:
-        async for event in _choice_events(0, updates, first, parsed, vocab, body, dones):
-            yield event
-        if len(dones) == 1 and more:
-            for start in more:
-                feeds.append(await started(start, gone))
-            async for event in _merged([
-                    _choice_events(k, feed, None, parsed, vocab, body, dones)
-                    for k, feed in enumerate(feeds[1:], start=1)]):
-                yield event
-        if len(dones) == parsed.n:
-            if parsed.include_usage:
-                yield f"data: {json.dumps(body([], usage=_usage_of_all(dones)))}\n\n"
-        elif gone.done():
-            return  # the client hung up: nobody reads the rest
-        else:
-            # Ended without its last update: stopped on the server's side (a model switch, a
-            # shutdown); the client is told rather than left with a reply cut without a word.
-            yield sse_error(STOPPED_BY_SERVER, "stopped")
-    except ChatError as exc:  # e.g. the chat was deleted while it answered, or a full line
-        yield sse_error(str(exc), None)
-    except Exception:  # the answer has started: say so in the stream, log the rest
-        log.exception("a streamed completion failed")
-        yield sse_error(INTERNAL_ERROR, "internal_error")
-    finally:
-        gone.cancel()
-        for feed in feeds:
-            feed.interrupt()
-    yield "data: [DONE]\n\n"
-
-
-async def _choice_events(index: int, updates: UpdateFeed, first: TurnUpdate | None,
-                         parsed: CompletionRequest, vocab, body: Callable[..., dict],
-                         dones: list[TurnUpdate]) -> AsyncIterator[str]:
-    """One choice's chunks: its role, its content and calls as they come, its end (its last
-    update then goes into dones)."""
-    def chunk(delta: dict, finish: str | None = None, *, with_logprobs: bool = True,
-              **extra) -> str:
-        nonlocal told
-        logprobs = None
-        if with_logprobs and update.logprobs is not None and len(update.logprobs) > told:
-            logprobs = {"content": logprob_entries(update.logprobs[told:], vocab),
-                        "refusal": None}
-            told = len(update.logprobs)
-        return "data: " + json.dumps(body([{"index": index, "delta": delta,
-                                            "finish_reason": finish, "logprobs": logprobs}],
-                                          **extra)) + "\n\n"
-
-    shape = ReplyShape(parsed.calls_tools)
-    update = first if first is not None else await updates.next()
-    # sent: the content sent; called: the calls sent; told: the tokens whose logprobs were sent
-    sent, called, told = "", 0, 0
-    if update is None:
-        return
-    yield chunk({"role": "assistant", "content": ""}, with_logprobs=False)
-    while update is not None:
-        content, calls = shape.shown(update.text, update.done)
-        if content.startswith(sent) and len(content) > len(sent):
-            yield chunk({"content": content[len(sent):]})
-            sent = content
-        for n in range(called, len(calls)):
-            yield chunk({"tool_calls": [{"index": n, **shape.call(n, calls[n])}]})
-        called = len(calls)
-        if update.done:
-            yield chunk({}, shape.finish(update.text, update.finish_reason),
-                        reame=figures_of(update))
-            dones.append(update)
-            return
-        update = await updates.next()
-
-
-async def _merged(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
-    """The items of several async iterators as each comes; what one raises is raised."""
-    queue: asyncio.Queue = asyncio.Queue()
-    end = object()
-
-    async def pump(stream: AsyncIterator[str]) -> None:
-        try:
-            async for item in stream:
-                await queue.put(item)
-        except BaseException as exc:  # noqa: BLE001 - given to the consumer
-            await queue.put(exc)
-        finally:
-            await queue.put(end)
-
-    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
-    try:
-        running = len(tasks)
-        while running:
-            item = await queue.get()
-            if item is end:
-                running -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-
-

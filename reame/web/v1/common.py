@@ -27,7 +27,7 @@ from reame.config.refusals import RETRY_LOADING_S, RETRY_NO_MODEL_S
 from reame.inference.turn_stream import TurnStream
 from reame.web.http.guard import MAX_V1_BODY_BYTES
 from reame.web.http.turn_updates import UpdateFeed
-from reame.web.v1.chat_request import ApiError, error_response
+from reame.web.v1.errors import ApiError, error_response
 
 CHAT_HEADER = "X-Reame-Chat"
 
@@ -152,6 +152,14 @@ def usage_of(done: TurnUpdate) -> dict:
             "total_tokens": s.prompt_tokens + s.generated,
             # how much of the prompt was not recomputed, and from where (not in OpenAI's API)
             "prompt_tokens_details": {"cached_tokens": s.reused}}
+
+
+def usage_of_all(dones: list[TurnUpdate]) -> dict:
+    """One prompt, every choice's tokens (as OpenAI counts n choices)."""
+    total = usage_of(dones[0])
+    generated = sum(d.stats.generated for d in dones)
+    return {**total, "completion_tokens": generated,
+            "total_tokens": total["prompt_tokens"] + generated}
 
 
 def figures_of(done: TurnUpdate) -> dict:

@@ -23,7 +23,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from reame.chats.service import ChatError, ChatNotFound, ChatService, TurnUpdate
 from reame.web.http.turn_updates import UpdateFeed
-from reame.web.v1.chat_request import ApiError
 from reame.web.v1.common import (
     INTERNAL_ERROR,
     STOPPED_BY_SERVER,
@@ -39,6 +38,7 @@ from reame.web.v1.common import (
     usage_of,
 )
 from reame.web.v1.completions_request import TextRequest, parse_completions
+from reame.web.v1.errors import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The body of POST /v1/completions (OpenAI's legacy text completions) as a pydantic model,
-checked as strictly as a chat request's (chat_request.py): JSON's own types, a field that is
+checked as strictly as a chat request's (request_models.py): JSON's own types, a field that is
 not OpenAI's refused by name, and each of OpenAI's parameters honoured or refused by name
 unless it has its neutral value (UNSUPPORTED)."""
 
@@ -12,21 +12,17 @@ from pydantic import Field, ValidationError
 
 from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P
 from reame.config.chat_settings import FIELD
-from reame.web.v1.chat_request import (
-    EXPECTED as CHAT_EXPECTED,
-)
-from reame.web.v1.chat_request import (
+from reame.web.v1.errors import ApiError, body_refusal, refuse_unsupported
+from reame.web.v1.parameters import EXPECTED as CHAT_EXPECTED
+from reame.web.v1.request_models import (
     MAX_STOPS,
-    ApiError,
     NonEmpty,
     Penalty,
     Positive,
     StreamOptions,
+    StrictBody,
     Temperature,
     TopP,
-    _Body,
-    _refusal,
-    _refuse_unsupported,
 )
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's for /v1/completions
@@ -54,7 +50,7 @@ class TextRequest:
     echo: bool = False  # the prompt's text comes back before the completion's
 
 
-class CompletionsBody(_Body):
+class CompletionsBody(StrictBody):
     """The body of POST /v1/completions, as far as this server reads it. A null field means its
     default (some clients send every field)."""
     model: NonEmpty
@@ -119,12 +115,12 @@ def parse_completions(body: Any, model_ids: list[str]) -> TextRequest:
     try:
         request = CompletionsBody.model_validate(body)
     except ValidationError as exc:
-        raise _refusal(exc, EXPECTED, "completions") from None
+        raise body_refusal(exc, EXPECTED, "completions") from None
     if request.model not in model_ids:
         raise ApiError(404, f"The model '{request.model}' does not exist; this server has: "
                        f"{', '.join(model_ids) or 'none loaded'}", param="model",
                        code="model_not_found")
-    _refuse_unsupported(request, UNSUPPORTED)
+    refuse_unsupported(request, UNSUPPORTED)
     if request.stream_options is not None and not request.stream:
         raise ApiError(400, "'stream_options' is only for streamed requests (stream: true)",
                        param="stream_options")

@@ -55,3 +55,15 @@ class ReplyShape:
 def _called(finish_reason: str | None) -> str | None:
     # A reply whose calls are whole ended because it called ("length" stays: it was cut).
     return "tool_calls" if finish_reason == "stop" else finish_reason
+
+
+def logprob_entries(choices, vocab) -> list[dict]:
+    """OpenAI's logprobs.content: per token its text, log-probability, UTF-8 bytes and the
+    most likely tokens there."""
+    def entry(token: int, logprob: float) -> dict:
+        piece = vocab.token_piece(token, special=True)
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(piece)}
+
+    return [{**entry(c.token, c.logprob), "top_logprobs": [entry(t, p) for t, p in c.top]}
+            for c in choices]
