@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from reame.web.gradio_api.named_api import INTERNAL_ERROR as API_INTERNAL_ERROR
+from reame.web.gradio_api.guarded import INTERNAL_ERROR as API_INTERNAL_ERROR
 from reame.web.v1.common import INTERNAL_ERROR as V1_INTERNAL_ERROR
 
 from .conftest import FULL, Server, start_server

@@ -14,7 +14,7 @@ from reame.chats.service import MessageTooLong
 from reame.config.reame_conf import GenerationConfig
 from reame.inference.engine import Engine
 from reame.runtime import service_over
-from reame.web.gradio_api.named_api import message_dict
+from reame.web.gradio_api.chat_endpoints import message_dict
 from reame.web.page.render import stats_text, to_chatbot
 
 from .conftest import THREADS
