@@ -22,6 +22,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict, deque
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -53,61 +54,7 @@ ANSWER_WINDOW_S = 5.0
 
 # The page at / before a login: Reame's own, light or dark as the system is. A failed attempt
 # says why and keeps the name typed (the form is sent by fetch, the page stays).
-LOGIN_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Reame · Log in</title>
-<style>
-:root { color-scheme: light dark; font-family: system-ui, sans-serif; }
-body { margin: 0; min-height: 100vh; display: grid; place-items: center;
-       background: Canvas; color: CanvasText; }
-main { width: min(22rem, 90vw); padding: 2rem; border-radius: 14px;
-       border: 1px solid color-mix(in srgb, CanvasText 15%, transparent); }
-h1 { margin: 0 0 0.3rem; font-size: 1.6rem; }
-p.lead { margin: 0 0 1.4rem; opacity: 0.75; }
-label { display: block; margin: 0.8rem 0 0.3rem; font-weight: 600; }
-input { width: 100%; box-sizing: border-box; padding: 0.6rem; font: inherit;
-        border-radius: 8px; border: 1px solid color-mix(in srgb, CanvasText 30%, transparent); }
-button { margin-top: 1.2rem; width: 100%; padding: 0.7rem; font: inherit; font-weight: 600;
-         border: none; border-radius: 8px; background: #ea580c; color: white; cursor: pointer; }
-#problem { min-height: 1.4em; margin: 0.8rem 0 0; color: #dc2626; }
-</style></head>
-<body><main>
-<h1>Reame</h1>
-<p class="lead">Your chats, on this server. Log in with your user name and password.</p>
-<form id="login">
-  <label for="username">User name</label>
-  <input id="username" name="username" autocomplete="username" required autofocus>
-  <label for="password">Password</label>
-  <input id="password" name="password" type="password" autocomplete="current-password"
-         required>
-  <button type="submit">Log in</button>
-  <p id="problem" role="alert"></p>
-</form>
-</main>
-<script>
-document.getElementById("login").addEventListener("submit", async (event) => {
-  event.preventDefault();
-  const problem = document.getElementById("problem");
-  problem.textContent = "";
-  let answer;
-  try {
-    answer = await fetch("login", {method: "POST", body: new FormData(event.target)});
-  } catch (error) {
-    problem.textContent = "The server did not answer: try again.";
-    return;
-  }
-  if (answer.ok) { location.reload(); return; }
-  const detail = (await answer.json().catch(() => ({}))).detail;
-  problem.textContent = answer.status === 400
-    ? "Wrong user name or password." : (detail || "Logging in failed: try again.");
-  const password = document.getElementById("password");
-  password.value = "";
-  password.focus();
-});
-</script>
-</body></html>
-"""
+LOGIN_PAGE = (Path(__file__).parent / "login.html").read_text(encoding="utf-8")
 
 
 class FailedLogins:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import gradio as gr
 
@@ -24,24 +25,8 @@ from reame.web.http.user import user_of
 from reame.web.page.parts import HIDDEN
 from reame.web.page.render import inert_html
 
-USERS_CSS = """
-html[data-reame-role=user] #users-tab-button { display: none !important; }
-.reame-old-chats { border: 1px solid var(--border-color-accent, #f97316); border-radius: 8px;
-                   padding: 0.5em; font-size: 0.85em; }
-/* The primary buttons' white text, readable (as #new-chat's: tests/test_page_access.py). */
-#adopt-old-chats, #add-user, #turn-accounts-on, #log-in-now {
-    background: #c2410c !important; border-color: #c2410c !important; color: #fff; }
-#remove-user { background: #b91c1c !important; border-color: #b91c1c !important; color: #fff; }
-/* An empty dropdown's text ("subdued" by Gradio) is still read. */
-#users-tab input.subdued { color: #52525b !important; }
-.dark #users-tab input.subdued { color: #d4d4d8 !important; }
-.reame-user-row { align-items: flex-end; }
-.reame-user-row > button, #add-user, #remove-user { align-self: flex-end; margin-bottom: 2px; }
-.reame-users { border-collapse: collapse; width: 100%; }
-.reame-users caption { text-align: left; font-weight: 600; padding-bottom: 0.3em; }
-.reame-users th, .reame-users td { text-align: left; padding: 0.3em 0.6em;
-                                   border-bottom: 1px solid var(--border-color-primary); }
-"""
+# The Users tab's styles, with the page's (page.css).
+USERS_CSS = (Path(__file__).parent / "users.css").read_text(encoding="utf-8")
 _BUTTON = dict(scale=0, min_width=150)  # the tab's buttons: beside their field, not filling
 ACCOUNTS_OFF = """**Accounts are off.** Anyone who can open this page can read, change and delete every chat and change the settings: that is fine on your own computer. To share this server, turn accounts on: you become its first admin, everyone then logs in and sees only their own chats, and you add the others here. The chats made so far are then shown to nobody until you adopt them (one click, once logged in)."""
 NOT_ADMIN = "Only an admin can manage users."
