@@ -2,7 +2,7 @@
 pinned chats first, or the chats a search found with their matching snippet.
 
 Every control carries a data-reame-action that the page's script sends to the server
-(page_parts.PAGE_JS); the script also groups the rows by the browser's own day (Today,
+(parts.PAGE_JS, page.js); the script also groups the rows by the browser's own day (Today,
 Yesterday, ...) from their data-updated time, and moves between them with the arrow keys.
 Titles and snippets are users' text: escaped here, never markup.
 """

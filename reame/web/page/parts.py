@@ -46,7 +46,7 @@ FOCUS_MESSAGE_JS = """() => {
     document.querySelector('#message textarea')?.focus();
 }"""
 ROLE_JS = "(role) => { document.documentElement.dataset.reameRole = role; }"
-# Once a chat is shown: follow the reply being written in it, if any (page.follow).
+# Once a chat is shown: follow the reply being written in it, if any (sending.py, follow).
 # The Chatbot's trash icon: delete the chat shown, asking first as the list's Delete does; when
 # the person says no, the chat is shown again (the Chatbot has emptied its view already).
 # (The chat's id is the list's selected row's: a State reaches the browser as null.)
