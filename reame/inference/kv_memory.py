@@ -188,8 +188,12 @@ class SequenceMemory:
         state = None if self.cuttable(self.n_ctx) else bytes(self.state())
         if state is None and kept is None:
             return  # nothing a cut back would not give
-        seq.marks = [m for m in seq.marks if m.at != at][-(MAX_MARKS - 1):] + [
-            Mark(at, state, kept)]
+        # Only the last prompt's logits are kept: an older mark keeps its state alone (a new
+        # Mark: a file being written may hold the old one).
+        older = [m if not logits or m.logits is None else Mark(m.at, m.state)
+                 for m in seq.marks if m.at != at]
+        older = [m for m in older if m.state is not None or m.logits is not None]
+        seq.marks = older[-(MAX_MARKS - 1):] + [Mark(at, state, kept)]
 
     def _copy_logits(self) -> ctypes.Array | None:
         """A copy of the logits the current sequence's last decode made (a vocabulary of
