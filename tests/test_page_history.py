@@ -146,7 +146,7 @@ def test_retry_keeps_the_old_reply_as_a_version_and_reuses_the_history(page, ser
         last = client.predict(chat_id, api_name="/get_chat")["messages"][-1]
         # (SQLite may give the new row the deleted one's id: compare creation times.)
         return (last["role"] == "assistant" and last["created_at"] > old_reply["created_at"]
-                and last["stats"])
+                and last["stats"] and not last["stats"].get("unfinished"))
 
     wait_until(replaced, "the retried reply was not stored", timeout=REPLY_TIMEOUT / 1000)
     after = client.predict(chat_id, api_name="/get_chat")["messages"]
