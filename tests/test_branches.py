@@ -49,7 +49,7 @@ def test_a_retry_stopped_before_its_reply_began_shows_the_reply_it_was_to_replac
         node, tmp_path, model_path):
     """A retry stopped while it still reads the chat is not made: the chat shows the reply it
     was to replace again, not its question alone (the page showed the question with no
-    reply after an Esc: session 27's CI)."""
+    reply after an Esc: seen once in CI)."""
     service = node.service
     chat = service.new_chat()
     service.update_settings(chat.id, max_tokens=4)

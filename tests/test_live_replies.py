@@ -250,7 +250,7 @@ def test_the_page_reads_a_chat_s_messages_once_per_message_sent(service):
 
 
 def test_a_reply_whose_following_failed_is_followed_again_to_its_end(service):
-    """The stuck page of session 24's fresh-clone CI: the event that followed a reply ended
+    """The stuck page once seen in a fresh-clone CI run: the event that followed a reply ended
     before the reply did (it failed, or the page lost it) and the chat shown went on saying
     "writing a reply…" with the old reply under it. end_send, run after every reply's event
     however it ended, now asks the page to follow the reply again while the chat it shows

@@ -198,7 +198,7 @@ def test_retry_keeps_the_old_reply_as_a_version_and_reuses_the_history(page, ser
 
     # A click while the one before is still being answered counts too: the chat opened from
     # the list, then ‹ before the server has answered the open (on a busy machine, a person's
-    # pace: session 27's CI lost such a ‹). Both happen, in their order.
+    # pace: a CI run once lost such a ‹). Both happen, in their order.
     page.evaluate("""([row, previous]) => {
         document.querySelector(row).click();
         setTimeout(() => document.querySelector(previous).click(), 0);

@@ -358,7 +358,7 @@ def test_continue_makes_a_cut_reply_go_on_reusing_its_kv(page, server):
 
 def test_a_reply_whose_event_failed_on_the_way_still_shows_its_end(page, server):
     """The server starts a Continue, but the page's request for it comes back as an error (a
-    proxy's 502; in session 24's fresh-clone CI one failed mid-reply). Gradio 6 runs no .then
+    proxy's 502; in a fresh-clone CI run one failed mid-reply). Gradio 6 runs no .then
     after a failed event, and the page went on saying "writing a reply…" over the cut reply
     forever. Now it follows the reply again and shows it whole, as version 2/2."""
     client = api(server)
@@ -418,7 +418,7 @@ def test_a_reply_shows_the_page_s_own_quiet_state_not_gradio_s_progress_text(pag
     list) while a reply is read and written: a quiet "Reading…" then "Writing…" under the
     message box, gone once the reply is done. Nor over a new chat: watched from before it is
     made (under load its event waited in Gradio's queue, and "queue: 1/1" flashed), nor the
-    page load's timers, drawn late on a busy machine (session 27's CI)."""
+    page load's timers, drawn late on a busy machine (seen once in CI)."""
     open_app(page, server)
     page.evaluate("""() => {
         window.__progress = new Set();

@@ -23,7 +23,7 @@ many prompts share (a template's header, a short system prompt: llama-server reu
 prefix from any slot) is a whole chunk, and 64, so that a system prompt of 64-127 tokens is
 one too, and gets a shared-prefix snapshot on disk (kvstore.BLOCK: snapshots are found by
 their 64-token blocks). Each boundary below CHUNK costs every cold prompt a decode: against
-session 20's ramp (16, 32, 64), dropping 32 evaluates a new prompt of 80 / 128 / 800 tokens
+the earlier ramp (16, 32, 64), dropping 32 evaluates a new prompt of 80 / 128 / 800 tokens
 1.07 / 1.07 / 1.04x faster on SmolLM2 and 1.05 / 1.03 / 1.03x on the Qwen2.5-1.5B shape;
 dropping 64 too would give 1.13 / 1.08 / 1.04x and 1.18 / 1.24 / 1.03x, but a system prompt of
 64-127 tokens would then share 16 tokens, live only (bench/first_chunks.py).

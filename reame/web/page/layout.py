@@ -232,7 +232,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     # end_send runs once after the following of a reply ends, however: done, cancelled (a chat
     # switch, a delete) or failed. Not with .then: Gradio 6's page runs a .then after a
     # success or a cancel but not after an error, which left the page saying "writing" over
-    # the old reply (the Continue test, in session 24's fresh-clone CI). A reply still
+    # the old reply (the Continue test, in a fresh-clone CI run). A reply still
     # written in the chat shown is then followed again (REFOLLOW_JS): the page takes in its
     # end whatever became of the event.
     after = [chatbot, message, chat_list, pending, cache_md, listed_writing, list_timer,
