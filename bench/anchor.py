@@ -23,8 +23,9 @@ Scenarios, in this order, per model:
 - start to ready (process start to GET /health 200, mean of the two starts) and the RSS of the
   server with its children: idle after the first start, peak over the run.
 
-Writes results.md, results.json and anchor.png into --out (default bench/results/anchor/, with
---quick its quick/ subfolder); report_anchor.py makes the tables and the plot.
+Writes results.md, results.json and anchor.png into --out (default: a folder of
+bench/results/anchor/ named by the date and the commit measured, "-quick" added with --quick);
+report_anchor.py makes the tables and the plot.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import llama_server, make_models, report, report_anchor, workload
+from . import llama_server, make_models, report, report_anchor, report_format, workload
 from .anchor_servers import LLAMA, SETTLE_S, SYSTEMS, Server, Setup
 from .systems import SYSTEM_PROMPT
 from .users import make_client, stream_completion
@@ -282,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="SmolLM2 only, shorter replies, fewer rounds (a few minutes)")
     parser.add_argument("--models", help=f"comma-separated, of {', '.join(MODELS)} (default: "
                         "smollm2,qwen2.5-1.5b; --quick: smollm2)")
-    parser.add_argument("--out", type=Path, help=f"default {OUT.relative_to(ROOT)} (--quick: "
-                        "its quick/ subfolder)")
+    parser.add_argument("--out", type=Path, help=f"default {OUT.relative_to(ROOT)}/DATE-COMMIT "
+                        "(-quick with --quick)")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temp folder)")
     parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                         help="only recompute the tables and the plot from a results.json")
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in make_models.SHAPES:
             make_models.make(make_models.SHAPES[name])  # skipped when already there
     plan = Plan.quick() if args.quick else Plan()
-    out = args.out or (OUT / "quick" if args.quick else OUT)
+    out = args.out or report_format.run_folder(OUT, "-quick" if args.quick else "")
     binary = llama_server.binary()
     data = {"command": "python -m bench.anchor " + shlex.join(sys.argv[1:] if argv is None
                                                                else argv),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import time
 from pathlib import Path
 
 from .systems import MB
@@ -90,3 +92,15 @@ def log_ticks(ax, values: list[float]) -> None:
     ax.set_yticks(ticks)
     ax.set_yticklabels([f"{t:g}" for t in ticks])
     ax.yaxis.set_minor_locator(__import__("matplotlib").ticker.NullLocator())
+
+
+def run_folder(base: Path, suffix: str = "") -> Path:
+    """A run's results folder under base, named by its date and the commit measured
+    (2026-12-07-1a2b3c4, "-dirty" when the tree has changes): runs never overwrite each
+    other, and a figure can name the run it came from."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=base.parent if not base.exists() else base,
+                              capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = "-dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return base / f"{time.strftime('%Y-%m-%d')}-{commit}{dirty}{suffix}"
