@@ -12,7 +12,7 @@ TEST_WORKERS ?= auto
 SUDO        := $(shell [ $$(id -u) = 0 ] || echo sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv model browser tools run test test-full screenshots bench clean
+.PHONY: help venv model browser tools run test check test-full screenshots bench clean
 
 help: ## List the targets
 	@echo "Reame make targets:"
@@ -60,6 +60,10 @@ run: venv model ## Start the chat server (app.py)
 
 test: venv model browser tools ## Run the test suite
 	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS)
+
+check: venv model ## The fast lane while editing: no browser, no second model, no Debian tools
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+		-m "not browser and not second_model and not tools" $(PYTEST_ARGS)
 
 test-full: venv model browser tools ## The suite with more samples (prompts, fuzz examples, chaos)
 	REAME_TEST_FULL=1 $(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -44,6 +44,38 @@ GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.
                           max_tokens=24)
 
 
+# Markers given by the fixtures a test uses, for `make check` (the fast lane: -m "not browser
+# and not second_model and not tools"): a browser (Chromium), a model beside the default one,
+# or Debian's PostgreSQL, nginx or systemd tools.
+SECOND_MODELS = {"gemma_path", "lfm2_path", "qwen35_path", "granitehybrid_path"}
+TOOLS = {"postgres", "postgres_url", "pg_store", "nginx", "two_nodes"}
+
+
+def pytest_configure(config):
+    for name, what in (("browser", "drives Chromium"),
+                       ("second_model", "loads a model beside the default one"),
+                       ("tools", "needs Debian's PostgreSQL, nginx or systemd tools")):
+        config.addinivalue_line("markers", f"{name}: the test {what} (make check skips it)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if "browser" in used:
+            item.add_marker(pytest.mark.browser)
+        if used & SECOND_MODELS or item.path.name in SECOND_MODEL_FILES:
+            item.add_marker(pytest.mark.second_model)
+        if used & TOOLS or item.path.name in TOOL_FILES:
+            item.add_marker(pytest.mark.tools)
+
+
+# Files whose tests load other models through their own servers or parameters.
+SECOND_MODEL_FILES = {"test_families_restore.py", "test_openai_gemma.py"}
+# Files whose every test needs Debian's tools (they start them themselves).
+TOOL_FILES = {"test_store_postgres.py", "test_two_nodes.py", "test_proxy.py",
+              "test_service_unit.py"}
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     if not MODEL.exists():
