@@ -16,6 +16,7 @@ from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
 from reame.config.refusals import (
     ChatError,
+    ChatNotFound,
     MessageTooLong,
     NoModel,
     check_seed,
@@ -212,7 +213,8 @@ class Turns:
                                                      cut_at, seed, max_tokens, stop, continued)
             except Replaced:
                 continue
-            except Stopped:  # before its slot: nothing was stored
+            except Stopped:  # before its slot: the message is kept all the same, unanswered
+                self._keep_unanswered(runtime, chat, text)
                 return
             except BaseException:
                 runtime.scheduler.cancel(place)
@@ -234,6 +236,17 @@ class Turns:
         finally:
             results.close()  # waits for the turn's end: its reply kept, or none
             keeper.unmade()
+
+    def _keep_unanswered(self, runtime: ModelRuntime, chat: Chat, text: str | None) -> None:
+        """A message stopped while its turn waited for a slot is stored without a reply, as a
+        Stop once its reply began keeps it: the person's text is never lost to a Stop."""
+        if text is None:
+            return
+        try:
+            with runtime.lease():
+                self._prepare_turn(runtime, chat.id, chat.owner, text, None, None, None, ())
+        except (Replaced, ChatError, ChatNotFound):  # a new model, or the chat gone meanwhile
+            log.info("a message stopped before its turn began was not kept in chat %d", chat.id)
 
     def _prepare_turn(self, runtime: ModelRuntime, chat_id: int, owner: str | None,
                       text: str | None, cut_at: int | None, seed: int | None,
