@@ -46,6 +46,7 @@ from reame.web.v1.common import (
     usage_of_all,
 )
 from reame.web.v1.errors import ApiError
+from reame.web.v1.parameters import llama_seed
 from reame.web.v1.reply_shape import ReplyShape, logprob_entries
 
 
@@ -138,7 +139,7 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
              user: str | None, choice: int = 0) -> Callable[[], TurnStream]:
     """How to start the turn of one choice; choice k > 0 samples with seed + k (each its own
     reply, reproducible with a seed)."""
-    seed = parsed.seed + choice if parsed.seed is not None and choice else parsed.seed
+    seed = llama_seed(parsed.seed + choice) if parsed.seed is not None and choice else parsed.seed
     if chat_id is not None:
         # A stored chat samples with its own settings: what would change that is refused.
         asked = {"logit_bias": bool(parsed.logit_bias),
@@ -147,7 +148,7 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
                  "logprobs": parsed.top_logprobs is not None,
                  "response_format": parsed.grammar is not None and not parsed.tools,
                  "tools": bool(parsed.tools)}
-        if parsed.turns[-1].role != "user":
+        if not parsed.turns or parsed.turns[-1].role != "user":
             raise ApiError(400, f"with {CHAT_HEADER} the last message is the user's: it is "
                            "added to the stored chat", param="messages")
         refused = next((param for param, wanted in asked.items() if wanted), None)

@@ -30,7 +30,7 @@ from reame.inference.tools import (
 )
 from reame.inference.tools import grammar as tool_grammar
 from reame.web.v1.errors import ApiError, body_refusal, refuse_unsupported
-from reame.web.v1.parameters import EXPECTED, MESSAGE_FIELDS, UNSUPPORTED
+from reame.web.v1.parameters import EXPECTED, MESSAGE_FIELDS, UNSUPPORTED, llama_seed
 from reame.web.v1.request_models import CallIn, ChatRequest, Message, NamedChoice
 
 
@@ -92,7 +92,7 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         request.max_completion_tokens or request.max_tokens,
         STATELESS_TEMPERATURE if request.temperature is None else request.temperature,
         STATELESS_TOP_P if request.top_p is None else request.top_p,
-        stop, request.seed, request.stream,
+        stop, llama_seed(request.seed), request.stream,
         request.stream_options is not None and request.stream_options.include_usage,
         tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()),
         request.frequency_penalty or 0.0, request.presence_penalty or 0.0,
@@ -189,6 +189,11 @@ def _conversation(messages: list[Message]) -> tuple[list[str], list[PromptMessag
             turns.append(PromptMessage("system", text))
         else:
             system.append(text)
+    if not turns:
+        if not "".join(system).strip():
+            raise ApiError(400, "the conversation is empty: its system messages have no text",
+                           param="messages")
+        return system, turns  # only system messages: answered, as OpenAI and vLLM do
     if not any(t.role in ("user", "tool") for t in turns):
         raise ApiError(400, "the conversation needs a user message", param="messages")
     last = turns[-1]

@@ -14,11 +14,13 @@ from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P
 from reame.config.chat_settings import FIELD
 from reame.web.v1.errors import ApiError, body_refusal, refuse_unsupported
 from reame.web.v1.parameters import EXPECTED as CHAT_EXPECTED
+from reame.web.v1.parameters import llama_seed
 from reame.web.v1.request_models import (
     MAX_STOPS,
     NonEmpty,
     Penalty,
     Positive,
+    Seed,
     StreamOptions,
     StrictBody,
     Temperature,
@@ -60,7 +62,7 @@ class CompletionsBody(StrictBody):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
                      Annotated[float, Field(ge=-100, le=100)]] | None = None
     stream: bool = False
@@ -97,7 +99,7 @@ EXPECTED = {
     "temperature": f"a number {FIELD['temperature'].allowed()}",
     "top_p": f"a number {FIELD['top_p'].allowed()}",
     "stop": f"a non-empty string or up to {MAX_STOPS} of them",
-    "seed": "an integer",
+    "seed": "an integer of 64 bits",
     "logit_bias": CHAT_EXPECTED["logit_bias"],
     "stream": "true or false",
     "stream_options": 'an object, {"include_usage": true or false}',
@@ -134,7 +136,7 @@ def parse_completions(body: Any, model_ids: list[str]) -> TextRequest:
         request.max_tokens or DEFAULT_MAX_TOKENS,
         STATELESS_TEMPERATURE if request.temperature is None else request.temperature,
         STATELESS_TOP_P if request.top_p is None else request.top_p,
-        (stop,) if isinstance(stop, str) else tuple(stop), request.seed, request.stream,
+        (stop,) if isinstance(stop, str) else tuple(stop), llama_seed(request.seed), request.stream,
         request.stream_options is not None and request.stream_options.include_usage,
         tuple((int(token), bias) for token, bias in (request.logit_bias or {}).items()),
         request.frequency_penalty or 0.0, request.presence_penalty or 0.0,

@@ -1,5 +1,5 @@
 """GET /v1/models: the model this server has loaded (none while it has none), as OpenAI lists
-models."""
+models; GET /v1/models/{id}: one of them (404 in OpenAI's shape for any other id)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,21 @@ def add_model_list(router: APIRouter, service: ChatService,
             caller(request)
         except ApiError as exc:
             return exc.response()
-        created = int(service.engine.model_path.stat().st_mtime) if service.engine else 0
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "reame"}
-            for name in model_ids()]}
+        return {"object": "list", "data": [_model(service, name) for name in model_ids()]}
+
+    @router.get("/models/{model_id:path}")
+    def get_model(request: Request, model_id: str):
+        try:
+            caller(request)
+            if model_id not in model_ids():
+                raise ApiError(404, f"The model '{model_id}' does not exist; this server has: "
+                               f"{', '.join(model_ids()) or 'none loaded'}", param="model",
+                               code="model_not_found")
+        except ApiError as exc:
+            return exc.response()
+        return _model(service, model_id)
+
+
+def _model(service: ChatService, name: str) -> dict:
+    created = int(service.engine.model_path.stat().st_mtime) if service.engine else 0
+    return {"id": name, "object": "model", "created": created, "owned_by": "reame"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from reame.config.chat_settings import FIELD
+from reame.config.refusals import MAX_SEED
 from reame.web.v1.request_models import (
     MAX_CHOICES,
     MAX_MESSAGES,
@@ -71,7 +72,7 @@ EXPECTED = {
     "temperature": f"a number {FIELD['temperature'].allowed()}",
     "top_p": f"a number {FIELD['top_p'].allowed()}",
     "stop": f"a non-empty string or up to {MAX_STOPS} of them",
-    "seed": "an integer",
+    "seed": "an integer of 64 bits",
     "logit_bias": "an object of token ids (strings of digits) to numbers from -100 to 100",
     "n": f"an integer from 1 to {MAX_CHOICES}",
     "stream": "true or false",
@@ -92,3 +93,9 @@ MESSAGE_FIELDS = {
     "refusal": "a refusal is an OpenAI model's own field",
     "audio": "the models here write text only",
 }
+
+
+def llama_seed(seed: int | None) -> int | None:
+    """OpenAI's seed, any 64-bit integer, as one of llama.cpp's (0 to MAX_SEED; 2**32 - 1 means
+    "random" there): a seed in that range is itself, any other maps to one, always the same."""
+    return None if seed is None else seed % (MAX_SEED + 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 
-from reame.inference.tools import ToolCall, pending_text, split_calls, split_reply
+from reame.inference.tools import CALL_OPEN, ToolCall, pending_text, split_calls, split_reply
 
 
 class ReplyShape:
@@ -26,7 +26,13 @@ class ReplyShape:
                 _called(finish_reason))
 
     def parts(self, text: str) -> tuple[str, list[ToolCall]]:
-        return split_reply(text) if self.calls_tools else (text, [])
+        """The reply's content and its calls. A call begun and never finished (max_tokens or
+        a stop cut it) is no content: its markup is dropped, never shown as the reply's words."""
+        if not self.calls_tools:
+            return text, []
+        content, calls = split_reply(text)
+        begun = content.find(CALL_OPEN)
+        return (content if begun < 0 else content[:begun].rstrip()), calls
 
     def shown(self, text: str, done: bool) -> tuple[str, list[ToolCall]]:
         """What a stream may send of a reply so far: its content (without a tail that may

@@ -31,6 +31,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 Positive = Annotated[int, Field(ge=1)]
 NonEmpty = Annotated[str, Field(min_length=1)]
+Seed = Annotated[int, Field(ge=-2**63, le=2**64 - 1)]  # any 64-bit integer (OpenAI's int64)
 
 
 # A chat setting's type with its range, as its declaration gives it (chat_settings.FIELD).
@@ -102,7 +103,7 @@ class ChatRequest(StrictBody):
     top_p: TopP | None = None
     # An empty stop string would end every reply before its first word.
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
                      Annotated[float, Field(ge=-100, le=100)]] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1

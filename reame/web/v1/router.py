@@ -60,4 +60,18 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
     add_model_list(router, service, caller, model_ids)
     add_chat_completions(router, service, caller, ready, model_ids)
     add_completions(router, service, caller, ready, model_ids)
+
+    # Last: any other path under /v1 is a 404 in OpenAI's shape (a known path asked with
+    # another method, a 405), never FastAPI's {"detail": "Not Found"}.
+    known = {route.path for route in router.routes}
+
+    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"],
+                      include_in_schema=False)
+    def unknown(path: str, request: Request):
+        if f"/v1/{path}" in known:
+            return ApiError(405, f"{request.method} is not allowed on /v1/{path}",
+                            code="method_not_allowed").response()
+        return ApiError(404, f"Unknown path: {request.method} /v1/{path} (see docs/api.md)",
+                        code="unknown_url").response()
+
     return router
