@@ -12,9 +12,11 @@ import time
 
 from playwright.sync_api import expect
 
-from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
+from .browser_helpers import (  # noqa: F401 - browser, page, server are fixtures
+    BOT,
     BOX,
     REPLY_TIMEOUT,
+    RETRY,
     STOP,
     USER,
     VIEWPORT,
@@ -24,6 +26,9 @@ from .browser_helpers import (  # noqa: F401 - browser and page are fixtures
     new_chat,
     open_app,
     page,
+    server,
+    wait_for_reply_done,
+    wait_until,
 )
 
 # About 3,000 characters, as the message of the report.
@@ -59,3 +64,29 @@ def test_esc_right_after_sending_keeps_the_message(page, browser, server_factory
     kept = api(busy).predict(chat_id, api_name="/get_chat")["messages"]
     assert [m["role"] for m in kept] == ["user"] and kept[0]["content"] == LONG
     other.close()
+
+
+def test_a_stop_while_the_message_is_read_leaves_it_retriable(page, server):
+    """Esc while the message is still being read: no reply, so the chat says why in the
+    reply's place, and its Retry answers the message."""
+    open_app(page, server)
+    new_chat(page)
+    box = page.locator(BOX)
+    box.fill(LONG)
+    box.press("Enter")
+    client = api(server)
+    chat_id = current_id(page)
+    wait_until(lambda: client.predict(chat_id, api_name="/get_chat")["messages"],
+               "the message was never stored")
+    box.press("Escape")
+    expect(page.locator(STOP)).to_have_count(0, timeout=REPLY_TIMEOUT)
+    kept = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [m["role"] for m in kept] == ["user"], "a reply began before Esc: too fast a machine"
+    expect(page.locator(BOT)).to_have_count(1)
+    expect(page.locator(BOT)).to_contain_text("stopped before the reply began")
+    page.locator(RETRY).click()
+    wait_for_reply_done(page, 1)
+    expect(page.locator(USER)).to_have_count(1)
+    expect(page.locator(BOT)).to_have_count(1)
+    kept = client.predict(chat_id, api_name="/get_chat")["messages"]
+    assert [m["role"] for m in kept] == ["user", "assistant"]

@@ -259,7 +259,21 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
             content += message_tools(m, tree)
         content += when_marker(m.created_at)
         shown.append({"role": m.role, "content": content})
+    if tree is not None and messages and messages[-1].role == "user":
+        shown.append({"role": "assistant", "content": UNANSWERED})
     return shown
+
+
+# Under the chat's last message when it has no reply (a Stop while it was still being read):
+# in the Chatbot's place of a reply, so that its Retry answers it.
+UNANSWERED = ('<div class="reame-unanswered">No reply: it was stopped before the reply began. '
+              "Retry answers it.</div>")
+
+
+def answered(shown: list[dict]) -> list[dict]:
+    """The chat as to_chatbot showed it, without its note of a message left unanswered (a
+    message sent after it, or its retry, is answered)."""
+    return shown[:-1] if shown and shown[-1]["content"] == UNANSWERED else shown
 
 
 def message_tools(message: Message, tree: MessageTree) -> str:

@@ -26,7 +26,7 @@ from reame.web.http.user import user_of
 from reame.web.page.attachments import strip_html, with_documents
 from reame.web.page.live_replies import LiveReplies
 from reame.web.page.parts import flatten
-from reame.web.page.render import user_html, user_text, without_added
+from reame.web.page.render import answered, user_html, user_text, without_added
 from reame.web.page.settings_tab import cache_markdown, loading_text
 from reame.web.page.showing import ChatView, settings_values
 
@@ -95,7 +95,7 @@ class PageHandlers(ChatView):
         self._sent_at[request.session_hash] = time.perf_counter()  # for the stats' wait
         self._waits.pop(request.session_hash, None)  # an earlier reply's, said late
         text = with_documents(docs, text)
-        history = self.shown(chat_id, user)
+        history = answered(self.shown(chat_id, user))
         history.append({"role": "user", "content": user_html(text)})
         self.live.drew(request.session_hash, chat_id, list(history))  # stream_reply's base
         loading = self.loading_model()
@@ -148,7 +148,7 @@ class PageHandlers(ChatView):
             return
         user = user_of(request)
         if base is None:
-            base = await in_thread(self.shown, chat_id, user)
+            base = answered(await in_thread(self.shown, chat_id, user))
             base.append({"role": "user", "content": user_html(text)})
         arrived = self._sent_at.pop(request.session_hash, None)
         tab = request.session_hash
