@@ -15,9 +15,12 @@ from playwright.sync_api import expect
 from .browser_helpers import (  # noqa: F401 - browser, page, server are fixtures
     BOT,
     BOX,
+    CHATS,
+    ERROR_BADGE,
     REPLY_TIMEOUT,
     RETRY,
     STOP,
+    TOAST,
     USER,
     VIEWPORT,
     api,
@@ -90,3 +93,23 @@ def test_a_stop_while_the_message_is_read_leaves_it_retriable(page, server):
     expect(page.locator(BOT)).to_have_count(1)
     kept = client.predict(chat_id, api_name="/get_chat")["messages"]
     assert [m["role"] for m in kept] == ["user", "assistant"]
+
+
+def test_turning_accounts_on_sends_the_open_page_to_the_login(page, server_factory):
+    """The admin's own page, once accounts are on: its next click goes to the login page, not
+    to red "Error" pills and a "Not authenticated" toast."""
+    open_server = server_factory(max_tokens=8)
+    client = api(open_server)
+    client.predict("Before accounts", api_name="/new_chat")
+    open_app(page, open_server)
+    page.get_by_role("tab", name="Users").click()
+    page.fill("#first-admin-name input", "alice")
+    page.fill("#first-admin-password input", "alice-secret-1")
+    page.fill("#first-admin-again input", "alice-secret-1")
+    page.click("#turn-accounts-on")
+    expect(page.locator("#accounts-off-status")).to_contain_text("Accounts are on")
+    page.get_by_role("tab", name="Chat").click()
+    page.locator(CHATS).first.click()
+    expect(page.locator("#username")).to_be_visible()
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    expect(page.locator(TOAST)).to_have_count(0)

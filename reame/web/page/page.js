@@ -380,6 +380,22 @@
         setTimeout(() => $("#reame-detach-btn")?.click(), 0);
     });
 
+    // A page whose login has ended (accounts turned on meanwhile, a logout in another tab)
+    // goes to the login page at its first refused call, rather than showing Gradio's red
+    // "Error" over every part it was updating.
+    const fetched = window.fetch.bind(window);
+    let leaving = false;
+    window.fetch = async (...args) => {
+        const answer = await fetched(...args);
+        if (answer.status === 401 && !leaving
+                && /\/gradio_api\//.test(String(args[0]?.url || args[0]))) {
+            leaving = true;
+            location.reload();
+            return new Promise(() => {});  // never settles: nothing shows the refusal
+        }
+        return answer;
+    };
+
     // Copying a message copies its text: without the stats line, the tools, the window
     // marker and the time that the page adds to it (all <div class="reame-...">, never
     // nested).
