@@ -12,6 +12,8 @@ import time
 
 from playwright.sync_api import expect
 
+from reame.chats.documents import Document, compose
+
 from .browser_helpers import (  # noqa: F401 - browser, page, server are fixtures
     BOT,
     BOX,
@@ -26,13 +28,16 @@ from .browser_helpers import (  # noqa: F401 - browser, page, server are fixture
     api,
     browser,
     current_id,
+    import_chat,
     new_chat,
     open_app,
     page,
+    send,
     server,
     wait_for_reply_done,
     wait_until,
 )
+from .test_long_chat import FILLER, QUESTIONS
 
 # About 3,000 characters, as the message of the report.
 LONG = ("Here are my notes from the harbour. " + " ".join(
@@ -113,3 +118,20 @@ def test_turning_accounts_on_sends_the_open_page_to_the_login(page, server_facto
     expect(page.locator("#username")).to_be_visible()
     expect(page.locator(ERROR_BADGE)).to_have_count(0)
     expect(page.locator(TOAST)).to_have_count(0)
+
+
+def test_a_document_that_left_the_model_s_memory_is_named(page, server_factory):
+    """A chat whose first message carries a document outgrows a small context: the marker
+    where the model's memory starts names the document it no longer reads."""
+    small = server_factory(n_ctx=512, max_tokens=16)
+    notes = ("The lighthouse keeper logs every ship that passes the point. " * 12).strip()
+    first = compose([Document("keeper.md", notes)], "Who logs the ships?")
+    chat_id = import_chat(api(small), "Keeper", [first, "The lighthouse keeper."])
+    open_app(page, small, f"?chat={chat_id}")
+    marker = page.locator("#chatbot .reame-window")
+    for n in range(6):
+        if marker.count():
+            break
+        send(page, FILLER + QUESTIONS[n % 2])
+    expect(marker).to_have_count(1)
+    expect(marker).to_contain_text("it no longer reads keeper.md")

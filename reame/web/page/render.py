@@ -222,6 +222,19 @@ WINDOW_MARKER = ('\n\n<div class="reame-window">⋯ earlier messages are outside
                  'memory ⋯</div>')
 
 
+def window_marker(outside: list[Message]) -> str:
+    """The marker under the last reply outside the model's window, naming the documents
+    attached to the messages outside it: the model no longer reads them (without a word, it
+    made up answers from them)."""
+    names = list(dict.fromkeys(d.name for m in outside if m.role == "user"
+                               for d in split(m.content)[0]))
+    if not names:
+        return WINDOW_MARKER
+    listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+    return ('\n\n<div class="reame-window">⋯ earlier messages are outside the model\'s memory: '
+            f"it no longer reads {html.escape(listed)} ⋯</div>")
+
+
 def when_marker(created_at: float) -> str:
     """When a message was written, for the page to show on hover in the person's own time
     (page.js): an empty div whose class says it (the Chatbot's sanitizer keeps classes)."""
@@ -252,7 +265,7 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
         if m.role == "assistant":
             content = reply_markdown(m.content, m.stats_dict, writing=being_written(m.id))
             if n == last_outside:
-                content += WINDOW_MARKER
+                content += window_marker(messages[:n])
         else:
             content = user_html(m.content)
         if tree is not None:
