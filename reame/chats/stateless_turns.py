@@ -30,7 +30,7 @@ class StatelessTurns:
     def complete(self, system_prompt: str, turns: list[PromptMessage], *,
                  max_tokens: int | None = None,
                  temperature: float = STATELESS_TEMPERATURE, top_p: float = STATELESS_TOP_P,
-                 seed: int | None = None, stop: tuple[str, ...] = (),
+                 top_k: int | None = None, seed: int | None = None, stop: tuple[str, ...] = (),
                  logit_bias: tuple[tuple[int, float], ...] = (),
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  top_logprobs: int | None = None, grammar: str | None = None,
@@ -49,7 +49,8 @@ class StatelessTurns:
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=seed,
                             logit_bias=logit_bias, frequency_penalty=frequency_penalty,
                             presence_penalty=presence_penalty, top_logprobs=top_logprobs,
-                            grammar=grammar, grammar_trigger=grammar_trigger)
+                            grammar=grammar, grammar_trigger=grammar_trigger,
+                            **({} if top_k is None else {"top_k": top_k}))
         scope = user_scope(user)
 
         def job(runtime: ModelRuntime) -> tuple[Job, ConversationKeeper]:

@@ -1,6 +1,7 @@
 """The /v1 routes, OpenAI-compatible, on the app's own server: GET /v1/models (model_list.py),
-POST /v1/chat/completions (chat_completions.py) and POST /v1/completions (completions.py), with
-the key and readiness checks they share.
+POST /v1/chat/completions (chat_completions.py), POST /v1/completions (completions.py) and
+Anthropic's POST /v1/messages (messages.py), with the key (Authorization: Bearer, or x-api-key)
+and readiness checks they share.
 
 Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the status a
 client expects: 400 bad request (a conversation too long for the context: context_length_exceeded,
@@ -23,6 +24,7 @@ from reame.chats.service import ChatService
 from reame.web.v1.chat_completions import add_chat_completions
 from reame.web.v1.completions import add_completions
 from reame.web.v1.errors import ApiError
+from reame.web.v1.messages import add_messages
 from reame.web.v1.model_list import add_model_list
 
 
@@ -37,9 +39,12 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>' (make one "
-                           "with `python app.py addkey NAME`)", type_="authentication_error",
-                           code="missing_api_key")
+            # Anthropic's SDKs send the key as x-api-key.
+            key = request.headers.get("x-api-key", "")
+        if not key.strip():
+            raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>' or "
+                           "'x-api-key: <key>' (make one with `python app.py addkey NAME`)",
+                           type_="authentication_error", code="missing_api_key")
         user = accounts.user_id(accounts.user_for_key(key.strip()))
         if user is None:
             raise ApiError(401, "Incorrect API key provided", type_="authentication_error",
@@ -60,6 +65,7 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
     add_model_list(router, service, caller, model_ids)
     add_chat_completions(router, service, caller, ready, model_ids)
     add_completions(router, service, caller, ready, model_ids)
+    add_messages(router, service, caller, ready)
 
     # Last: any other path under /v1 is a 404 in OpenAI's shape (a known path asked with
     # another method, a 405), never FastAPI's {"detail": "Not Found"}.
