@@ -33,7 +33,6 @@ from reame.inference.batches import (
     cold_prefix,
     reachable,
     replays,
-    truncated,
     whole_chunks,
 )
 from reame.inference.cache_figures import CacheFigures
@@ -256,17 +255,15 @@ class KVCache(CacheFigures):
         return reachable(head.batches, head.tokens, prompt, points)
 
     def _load(self, entry: KVEntry, reach: int) -> bool:
-        """Restore the file's state at reach if it holds one there (its end, a mark), else
-        its end's (to be cut back), with the marks up to it (their states and logits copied
-        out of the file)."""
-        at = reach if entry.state_at(reach) is not None else len(entry.tokens)
+        """Restore the file's state at its end, with its marks (their states and logits
+        copied out of the file); the caller cuts it back to reach, where a mark's state (the
+        part of the memory that cannot be cut back alone) takes it back exactly."""
         floats = 4 * self.engine.n_vocab
         marks = [Mark(where, None if state is None else bytes(state),
                       None if logits is None or len(logits) != floats else
                       (ctypes.c_float * self.engine.n_vocab).from_buffer_copy(logits))
-                 for where, state, logits in entry.marks if where <= at]
-        return self.engine.restore(entry.tokens[:at], entry.state_at(at),
-                                   truncated(entry.batches, at), marks)
+                 for where, state, logits in entry.marks]
+        return self.engine.restore(entry.tokens, entry.state, entry.batches, marks)
 
     def _readable(self, scope: Scope, source: str) -> bool:
         """Whether a file of scope may serve the live scope: its own, or SHARED (a prefix)."""

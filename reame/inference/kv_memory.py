@@ -132,8 +132,7 @@ class SequenceMemory:
         n = max((b.start for b in seq.batches if b.start <= n), default=0)
         mark = next((m for m in seq.marks if m.at == n and m.state is not None), None)
         if mark is not None and not self.cuttable(len(seq.tokens)):
-            marks = [m for m in seq.marks if m.at <= n]
-            return self.restore(seq.tokens[:n], mark.state, truncated(seq.batches, n), marks)
+            return self._back_to(n, mark.state)
         ok = (n > 0 and self.cuttable(len(seq.tokens))
               and llama_cpp.llama_memory_seq_rm(self._memory, seq.id, n, -1))
         # Never trust a True: sliding-window and recurrent models may keep nothing.
@@ -185,7 +184,7 @@ class SequenceMemory:
         kept = self._copy_logits() if logits else None
         if at == 0 or (logits and kept is None):
             return
-        state = None if self.cuttable(self.n_ctx) else bytes(self.state())
+        state = None if self.cuttable(self.n_ctx) else bytes(self.partial_state())
         if state is None and kept is None:
             return  # nothing a cut back would not give
         # Only the last prompt's logits are kept: an older mark keeps its state alone (a new
@@ -246,7 +245,7 @@ class SequenceMemory:
         prompt token and is not counted as one; it costs one token's decode."""
         seq = self.seq
         n = len(seq.tokens)
-        back = None if self.cuttable(n + 1) else bytes(self.state())
+        back = None if self.cuttable(n + 1) else bytes(self.partial_state())
         batch = self._batch
         batch.token[0], batch.pos[0], batch.n_seq_id[0] = seq.tokens[-1], n, 1
         batch.seq_id[0][0], batch.logits[0], batch.n_tokens = seq.id, True, 1
@@ -261,7 +260,8 @@ class SequenceMemory:
                 return True
             self.clear()
             return False
-        return self.restore(seq.tokens, back, seq.batches, seq.marks)
+        seq.tokens.append(seq.tokens[-1])  # what the KV holds until _back_to takes it back
+        return self._back_to(n, back)
 
     # saving and restoring the KV of the current sequence
 
@@ -272,6 +272,43 @@ class SequenceMemory:
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq)
         return memoryview(buf).cast("B")[:written]
+
+    def partial_state(self) -> memoryview:
+        """The part of the live KV that cannot be cut back, as llama_state_seq_get_data_ext
+        gives it with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid's recurrent state (its
+        attention layers' KV left out), a sliding window's layers (Gemma 3's full-attention
+        layers left out). A mark keeps this: the rest is the sequence's own KV before the
+        mark, which a cut back keeps."""
+        ctx, seq, flags = self._ctx.ctx, self.seq.id, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq, flags)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, seq, flags)
+        return memoryview(buf).cast("B")[:written]
+
+    def _back_to(self, n: int, partial) -> bool:
+        """Take the current sequence back to its first n tokens with the partial state
+        (partial_state()) copied out when it held just those: that part put back, the rest
+        (attention layers that keep every position) cut at n. False, with the KV cleared,
+        if it does not take exactly."""
+        seq = self.seq
+        view = memoryview(partial)
+        if view.readonly:
+            view = memoryview(bytearray(view))
+        buf = (ctypes.c_uint8 * len(view)).from_buffer(view)
+        read = llama_cpp.llama_state_seq_set_data_ext(
+            self._ctx.ctx, buf, len(view), seq.id, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        del buf
+        view.release()
+        ok = (read == len(partial) and n <= len(seq.tokens)
+              and llama_cpp.llama_memory_seq_rm(self._memory, seq.id, n, -1)
+              and self._whole(n))
+        if not ok:
+            self.clear()
+            return False
+        seq.tokens, seq.batches = seq.tokens[:n], truncated(seq.batches, n)
+        seq.logits_for = -1
+        seq.marks = [m for m in seq.marks if m.at <= n]
+        return True
 
     def restore(self, tokens: list[int], state, batches: list[Batch],
                 marks: list[Mark] | None = None) -> bool:

@@ -6,10 +6,13 @@ File layout (little-endian):
     | u64 xxh3-64 of everything before it
 
 Marks (kv_memory.py) are the positions before the end where the KV can resume exactly: the
-header lists each as [at, state bytes, logits bytes] (0: none). A mark's state is the
-sequence's state copied out at that position (a memory that cannot be cut back: a recurrent
-state, a sliding window past its window); its logits, float32 x the vocabulary, the ones the
-prompt that ends there made (a regenerate after a restart evaluates nothing).
+header lists each as [at, state bytes, logits bytes] (0: none). A mark's state is the part
+of the sequence's memory that cannot be cut back, copied out at that position
+(llama_state_seq_get_data_ext with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid's recurrent
+state, a sliding window's layers): it is put back over the end's state, whose other layers
+(attention that keeps every position) are cut at the mark. Its logits, float32 x the
+vocabulary, are the ones the prompt that ends there made (a regenerate after a restart
+evaluates nothing).
 
 The header holds the fingerprint (model file, KV type, flash attention, llama-cpp-python
 version): a file whose fingerprint differs is not restored. It holds the decodes that made
@@ -45,7 +48,7 @@ from reame.inference.batches import Batch
 from reame.inference.scope import NO_ACCOUNTS, Scope
 
 MAGIC = b"REAMEKV\0"
-FORMAT_VERSION = 4  # 1: crc32 checksum; 2: no batches; 3: no marks
+FORMAT_VERSION = 5  # 1: crc32 checksum; 2: no batches; 3: no marks; 4: marks hold whole states
 _PREAMBLE = struct.Struct("<8sII")
 _SUM = struct.Struct("<Q")
 TMP_PREFIX = "reame-kv-"  # a write in progress: TMP_PREFIX + random + ".tmp", beside the file
@@ -108,12 +111,6 @@ class KVEntry:
         """Whether the file's checksum matches (waits for the check to finish)."""
         self._checker.join()
         return self._sum == [self._stored_sum]
-
-    def state_at(self, at: int) -> memoryview | None:
-        """The state the file holds at position at: its end's, or a mark's."""
-        if at == len(self.tokens):
-            return self.state
-        return next((state for where, state, _ in self.marks if where == at), None)
 
     def close(self) -> None:
         self._checker.join()
