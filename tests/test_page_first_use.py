@@ -135,3 +135,19 @@ def test_a_document_that_left_the_model_s_memory_is_named(page, server_factory):
         send(page, FILLER + QUESTIONS[n % 2])
     expect(marker).to_have_count(1)
     expect(marker).to_contain_text("it no longer reads keeper.md")
+
+
+def test_an_unsupported_file_is_named_in_the_page_s_own_words(page, server, tmp_path):
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    open_app(page, server)
+    new_chat(page)
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach")
+    chooser.value.set_files(str(photo))
+    expect(page.locator("#reame-hint")).to_have_text(
+        "Not attached: photo.png: only text, Markdown, code and PDF files can be attached.")
+    page.wait_for_timeout(1000)  # Gradio's refusal came within it
+    expect(page.locator(TOAST)).to_have_count(0)
+    expect(page.locator(ERROR_BADGE)).to_have_count(0)
+    expect(page.locator("#attached li")).to_have_count(0)

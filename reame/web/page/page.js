@@ -369,6 +369,26 @@
         }
     });
 
+    // A file of a kind the page does not take is named in the page's words, under the box
+    // (Gradio's page refused the whole choice with a red "Error" listing some 40 kinds); the
+    // others go on to be attached.
+    document.addEventListener("change", (event) => {
+        const input = event.target;
+        if (!input.matches?.("#attach-row input[type=file]") || !input.accept) return;
+        const kinds = input.accept.toLowerCase().split(",").map((kind) => kind.trim());
+        const files = [...input.files];
+        const taken = files.filter((file) => kinds.some(
+            (kind) => file.name.toLowerCase().endsWith(kind)));
+        if (taken.length === files.length) return;
+        const refused = files.filter((file) => !taken.includes(file)).map((f) => f.name);
+        hint(`Not attached: ${refused.join(", ")}: only text, Markdown, code and PDF files ` +
+             "can be attached.");
+        const kept = new DataTransfer();
+        taken.forEach((file) => kept.items.add(file));
+        input.files = kept.files;
+        if (!taken.length) event.stopImmediatePropagation();
+    }, true);
+
     // A document's ✕ in the strip above the message box (attachments.py): its place goes
     // through the hidden textbox to the hidden button's event.
     document.addEventListener("click", (event) => {
