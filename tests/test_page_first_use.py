@@ -151,3 +151,11 @@ def test_an_unsupported_file_is_named_in_the_page_s_own_words(page, server, tmp_
     expect(page.locator(TOAST)).to_have_count(0)
     expect(page.locator(ERROR_BADGE)).to_have_count(0)
     expect(page.locator("#attached li")).to_have_count(0)
+
+
+def test_a_missing_model_is_not_called_a_cache_turned_off(page, server_factory):
+    missing = server_factory(model_path="models/does-not-exist.gguf")
+    open_app(page, missing)
+    line = page.locator("#cache-stats")
+    expect(line).to_have_text("No model is loaded, so no chat is kept ready to continue yet.")
+    expect(line).not_to_contain_text("**")

@@ -75,9 +75,12 @@ def cache_markdown(service: ChatService, user: str | None = None, *,
     figures on demand. An administrator (or a server without accounts) sees the whole
     server's and its files; another user, those of their own turns and chats."""
     s = service.cache_stats(user, whole_server=whole_server)
-    if not s.get("enabled"):
-        return ("The disk cache is **off** (`[cache] enabled = false`): only the live context "
-                "is reused.")
+    if not s.get("enabled"):  # the line is HTML: no Markdown in it
+        if service.runtime is None:  # no model (missing, or not loaded): no cache either
+            return ('<p class="reame-cache-line">No model is loaded, so no chat is kept ready '
+                    "to continue yet.</p>")
+        return ('<p class="reame-cache-line">The disk cache is <strong>off</strong> '
+                "(<code>[cache] enabled = false</code>): only the live context is reused.</p>")
     restored = s["tokens_restored"]
     if s["prefill_tokens_per_s"] and s["time_saved_s"] >= 0.5:  # never "≈ 0 s saved"
         saved = f"≈ {_duration(s['time_saved_s'])} of recomputation saved"
