@@ -114,3 +114,17 @@ class Message(SQLModel, table=True):
     @property
     def stats_dict(self) -> dict:
         return json.loads(self.stats) if self.stats else {}
+
+
+class StoredResponse(SQLModel, table=True):
+    """A response of /v1/responses kept for previous_response_id (stored_responses.py): its
+    new input items, its output items and the reply's text as the model wrote it (JSON), the
+    response it follows, whose it is; bounded per user and expiring."""
+
+    __tablename__ = "stored_response"
+    id: str = Field(primary_key=True)  # resp_...
+    owner: str | None = Field(default=None, index=True)  # None: made without accounts
+    previous_id: str | None = None
+    created_at: float = Field(default_factory=time.time, index=True)
+    size: int = 0  # bytes of data
+    data: str = Field(sa_type=_Text)

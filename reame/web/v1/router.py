@@ -1,6 +1,6 @@
 """The /v1 routes, OpenAI-compatible, on the app's own server: GET /v1/models (model_list.py),
 POST /v1/chat/completions (chat_completions.py), POST /v1/completions (completions.py) and
-Anthropic's POST /v1/messages (messages.py), with the key (Authorization: Bearer, or x-api-key)
+Anthropic's POST /v1/messages (messages.py), POST/GET/DELETE /v1/responses (responses.py), with the key (Authorization: Bearer, or x-api-key)
 and readiness checks they share.
 
 Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the status a
@@ -26,6 +26,7 @@ from reame.web.v1.completions import add_completions
 from reame.web.v1.errors import ApiError
 from reame.web.v1.messages import add_messages
 from reame.web.v1.model_list import add_model_list
+from reame.web.v1.responses import add_responses
 
 
 def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
@@ -66,6 +67,7 @@ def build_router(service: ChatService, live: LiveAccounts) -> APIRouter:
     add_chat_completions(router, service, caller, ready, model_ids)
     add_completions(router, service, caller, ready, model_ids)
     add_messages(router, service, caller, ready)
+    add_responses(router, service, caller, ready, model_ids)
 
     # Last: any other path under /v1 is a 404 in OpenAI's shape (a known path asked with
     # another method, a 405), never FastAPI's {"detail": "Not Found"}.
