@@ -159,3 +159,15 @@ def test_a_missing_model_is_not_called_a_cache_turned_off(page, server_factory):
     line = page.locator("#cache-stats")
     expect(line).to_have_text("No model is loaded, so no chat is kept ready to continue yet.")
     expect(line).not_to_contain_text("**")
+
+
+def test_search_results_show_a_document_s_words_not_its_markup(page, server):
+    first = compose([Document("keeper.pdf", "The lighthouse keeper logged forty ships.")],
+                    "How many ships?")
+    import_chat(api(server), "Lighthouse log", [first, "Forty."])
+    open_app(page, server)
+    page.fill("#chat-search textarea, #chat-search input", "logged")
+    snippet = page.locator("#chat-list .reame-snippet").filter(has_text="keeper")
+    expect(snippet).to_have_count(1)
+    expect(snippet).to_contain_text("keeper.pdf: The lighthouse keeper logged forty ships.")
+    assert "document" not in snippet.inner_text() and '">' not in snippet.inner_text()

@@ -10,6 +10,7 @@ Titles and snippets are users' text: escaped here, never markup.
 from __future__ import annotations
 
 import html
+import re
 from typing import TYPE_CHECKING
 
 from reame.chats.store import END_MARK, MARK, Chat, Found
@@ -101,9 +102,27 @@ def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False)
         f"</div></details></li>")
 
 
+# The markup that holds a document in a stored message (documents.compose), whole or cut by
+# the snippet's "…" at either end: the snippet shows the document's name and text instead.
+_DOCUMENT_MARKUP = [
+    (re.compile(r'<?\bdocument name="([^"\n]*)">\s*'), r"\1: "),  # an opening: its name
+    (re.compile(r'^…[^\s…]*">\s*'), "…"),  # an opening's tail, cut at the start
+    (re.compile(r"\s*<?/document>\s*"), " "),  # a closing
+    (re.compile(r'\s*<[/a-z]*(?: name="[^"\n]*)?…$'), "…"),  # a tag's head, cut at the end
+]
+
+
+def plain_snippet(snippet: str) -> str:
+    """A search snippet as words: without the markup around the documents in the message."""
+    for pattern, replacement in _DOCUMENT_MARKUP:
+        snippet = pattern.sub(replacement, snippet)
+    return snippet.strip()
+
+
 def _snippet_html(snippet: str) -> str:
     """A search snippet with its matches marked (store.MARK ... END_MARK), escaped."""
-    escaped = html.escape(snippet).replace(MARK, "<mark>").replace(END_MARK, "</mark>")
+    escaped = html.escape(plain_snippet(snippet)).replace(MARK, "<mark>").replace(
+        END_MARK, "</mark>")
     return f'<span class="reame-snippet">{escaped}</span>'
 
 
