@@ -171,3 +171,11 @@ def test_search_results_show_a_document_s_words_not_its_markup(page, server):
     expect(snippet).to_have_count(1)
     expect(snippet).to_contain_text("keeper.pdf: The lighthouse keeper logged forty ships.")
     assert "document" not in snippet.inner_text() and '">' not in snippet.inner_text()
+
+
+def test_a_one_line_document_is_one_line(page, server):
+    first = compose([Document("keeper.pdf", "The lamp is lit.")], "Is the lamp lit?")
+    chat_id = import_chat(api(server), "One line", [first, "Yes."])
+    open_app(page, server, f"?chat={chat_id}")
+    expect(page.locator(f"{USER} details.reame-doc summary")).to_have_text(
+        "Attached: keeper.pdf · 1 line")

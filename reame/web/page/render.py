@@ -36,10 +36,16 @@ def user_html(text: str) -> str:
     documents, rest = split(text)
     folded = "".join(
         f'<details class="reame-doc" title="{html.escape(d.name)}"><summary>Attached: '
-        f'{html.escape(d.name)} · {d.text.count(chr(10)) + 1:,} lines</summary><pre>'
+        f'{html.escape(d.name)} · {counted_lines(d.text)}</summary><pre>'
         f'{html.escape(d.text, quote=False).replace(chr(10), "&#10;")}</pre></details>\n\n'
         for d in documents)
     return folded + inert_html(rest)
+
+
+def counted_lines(text: str) -> str:
+    """A document's size in lines: "1 line", "12 lines"."""
+    n = text.count("\n") + 1
+    return f"{n:,} line{'' if n == 1 else 's'}"
 
 
 def user_text(shown: str) -> str:
