@@ -1,6 +1,7 @@
 """Every model family keeps its chats: a chat continued after a restart restores its KV,
-whatever the model's memory (kv_memory.py): a hybrid's recurrent state (the tiny LFM2 and
-Qwen3.5 shapes, tests/tiny_models.py), Gemma 3's sliding window past its 512 tokens.
+whatever the model's memory (kv_memory.py): a hybrid's recurrent state (the tiny LFM2,
+Qwen3.5 and Granite 4.0-H shapes, tests/tiny_models.py), Gemma 3's sliding window past its
+512 tokens.
 
 Each conversation is compared with the same conversation uninterrupted (no restart): the
 restored turn must sample from the very logits that one does (llama.cpp's state comes back
@@ -25,7 +26,7 @@ from reame.runtime import service_over
 
 from .conftest import SYSTEM_PROMPT, THREADS, start_server
 
-FAMILIES = ("lfm2", "qwen35", "gemma")
+FAMILIES = ("lfm2", "qwen35", "granitehybrid", "gemma")
 SIZES = (250, 1400)  # tokens of the third turn's prompt, about
 MAX_TOKENS = 12
 # A message of about 28 tokens (SmolLM2's tokenizer; Gemma's makes it about as long).
