@@ -179,3 +179,43 @@ def test_a_one_line_document_is_one_line(page, server):
     open_app(page, server, f"?chat={chat_id}")
     expect(page.locator(f"{USER} details.reame-doc summary")).to_have_text(
         "Attached: keeper.pdf · 1 line")
+
+
+PHONE = {"width": 390, "height": 844}
+
+
+def overlap(a: dict, b: dict) -> bool:
+    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
+
+
+def test_on_a_phone_the_sidebar_button_leaves_the_chat_tab_readable(page, server):
+    page.set_viewport_size(PHONE)
+    open_app(page, server)
+    toggle = page.locator(".sidebar .toggle-button")
+    tab = page.get_by_role("tab", name="Chat")
+    expect(tab).to_be_visible()
+    expect(page.locator(".sidebar.open")).to_have_count(0)
+    page.wait_for_timeout(500)  # the sidebar's slide
+    assert not overlap(toggle.bounding_box(), tab.bounding_box()), (
+        toggle.bounding_box(), tab.bounding_box())
+
+
+def test_on_a_phone_the_login_card_fits_the_screen(browser, tmp_path, model_path):
+    from reame.accounts.users import Accounts
+
+    from .conftest import Server, write_config
+
+    config = write_config(tmp_path, model_path=model_path, users_file="users.json")
+    Accounts(tmp_path / "users.json").add_user("alice", "alice-secret-1", admin=True)
+    with_accounts = Server(config, tmp_path / "server.log").start()
+    phone = browser.new_page(viewport=PHONE)
+    try:
+        phone.goto(with_accounts.url)
+        card = phone.locator("main")
+        expect(phone.locator("#username")).to_be_visible()
+        box = card.bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], box
+    finally:
+        phone.close()
+        with_accounts.stop()
