@@ -32,8 +32,10 @@ from .browser_helpers import (  # noqa: F401 - browser, page, server are fixture
     new_chat,
     open_app,
     page,
+    page_load,
     send,
     server,
+    shown_as_loaded,
     wait_for_reply_done,
     wait_until,
 )
@@ -218,4 +220,36 @@ def test_on_a_phone_the_login_card_fits_the_screen(browser, tmp_path, model_path
         assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], box
     finally:
         phone.close()
+        with_accounts.stop()
+
+
+def test_an_admin_logging_in_on_a_chat_from_before_accounts_is_told_where_it_went(
+        browser, tmp_path, model_path):
+    """The admin's page, open on a chat before accounts were turned on, after the login: not
+    "That chat is not here." beside "No chats yet" and the server's chats ready."""
+    from reame.accounts.users import Accounts
+    from reame.chats.store import Store
+
+    from .conftest import Server, write_config
+
+    config = write_config(tmp_path, model_path=model_path, users_file="users.json")
+    Accounts(tmp_path / "users.json").add_user("alice", "alice-secret-1", admin=True)
+    old = Store(tmp_path / "sessions" / "reame.db").create_chat(
+        title="Old recipe", system_prompt="", temperature=0.0, top_p=1.0, max_tokens=8)
+    with_accounts = Server(config, tmp_path / "server.log").start()
+    admin = browser.new_page(viewport=VIEWPORT)
+    try:
+        admin.goto(f"{with_accounts.url}?chat={old.id}")
+        admin.fill("#username", "alice")
+        admin.fill("#password", "alice-secret-1")
+        with admin.expect_response(page_load) as loaded:
+            admin.click("button[type=submit]")
+        shown_as_loaded(admin, loaded.value)
+        expect(admin.locator("#chat-note")).to_have_text(
+            "That chat is from before accounts: “Adopt them” brings it into your list.")
+        expect(admin.locator("#old-chats")).to_contain_text("1 chat from before accounts")
+        expect(admin.locator("#cache-stats .reame-cache-line")).to_contain_text(
+            "on the server ready to continue")
+    finally:
+        admin.close()
         with_accounts.stop()

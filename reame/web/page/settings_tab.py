@@ -87,7 +87,9 @@ def cache_markdown(service: ChatService, user: str | None = None, *,
     else:
         saved = f"{restored:,} tokens restored instead of recomputed"
     ready = s["chats_ready"]
-    line = f"{saved} · {ready:,} chat{'' if ready == 1 else 's'} ready to continue"
+    # An admin's figures are the whole server's: not to be read as their own chats'.
+    where = " on the server" if whole_server and user is not None else ""
+    line = f"{saved} · {ready:,} chat{'' if ready == 1 else 's'}{where} ready to continue"
     rate = (f"at {s['prefill_tokens_per_s']:,.0f} tokens/s, this machine's prefill speed"
             if s["prefill_tokens_per_s"] else "the prefill speed is measured at the first "
             "long enough prompt")

@@ -30,6 +30,10 @@ VIEW = 6 + len(FIELD)
 # A chat asked for (the address bar's ?chat=ID, Back, a stale link) that the user cannot see:
 # the same words whether no chat has that id or another user's has (nothing told apart).
 NOT_HERE = '<p class="reame-note" role="status">That chat is not here.</p>'
+# To an admin, a chat asked for that is from before accounts (nobody's until adopted): the
+# page they had open before turning accounts on and logging in.
+BEFORE_ACCOUNTS = ('<p class="reame-note" role="status">That chat is from before accounts: '
+                   "“Adopt them” brings it into your list.</p>")
 
 
 def settings_values(service: ChatService, chat_id: int | None, user: str | None) -> tuple:
@@ -87,7 +91,7 @@ class ChatView:
                     chat_id, messages = None, []
                 else:
                     return self.show(latest_chat_id(self.service, user), request,
-                                     note=NOT_HERE)
+                                     note=self.not_here(chat_id, user))
             else:  # restore its KV while the user reads and types
                 threading.Thread(target=self.service.restore_ahead, args=(chat_id, user),
                                  daemon=True).start()
@@ -97,6 +101,17 @@ class ChatView:
         return (chat_id, self.listing(user, chat_id), messages,
                 *settings_values(self.service, chat_id, user), "", note,
                 str(chat_id) if chat_id is not None and messages else "")
+
+    def not_here(self, chat_id: int, user: str | None) -> str:
+        """The note for a chat the user cannot see: NOT_HERE, or, to an admin, where a chat
+        from before accounts went (the admin sees how many there are anyway)."""
+        if user is None or not self.can_configure(user):
+            return NOT_HERE
+        try:
+            owner = self.service.store.get_chat(chat_id).owner
+        except ChatNotFound:
+            return NOT_HERE
+        return BEFORE_ACCOUNTS if owner is None else NOT_HERE
 
     def on_load(self, asked: str, request: gr.Request):
         """The page as it opens: the chat the address bar names (asked, from ?chat=), or the
