@@ -150,6 +150,11 @@ def post(server: Server, path: str, body: dict, headers: dict | None = None):
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
      "messages[0].content"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}]}, "messages[1]"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t9", "content": "x"}]}]}, "messages[0]"),
+    ({"container": "c1"}, "container"),
 ])
 def test_errors_come_in_anthropic_s_shape_naming_the_field(server, change, param):
     body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],

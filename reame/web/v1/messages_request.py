@@ -293,6 +293,12 @@ def _turns(messages: list[AnthropicMessage]) -> list[PromptMessage]:
             turns.append(PromptMessage("user", text))
     if turns[-1].role == "user" and not turns[-1].content.strip():
         raise ApiError(400, "the last user message is empty", param="messages")
+    if turns[-1].role == "assistant" and (not turns[-1].content.strip()
+                                          or "<tool_call>" in turns[-1].content):
+        # A final assistant message is a prefill the reply continues: words, not tool_use.
+        raise ApiError(400, f"'messages[{len(messages) - 1}]': a final assistant message is "
+                       "continued: it needs text and no tool_use",
+                       param=f"messages[{len(messages) - 1}]")
     if turns[0].role != "user":
         raise ApiError(400, "the first message must be the user's", param="messages")
     return turns
