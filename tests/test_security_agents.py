@@ -94,6 +94,13 @@ def test_the_responses_kept_per_user_are_bounded_and_expire(tmp_path):
             stored.get(f"resp_{n}", "alice")
     assert [stored.get(f"resp_{n}", "alice")[1]["n"] for n in (2, 3, 4)] == [2, 3, 4]
     assert stored.get("resp_bob", "bob")[1] == {"n": "bob"}, "another user's stay"
+    by_bytes = StoredResponses(stored.store, max_bytes_per_user=2000)
+    for n in range(4):
+        by_bytes.save(f"resp_big{n}", "dave", None, {"text": "x" * 900})
+    with pytest.raises(ResponseNotFound):
+        by_bytes.get("resp_big1", "dave")
+    assert [by_bytes.get(f"resp_big{n}", "dave")[0] for n in (2, 3)] == [None, None]
+    assert stored.get("resp_4", "alice")[1]["n"] == 4, "another user's stay"
     expired = StoredResponses(stored.store, max_age_s=-1)
     with pytest.raises(ResponseNotFound):
         expired.get("resp_bob", "bob")
