@@ -140,6 +140,10 @@ def restart_chat(path: Path, size: int, folder: Path) -> dict:
             "file": parts}
 
 
+def amount(n: int) -> str:
+    return "none" if not n else f"{n / 1024:.0f} KB" if n < MB / 10 else f"{n / MB:.2f} MB"
+
+
 def table(results: dict) -> str:
     sizes = sorted({r["size"] for rows in results["chats"].values() for r in rows})
     head = ["model (memory)", f"memory per slot at n_ctx {results['n_ctx']:,}"]
@@ -153,8 +157,8 @@ def table(results: dict) -> str:
                      if memory["rs_mib"] else "")]
         for row in sorted(results["chats"][name], key=lambda r: r["size"]):
             f = row["file"]
-            cells += [f"{f['bytes'] / MB:.2f} MB ({f['mark_state_bytes'] / MB:.2f} MB "
-                      f"states, {f['mark_logits_bytes'] / MB:.2f} MB logits)",
+            cells += [f"{f['bytes'] / MB:.2f} MB ({amount(f['mark_state_bytes'])} marks' "
+                      f"states, {amount(f['mark_logits_bytes'])} logits)",
                       f"{row['reused']:,} of {row['prompt_tokens']:,} ({row['reuse']:.0%})"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -197,8 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--only", action="append", choices=sorted(FAMILIES))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "families")
+    parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
+                        help="write the table and plot of a run again, measuring nothing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.report_only:
+        results = json.loads(args.report_only.read_text())
+        return report(results, args.report_only.parent, args.sizes, args.n_ctx)
     sizes = [int(s) for s in args.sizes.split(",")]
     folder = run_folder(args.out)
     with tempfile.TemporaryDirectory(prefix="reame-families-") as tmp:
@@ -216,10 +225,14 @@ def main(argv: list[str] | None = None) -> int:
                    for r in results["chats"][name]], flush=True)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return report(results, folder, args.sizes, args.n_ctx)
+
+
+def report(results: dict, folder: Path, sizes: str, n_ctx: int) -> int:
     text = table(results)
     (folder / "families.md").write_text(
         f"# Model families ({results['date']}, {results['commit']})\n\n"
-        f"`python -m bench.families --sizes {args.sizes} --n-ctx {args.n_ctx}`\n\n" + text)
+        f"`python -m bench.families --sizes {sizes} --n-ctx {n_ctx}`\n\n" + text)
     plot(results, folder / "families.png")
     print(text)
     print(f"written to {folder}")
