@@ -112,6 +112,11 @@ def test_a_chain_along_previous_response_id_evaluates_only_its_new_input(server)
                                      tool_choice="none", temperature=0)
     assert fourth.usage.input_tokens - fourth.usage.input_tokens_details.cached_tokens < 25
     assert client.responses.retrieve(first.id).output[0].type == "function_call"
+    listed = client.responses.input_items.list(second.id, order="asc").data
+    assert [(i.type, i.call_id) for i in listed] == [
+        ("function_call_output", c.call_id) for c in calls]
+    asked = client.responses.input_items.list(first.id).data
+    assert [(i.type, i.role, i.content[0].text) for i in asked] == [("message", "user", ASK)]
     client.responses.delete(fourth.id)
     with pytest.raises(NotFoundError):
         client.responses.retrieve(fourth.id)

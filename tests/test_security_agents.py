@@ -69,6 +69,8 @@ def test_another_users_response_id_is_a_404_and_cannot_be_continued(guarded):
         bob.responses.retrieve(secret.id)
     with pytest.raises(NotFoundError):
         bob.responses.delete(secret.id)
+    with pytest.raises(NotFoundError):
+        bob.responses.input_items.list(secret.id)
     with pytest.raises(BadRequestError) as refused:
         bob.responses.create(model=MODEL, input="What is my PIN?",
                              previous_response_id=secret.id)

@@ -1,5 +1,5 @@
 """POST /v1/responses (OpenAI's Responses API, the OpenAI Agents SDK's default), GET and DELETE
-/v1/responses/{id}, on the same stateless turns as chat completions.
+/v1/responses/{id} and GET /v1/responses/{id}/input_items, on the same stateless turns as chat completions.
 
 A response is stored (unless `store: false`) with its new input items and its reply as the
 model wrote it, its user's (stored_responses.py: bounded per user, expiring). A request with
@@ -42,6 +42,21 @@ def add_responses(router: APIRouter, service: ChatService,
         except ApiError as exc:
             return exc.response()
         return data["response"]
+
+    @router.get("/responses/{response_id}/input_items")
+    async def input_items(request: Request, response_id: str, order: str = "desc"):
+        try:
+            user = caller(request)
+            if order not in ("asc", "desc"):
+                raise ApiError(400, "'order' must be asc or desc", param="order")
+            _, data = await run_in_threadpool(_found, stored, response_id, user)
+        except ApiError as exc:
+            return exc.response()
+        items = [_listed(response_id, n, item) for n, item in enumerate(data["input"])]
+        items = items[::-1] if order == "desc" else items
+        return {"object": "list", "data": items, "has_more": False,
+                "first_id": items[0]["id"] if items else None,
+                "last_id": items[-1]["id"] if items else None}
 
     @router.delete("/responses/{response_id}")
     async def delete_response(request: Request, response_id: str):
@@ -109,6 +124,19 @@ def add_responses(router: APIRouter, service: ChatService,
         response = made.response(done)
         await keep(done, response)
         return response
+
+
+def _listed(response_id: str, n: int, item: dict) -> dict:
+    """A stored input item as OpenAI lists it: with an id (its own, or one made from the
+    response's and its place) and a message's content as parts."""
+    listed = {"id": item.get("id") or f"item_{response_id[5:21]}_{n}", "status": "completed",
+              **{k: v for k, v in item.items() if k != "id"}}
+    if item.get("type", "message") == "message":
+        content = item["content"]
+        listed["type"] = "message"
+        listed["content"] = ([{"type": "input_text", "text": content}]
+                             if isinstance(content, str) else content)
+    return listed
 
 
 def _found(stored: StoredResponses, response_id: str, user: str | None,
