@@ -273,6 +273,7 @@
         clearTimeout(note.timer);
         note.timer = setTimeout(() => { note.textContent = ""; }, 6000);
     };
+    window.reameHint = hint;  // page_edges.js says things there too
     document.addEventListener("keydown", (event) => {
         if (event.key === "Enter" && !event.shiftKey && !event.isComposing
                 && event.target.closest?.("#message") && writing()) {
@@ -369,26 +370,6 @@
         }
     });
 
-    // A file of a kind the page does not take is named in the page's words, under the box
-    // (Gradio's page refused the whole choice with a red "Error" listing some 40 kinds); the
-    // others go on to be attached.
-    document.addEventListener("change", (event) => {
-        const input = event.target;
-        if (!input.matches?.("#attach-row input[type=file]") || !input.accept) return;
-        const kinds = input.accept.toLowerCase().split(",").map((kind) => kind.trim());
-        const files = [...input.files];
-        const taken = files.filter((file) => kinds.some(
-            (kind) => file.name.toLowerCase().endsWith(kind)));
-        if (taken.length === files.length) return;
-        const refused = files.filter((file) => !taken.includes(file)).map((f) => f.name);
-        hint(`Not attached: ${refused.join(", ")}: only text, Markdown, code and PDF files ` +
-             "can be attached.");
-        const kept = new DataTransfer();
-        taken.forEach((file) => kept.items.add(file));
-        input.files = kept.files;
-        if (!taken.length) event.stopImmediatePropagation();
-    }, true);
-
     // A document's ✕ in the strip above the message box (attachments.py): its place goes
     // through the hidden textbox to the hidden button's event.
     document.addEventListener("click", (event) => {
@@ -399,22 +380,6 @@
         box.dispatchEvent(new Event("input", {bubbles: true}));
         setTimeout(() => $("#reame-detach-btn")?.click(), 0);
     });
-
-    // A page whose login has ended (accounts turned on meanwhile, a logout in another tab)
-    // goes to the login page at its first refused call, rather than showing Gradio's red
-    // "Error" over every part it was updating.
-    const fetched = window.fetch.bind(window);
-    let leaving = false;
-    window.fetch = async (...args) => {
-        const answer = await fetched(...args);
-        if (answer.status === 401 && !leaving
-                && /\/gradio_api\//.test(String(args[0]?.url || args[0]))) {
-            leaving = true;
-            location.reload();
-            return new Promise(() => {});  // never settles: nothing shows the refusal
-        }
-        return answer;
-    };
 
     // Copying a message copies its text: without the stats line, the tools, the window
     // marker and the time that the page adds to it (all <div class="reame-...">, never
