@@ -108,7 +108,17 @@ def assert_only_new_tokens_evaluated(last):
             <= s.prefilled + s.generated + s.ahead)
 
 
-def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, model_path):
+@pytest.fixture
+def family(request):
+    """A model of each kind of memory (kv_memory.py): SmolLM2 (dense attention), the tiny
+    Qwen3.5 shape (a hybrid: a recurrent state beside attention), Gemma 3 (a sliding window)."""
+    return request.getfixturevalue({"smollm2": "model_path", "qwen35": "qwen35_path",
+                                    "gemma3": "gemma_path"}[request.param])
+
+
+@pytest.mark.parametrize("family", ["smollm2", "qwen35", "gemma3"], indirect=True)
+def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, family):
+    model_path = family
     first = Node(folder, model_path)
     chat = first.service.new_chat()
     first.say(chat.id, "Which planet do we live on?")
@@ -398,7 +408,9 @@ def _corrupt_garbage(path):
 @pytest.mark.parametrize("damage", [_corrupt_truncate, _corrupt_flip, _corrupt_old_format,
                                     _corrupt_garbage], ids=["truncated", "flipped-byte",
                                                             "older-format", "garbage"])
-def test_a_damaged_file_is_a_miss_and_is_replaced(folder, model_path, damage, caplog):
+@pytest.mark.parametrize("family", ["smollm2", "qwen35"], indirect=True)
+def test_a_damaged_file_is_a_miss_and_is_replaced(folder, family, damage, caplog):
+    model_path = family
     node = Node(folder, model_path)
     chat = node.service.new_chat()
     node.say(chat.id, "Which planet do we live on?")

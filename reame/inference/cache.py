@@ -139,9 +139,10 @@ class KVCache(CacheFigures):
             return Restored(live, ahead.source, ahead.restore_ms, typed=ahead.typed)
         # The live KV is this chat's own (its file holds the same tokens), or the same prompt
         # again with its logits kept (Engine.recallable): nothing to look up.
-        if self.files is None or live >= usable or engine.recallable(prompt) or (
+        recalled = engine.recallable(prompt)  # all of it, evaluated by prefill (none cut)
+        if self.files is None or live >= usable or recalled or (
                 live and chat_id is not None and live_chat == chat_id):
-            return Restored(live, "live" if live else "none")
+            return Restored(live, "live" if live or recalled else "none")
         counts = self._count()
         counts.lookups += 1
         started = time.perf_counter()

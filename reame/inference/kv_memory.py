@@ -36,8 +36,9 @@ MAX_MARKS = 2  # per sequence: the last turn's resume point and its prompt's end
 
 @dataclass(eq=False)
 class Mark:
-    """A position the sequence can resume at exactly: the state copied out there (None: the
-    memory can be cut back to it) and the logits its last decode made (None: not kept)."""
+    """A position the sequence can resume at exactly: the part of its memory that cannot be
+    cut back, copied out there (partial_state(); None: the memory can be cut back to it), and
+    the logits its last decode made (None: not kept)."""
 
     at: int
     state: bytes | memoryview | None = None
