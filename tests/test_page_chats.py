@@ -350,8 +350,9 @@ def test_clearing_the_search_shows_every_chat_again(page, server):
 
 
 def test_the_chat_s_trash_icon_deletes_it_after_asking(page, server):
-    """The Chatbot's trash icon (Clear): no, and the chat is shown again whole; yes, and it is
-    deleted, as the list's Delete does. It used to open a new chat and delete nothing."""
+    """The Chatbot's trash icon (named "Delete this chat", not Gradio's "Clear"): no, and the
+    chat is shown again whole; yes, and it is deleted, as the list's Delete does. It used to
+    open a new chat and delete nothing."""
     client = api(server)
     chat_id = client.predict("Trash can", None, api_name="/new_chat")
     client.predict(chat_id, "Say hi.", api_name="/send")
@@ -361,14 +362,14 @@ def test_the_chat_s_trash_icon_deletes_it_after_asking(page, server):
     listed = len(client.predict(api_name="/list_chats"))
     questions = []
     page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
-    page.locator("#chatbot button[aria-label=Clear]").click()
+    page.locator("#chatbot button[aria-label='Delete this chat']").click()
     expect(page.locator(USER)).to_have_text(["Say hi."])
     assert questions == ["Delete “Trash can” and all its messages? This cannot be undone."]
     assert selected_title(page) == "Trash can"
     assert len(client.predict(api_name="/list_chats")) == listed, "no chat made or deleted"
 
     page.once("dialog", lambda dialog: dialog.accept())
-    page.locator("#chatbot button[aria-label=Clear]").click()
+    page.locator("#chatbot button[aria-label='Delete this chat']").click()
     expect(page.locator(CHATS).filter(has_text="Trash can")).to_have_count(0)
     assert chat_id not in [c["id"] for c in client.predict(api_name="/list_chats")]
     assert len(client.predict(api_name="/list_chats")) == listed - 1

@@ -253,3 +253,29 @@ def test_an_admin_logging_in_on_a_chat_from_before_accounts_is_told_where_it_wen
     finally:
         admin.close()
         with_accounts.stop()
+
+
+def test_the_trash_icon_is_named_for_what_it_does(page, server):
+    chat_id = import_chat(api(server), "Named trash", ["Hello.", "Hi."])
+    open_app(page, server, f"?chat={chat_id}")
+    trash = page.locator("#chatbot button[aria-label='Delete this chat']")
+    expect(trash).to_have_count(1)
+    expect(trash).to_have_attribute("title", "Delete this chat")
+    expect(page.locator("#chatbot button[aria-label=Clear]")).to_have_count(0)
+
+
+def test_esc_in_the_search_box_clears_it(page, server):
+    open_app(page, server)
+    search = page.locator("#chat-search textarea, #chat-search input")
+    search.fill("no chat is called this")
+    expect(page.locator(CHATS)).to_have_count(0)
+    search.press("Escape")
+    expect(search).to_have_value("")
+    expect(page.locator(CHATS).first).to_be_visible()
+
+
+def test_a_first_visit_says_no_chat_is_ready_yet_rather_than_zeros(page, server_factory):
+    fresh = server_factory()
+    open_app(page, fresh)
+    expect(page.locator("#cache-stats .reame-cache-line")).to_have_text(
+        "No chat is kept ready to continue yet.")

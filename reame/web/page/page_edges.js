@@ -37,4 +37,16 @@
         input.files = kept.files;
         if (!taken.length) event.stopImmediatePropagation();
     }, true);
+
+    // The Chatbot's trash icon deletes the chat (layout.py, CLEAR_JS): it says so, not
+    // "Clear".
+    const DELETE = "Delete this chat";
+    const nameTrash = () => {
+        for (const button of document.querySelectorAll("#chatbot button[aria-label=Clear]")) {
+            button.setAttribute("aria-label", DELETE);
+            button.title = DELETE;
+        }
+    };
+    nameTrash();
+    new MutationObserver(nameTrash).observe(document.body, {childList: true, subtree: true});
 }
