@@ -265,6 +265,7 @@ def test_the_trash_icon_is_named_for_what_it_does(page, server):
 
 
 def test_esc_in_the_search_box_clears_it(page, server):
+    import_chat(api(server), "Found again", ["Hello.", "Hi."])
     open_app(page, server)
     search = page.locator("#chat-search textarea, #chat-search input")
     search.fill("no chat is called this")

@@ -49,4 +49,14 @@
     };
     nameTrash();
     new MutationObserver(nameTrash).observe(document.body, {childList: true, subtree: true});
+
+    // Esc in the search box clears it (and the list shows every chat again).
+    document.addEventListener("keydown", (event) => {
+        const box = event.target;
+        if (event.key !== "Escape" || !box.closest?.("#chat-search") || !box.value) return;
+        event.preventDefault();
+        event.stopPropagation();
+        box.value = "";
+        box.dispatchEvent(new Event("input", {bubbles: true}));
+    }, true);
 }
