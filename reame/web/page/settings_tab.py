@@ -84,12 +84,17 @@ def cache_markdown(service: ChatService, user: str | None = None, *,
     restored = s["tokens_restored"]
     if s["prefill_tokens_per_s"] and s["time_saved_s"] >= 0.5:  # never "≈ 0 s saved"
         saved = f"≈ {_duration(s['time_saved_s'])} of recomputation saved"
-    else:
+    elif restored:
         saved = f"{restored:,} tokens restored instead of recomputed"
+    else:  # a first visit: no "0 tokens restored · 0 chats ready"
+        saved = ""
     ready = s["chats_ready"]
     # An admin's figures are the whole server's: not to be read as their own chats'.
     where = " on the server" if whole_server and user is not None else ""
-    line = f"{saved} · {ready:,} chat{'' if ready == 1 else 's'}{where} ready to continue"
+    chats = (f"{ready:,} chat{'' if ready == 1 else 's'}{where} ready to continue" if ready
+             else f"no chat{where} is kept ready to continue yet")
+    line = (f"{saved} · {chats}" if saved else chats if ready
+            else f"{chats[0].upper()}{chats[1:]}.")
     rate = (f"at {s['prefill_tokens_per_s']:,.0f} tokens/s, this machine's prefill speed"
             if s["prefill_tokens_per_s"] else "the prefill speed is measured at the first "
             "long enough prompt")
