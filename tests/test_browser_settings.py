@@ -119,7 +119,8 @@ def test_a_model_picked_in_settings_is_loaded_live_and_answers(page, server, mod
     # In plain words, the technical names as hints (issue 30).
     expect(gemma).to_contain_text(re.compile(r"memory per token of history [\d.]+ KB \(KV\)"))
     for label in ("Context length in tokens (n_ctx)", "CPU threads (n_threads; 0 = all cores)",
-                  "Memory format of the history (KV cache type)",
+                  "How a chat's memory is stored (KV cache type)",
+                  "Half the memory, nearly the same replies (q8_0)",
                   "Keep chats' history on disk (the KV cache)"):
         expect(page.get_by_text(label, exact=False).first).to_be_visible()
     expect(page.locator("#settings-tab")).to_contain_text(

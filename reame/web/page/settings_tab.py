@@ -69,6 +69,10 @@ def model_banner(service: ChatService, loading: Path | str | None = None) -> tup
                  for text in banner_texts(service, loading))
 
 
+# The KV cache types as the Settings tab names them.
+KV_TYPES = {"f16": "Exact (f16)", "q8_0": "Half the memory, nearly the same replies (q8_0)"}
+
+
 def cache_markdown(service: ChatService, user: str | None = None, *,
                    whole_server: bool = True) -> str:
     """The Cache panel: one line in plain words (time saved, chats ready to continue), the
@@ -167,7 +171,10 @@ def build_settings_tab(settings: Settings, *, settings_group: str,
     with gr.Row():
         n_ctx = gr.Number(label=_ranged("Context length in tokens (n_ctx)", "model", "n_ctx"), precision=0, elem_id="n-ctx")
         n_threads = gr.Number(label="CPU threads (n_threads; 0 = all cores)", precision=0, elem_id="n-threads")
-        kv_type = gr.Radio(list(setting("cache", "kv_type").choices), label="Memory format of the history (KV cache type)",
+        # In plain words, the format's name as the hint ("f16/q8_0" alone said nothing).
+        kv_type = gr.Radio([(KV_TYPES.get(kind, kind), kind)
+                            for kind in setting("cache", "kv_type").choices],
+                           label="How a chat's memory is stored (KV cache type)",
                            elem_id="kv-type")
     with gr.Row():
         cache_enabled = gr.Checkbox(label="Keep chats' history on disk (the KV cache)", elem_id="cache-enabled")
