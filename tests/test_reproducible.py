@@ -208,9 +208,7 @@ def test_a_continued_conversation_gives_the_uninterrupted_reply(
     assert evaluated > 0, "nothing was evaluated while typing"
     sent = list(plain.service.send(chat.id, message))[-1]
     typed_sent = list(typed.service.send(chat.id, message))[-1]
-    # A hybrid's recurrent state cannot be cut back to a draft's last chunk (no mark there
-    # yet): each draft, and the message sent, is evaluated again after the history. Same bits.
-    assert typed_sent.stats.typed_ahead > 0 or typed.engine.recurrent
+    assert typed_sent.stats.typed_ahead > 0
     assert (typed_sent.text, typed_sent.stats.first_logits) == (
         sent.text, sent.stats.first_logits)
     plain.close()

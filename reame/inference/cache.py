@@ -6,8 +6,9 @@ chosen, the engine then holds the KV of the longest common prefix with the promp
 
 A model whose memory cannot be cut back (a recurrent or hybrid model, a sliding window past its
 window: kv_memory.py) resumes from a file only where the file holds its state: its end, or a
-mark (the last turn's resume point, its prompt's end). Every file keeps the logits of its last
-prompt's end, so the same prompt again evaluates nothing after a restart too.
+mark (the last turn's resume point, its prompt's end, on a hybrid its prompt's last decode's
+start). Every file keeps the logits of its last prompt's end, so the same prompt again
+evaluates nothing after a restart too.
 
 A chat's file can also be restored ahead of its turn (`restore_ahead`: when the chat is opened, and
 while a turn builds its prompt): the turn then starts with its history live.

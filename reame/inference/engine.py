@@ -227,14 +227,18 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
             seq.decode_s += share * len(tokens)
             self.evaluated += len(tokens)
 
-    def extend_steps(self, tokens: list[int]) -> Iterator[None]:
+    def extend_steps(self, tokens: list[int], *, mark_last: bool = False) -> Iterator[None]:
         """Evaluate tokens after the live ones, in the decodes batches.plan() gives for their
         absolute positions; yield between two decodes (a step: scheduler.py may run another
-        sequence's there), never after the last, whose logits the caller may sample from."""
+        sequence's there), never after the last, whose logits the caller may sample from.
+        mark_last: mark where the last decode starts, if not where the first does."""
         base = len(self.tokens)
-        for i, (a, b) in enumerate(plan(base, base + len(tokens), kept_from(self.batches))):
+        steps = plan(base, base + len(tokens), kept_from(self.batches))
+        for i, (a, b) in enumerate(steps):
             if i:
                 yield
+                if mark_last and i == len(steps) - 1:
+                    self.mark()
             self._decode(tokens[a - base:b - base])
 
     def extend(self, tokens: list[int]) -> None:
@@ -254,7 +258,9 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
         reuse = len(self.tokens)
         if reuse and not any(m.at == reuse and m.state for m in self.seq.marks):
             self.mark()  # where this turn resumed: an edit of its message resumes there
-        yield from self.extend_steps(prompt[reuse:])
+        # A recurrent state cannot be cut back to the last decode's start, which a draft typed
+        # on (or an edit of the message's end) resumes from: marked there.
+        yield from self.extend_steps(prompt[reuse:], mark_last=self.recurrent)
         self.mark(logits=True)
         return reuse
 

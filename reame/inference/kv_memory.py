@@ -16,8 +16,9 @@ Three kinds of memory, and what each allows:
 A memory that cannot be cut back resumes exactly only where its state was copied out: its end
 (what a live sequence or a KV file holds), or a Mark. The engine marks the state at the
 positions a later turn may resume from (llama-server's context checkpoints): where a turn
-resumed (the kept turn's end: an edit of the next message resumes there) and its prompt's end
-(a regenerate resumes there). A mark at the prompt's end also keeps that prompt's last
+resumed (the kept turn's end: an edit of the next message resumes there), its prompt's end
+(a regenerate resumes there) and, on a recurrent memory, its prompt's last decode's start (a
+draft typed on resumes there, where a dense memory is cut back to). A mark at the prompt's end also keeps that prompt's last
 logits, on every kind of memory, so that the same prompt again evaluates nothing, live or
 restored from a file (a recurrent state cannot evaluate its last token again).
 """
@@ -32,6 +33,9 @@ import llama_cpp
 from reame.inference.batches import Batch, reachable, shifted, truncated, valid
 
 MAX_MARKS = 2  # per sequence: the last turn's resume point and its prompt's end
+# and, on a recurrent memory, its prompt's last decode's start (where a draft typed on, or
+# an edit of the message's end, resumes: a sliding window is cut back there while it fits)
+MAX_RECURRENT_MARKS = 3
 
 
 @dataclass(eq=False)
@@ -193,7 +197,8 @@ class SequenceMemory:
         older = [m if not logits or m.logits is None else Mark(m.at, m.state)
                  for m in seq.marks if m.at != at]
         older = [m for m in older if m.state is not None or m.logits is not None]
-        seq.marks = older[-(MAX_MARKS - 1):] + [Mark(at, state, kept)]
+        most = MAX_RECURRENT_MARKS if self.recurrent else MAX_MARKS
+        seq.marks = older[-(most - 1):] + [Mark(at, state, kept)]
 
     def _copy_logits(self) -> ctypes.Array | None:
         """A copy of the logits the current sequence's last decode made (a vocabulary of
