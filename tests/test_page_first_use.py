@@ -280,3 +280,10 @@ def test_a_first_visit_says_no_chat_is_ready_yet_rather_than_zeros(page, server_
     open_app(page, fresh)
     expect(page.locator("#cache-stats .reame-cache-line")).to_have_text(
         "No chat is kept ready to continue yet.")
+
+
+def test_to_a_screen_reader_each_message_says_who_wrote_it(page, server):
+    chat_id = import_chat(api(server), "Speakers", ["Hello.", "Hi."])
+    open_app(page, server, f"?chat={chat_id}")
+    expect(page.get_by_role("article", name="You said")).to_contain_text("Hello.")
+    expect(page.get_by_role("article", name="Reame replied")).to_contain_text("Hi.")

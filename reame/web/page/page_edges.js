@@ -47,8 +47,20 @@
             button.title = DELETE;
         }
     };
-    nameTrash();
-    new MutationObserver(nameTrash).observe(document.body, {childList: true, subtree: true});
+    // To a screen reader each message says who wrote it (the bubbles' look alone did).
+    const SPEAKERS = {user: "You said", bot: "Reame replied"};
+    const nameSpeakers = () => {
+        for (const [who, label] of Object.entries(SPEAKERS)) {
+            for (const bubble of document.querySelectorAll(`#chatbot [data-testid=${who}]`)) {
+                if (bubble.getAttribute("aria-label") === label) continue;
+                bubble.setAttribute("role", "article");
+                bubble.setAttribute("aria-label", label);
+            }
+        }
+    };
+    const named = () => { nameTrash(); nameSpeakers(); };
+    named();
+    new MutationObserver(named).observe(document.body, {childList: true, subtree: true});
 
     // Esc in the search box clears it (and the list shows every chat again).
     document.addEventListener("keydown", (event) => {
