@@ -24,10 +24,13 @@ from reame.inference.kv.kvstore import REPLIES_NAME
 from reame.inference.prompt import PromptMessage
 from reame.runtime import service_over
 
-from .conftest import SYSTEM_PROMPT, THREADS, start_server
+from .conftest import FULL, SYSTEM_PROMPT, THREADS, start_server
 
 FAMILIES = ("lfm2", "qwen35", "granitehybrid", "gemma")
 SIZES = (250, 1400)  # tokens of the third turn's prompt, about
+# Over HTTP each case starts four server processes: `make test` runs the long chat of each
+# family there (the short one in process, below); `make test-full` both.
+V1_SIZES = SIZES if FULL else (1400,)
 MAX_TOKENS = 12
 # A message of about 28 tokens (SmolLM2's tokenizer; Gemma's makes it about as long).
 TEXT = ("The library keeps old maps of the river valley, letters from the mill owners, "
@@ -73,7 +76,7 @@ def conversation(server, model: str, texts: list[str], restart_before: int | Non
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", V1_SIZES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_v1_conversation_continues_after_a_restart_as_if_uninterrupted(
         tmp_path, request, family, size):
