@@ -287,3 +287,17 @@ def test_to_a_screen_reader_each_message_says_who_wrote_it(page, server):
     open_app(page, server, f"?chat={chat_id}")
     expect(page.get_by_role("article", name="You said")).to_contain_text("Hello.")
     expect(page.get_by_role("article", name="Reame replied")).to_contain_text("Hi.")
+
+
+def test_branch_from_here_shows_on_the_reply_the_mouse_is_over(page, server):
+    chat_id = import_chat(api(server), "Branches", ["Hello.", "Hi.", "And now?", "Still hi."])
+    open_app(page, server, f"?chat={chat_id}")
+    branches = page.locator("#chatbot .reame-tool[title='Branch from here']")
+    expect(branches).to_have_count(2)
+    page.mouse.move(1, 1)
+    opacity = "el => getComputedStyle(el).opacity"
+    wait_until(lambda: [b.evaluate(opacity) for b in branches.all()] == ["0", "0"],
+               "a Branch button shows with no reply under the mouse")
+    page.locator(BOT).last.hover()
+    wait_until(lambda: [b.evaluate(opacity) for b in branches.all()] == ["0", "1"],
+               "the reply under the mouse shows no Branch button")
