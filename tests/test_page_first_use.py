@@ -18,6 +18,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page, server are fixture
     BOT,
     BOX,
     CHATS,
+    CURRENT,
     ERROR_BADGE,
     REPLY_TIMEOUT,
     RETRY,
@@ -301,3 +302,10 @@ def test_branch_from_here_shows_on_the_reply_the_mouse_is_over(page, server):
     page.locator(BOT).last.hover()
     wait_until(lambda: [b.evaluate(opacity) for b in branches.all()] == ["0", "1"],
                "the reply under the mouse shows no Branch button")
+
+
+def test_a_title_made_from_markdown_is_its_heading(page, server):
+    open_app(page, server)
+    new_chat(page)
+    send(page, "# Harbour Co-op: Field Notes\n\n## Summary\n\nThe boats came back at dawn.")
+    expect(page.locator(f"{CURRENT} .reame-title")).to_have_text("Harbour Co-op: Field Notes")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from reame.chats.documents import split
 from reame.config.refusals import ChatError
 
@@ -10,10 +12,22 @@ TITLE_LENGTH = 48  # characters of a title made from a message
 MAX_TITLE = 200  # characters of a chat's title
 
 
+# Markdown's marks that a title shows as words: a heading's or a quote's at a line's start,
+# emphasis and code around words.
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$")
+_LINE_MARK = re.compile(r"^\s{0,3}(?:#{1,6}\s+|>\s*)", re.MULTILINE)
+_AROUND = re.compile(r"(\*\*|__|`+)(?=\S)(.+?)(?<=\S)\1")
+
+
 def title_from(text: str) -> str:
     """The first words of a message (after the documents attached to it; their names if it
-    holds nothing else), cut at a word boundary."""
+    holds nothing else), cut at a word boundary: its first line if that is a heading, and
+    Markdown's marks left out ("# Field Notes ## Summary" was a title)."""
     documents, typed = split(text)
+    first = next((line for line in typed.splitlines() if line.strip()), "")
+    heading = _HEADING.match(first)
+    typed = heading.group(1) if heading else _LINE_MARK.sub("", typed)
+    typed = _AROUND.sub(r"\2", typed)
     line = " ".join(typed.split()) or ", ".join(d.name for d in documents)
     if len(line) <= TITLE_LENGTH:
         return line
