@@ -1,6 +1,10 @@
-"""What a new user ran into on the page, each kept fixed: Esc right after sending keeps the
-message, a Stop while a message is read leaves it retriable, and the page's own words where
-Gradio's or the server's showed through.
+"""What a new user ran into on the page (Chromium, desktop and phone), each kept fixed: Esc
+right after sending keeps the message; a Stop while a message is read leaves it retriable;
+turning accounts on sends the open page to the login; a document that left the model's window
+is named; an unsupported file, a missing model, search snippets, a one-line document, the
+phone's tabs and login card, and an admin's chat from before accounts are said in the page's
+own words. And the words and layout around them: the trash icon's name, Esc in the search
+box, a first visit's cache line, each message's speaker, Branch on hover, Markdown titles.
 
 Helpers and fixtures: tests/browser_helpers.py (the shared server is `page_server` in
 tests/conftest.py; tests that need another set-up start their own).
@@ -12,7 +16,9 @@ import time
 
 from playwright.sync_api import expect
 
+from reame.accounts.users import Accounts
 from reame.chats.documents import Document, compose
+from reame.chats.store import Store
 
 from .browser_helpers import (  # noqa: F401 - browser, page, server are fixtures
     BOT,
@@ -40,6 +46,7 @@ from .browser_helpers import (  # noqa: F401 - browser, page, server are fixture
     wait_for_reply_done,
     wait_until,
 )
+from .conftest import Server, write_config
 from .test_long_chat import FILLER, QUESTIONS
 
 # About 3,000 characters, as the message of the report.
@@ -205,10 +212,6 @@ def test_on_a_phone_the_sidebar_button_leaves_the_chat_tab_readable(page, server
 
 
 def test_on_a_phone_the_login_card_fits_the_screen(browser, tmp_path, model_path):
-    from reame.accounts.users import Accounts
-
-    from .conftest import Server, write_config
-
     config = write_config(tmp_path, model_path=model_path, users_file="users.json")
     Accounts(tmp_path / "users.json").add_user("alice", "alice-secret-1", admin=True)
     with_accounts = Server(config, tmp_path / "server.log").start()
@@ -228,11 +231,6 @@ def test_an_admin_logging_in_on_a_chat_from_before_accounts_is_told_where_it_wen
         browser, tmp_path, model_path):
     """The admin's page, open on a chat before accounts were turned on, after the login: not
     "That chat is not here." beside "No chats yet" and the server's chats ready."""
-    from reame.accounts.users import Accounts
-    from reame.chats.store import Store
-
-    from .conftest import Server, write_config
-
     config = write_config(tmp_path, model_path=model_path, users_file="users.json")
     Accounts(tmp_path / "users.json").add_user("alice", "alice-secret-1", admin=True)
     old = Store(tmp_path / "sessions" / "reame.db").create_chat(
