@@ -307,3 +307,8 @@ def test_a_title_made_from_markdown_is_its_heading(page, server):
     new_chat(page)
     send(page, "# Harbour Co-op: Field Notes\n\n## Summary\n\nThe boats came back at dawn.")
     expect(page.locator(f"{CURRENT} .reame-title")).to_have_text("Harbour Co-op: Field Notes")
+
+
+def test_to_a_screen_reader_the_message_box_is_message(page, server):
+    open_app(page, server)
+    expect(page.get_by_role("textbox", name="Message", exact=True)).to_have_count(1)

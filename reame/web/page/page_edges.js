@@ -58,7 +58,14 @@
             }
         }
     };
-    const named = () => { nameTrash(); nameSpeakers(); };
+    // The message box is "Message" (its label also held the Send button: "Message Send").
+    const nameBox = () => {
+        const box = document.querySelector("#message textarea");
+        if (box && box.getAttribute("aria-label") !== "Message") {
+            box.setAttribute("aria-label", "Message");
+        }
+    };
+    const named = () => { nameTrash(); nameSpeakers(); nameBox(); };
     named();
     new MutationObserver(named).observe(document.body, {childList: true, subtree: true});
 
