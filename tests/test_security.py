@@ -93,13 +93,16 @@ def observed(answer: dict) -> tuple:
 
 def type_ahead(client: ApiClient, chat_id: int, draft: str) -> int:
     """The tokens /type_ahead evaluated for draft. It never waits for the model: while the
-    end of another turn holds it (saving its file), it does nothing and says 0, so ask again."""
-    for _ in range(100):
+    end of another turn holds it (saving its file, evaluating the next turn's head), it does
+    nothing and says 0, so ask again: for up to a minute, as long as that end may take on a
+    machine busy with other tests (5 s was not always enough with two workers)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         evaluated = client.predict(chat_id, draft, api_name="/type_ahead")
         if evaluated:
             return evaluated
         time.sleep(0.05)
-    raise AssertionError(f"type-ahead of {draft!r} never got the model")
+    raise AssertionError(f"type-ahead of {draft!r} never got the model in 60 s")
 
 
 def turn_stats(client: ApiClient, chat_id: int) -> tuple:
