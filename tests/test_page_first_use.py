@@ -12,7 +12,6 @@ tests/conftest.py; tests that need another set-up start their own).
 
 from __future__ import annotations
 
-import time
 
 from playwright.sync_api import expect
 
@@ -53,35 +52,6 @@ from .test_long_chat import FILLER, QUESTIONS
 LONG = ("Here are my notes from the harbour. " + " ".join(
     f"Note {i}: boat {i} came back at {i % 12 + 1} o'clock with {i * 3} crates of fish."
     for i in range(45)) + " Summarize the notes.")
-
-
-def test_esc_right_after_sending_keeps_the_message(page, browser, server_factory):
-    """Esc 1.5 s after Enter, while the message still waits for the model (here behind another
-    chat's reply, on a server of one slot): the message is kept in its chat, with no reply."""
-    assert len(LONG) > 2900
-    busy = server_factory(slots=1, max_tokens=2000, n_ctx=4096)
-    other = browser.new_page(viewport=VIEWPORT)
-    open_app(other, busy)
-    new_chat(other)
-    other.locator(BOX).fill(LONG + " Then write a long story about each boat.")
-    other.locator(BOX).press("Enter")
-    expect(other.locator(STOP)).to_be_visible()
-    open_app(page, busy)
-    new_chat(page)
-    box = page.locator(BOX)
-    box.fill(LONG)
-    box.press("Enter")
-    expect(page.locator("#chatbot .reame-queued")).to_be_visible()
-    time.sleep(1.5)
-    box.press("Escape")
-    expect(page.locator(STOP)).to_have_count(0, timeout=REPLY_TIMEOUT)
-    # The message stays: stored in its chat and shown, as the Stop button keeps it.
-    expect(page.locator(USER)).to_have_count(1)
-    expect(page.locator(BOX)).to_have_value("")
-    chat_id = current_id(page)
-    kept = api(busy).predict(chat_id, api_name="/get_chat")["messages"]
-    assert [m["role"] for m in kept] == ["user"] and kept[0]["content"] == LONG
-    other.close()
 
 
 def test_a_stop_while_the_message_is_read_leaves_it_retriable(page, server):

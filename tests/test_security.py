@@ -136,7 +136,9 @@ def test_another_users_chat_cannot_be_guessed_through_type_ahead_or_turns(bank):
             client, chat_id = chats[name]
             alice.predict(secret_chat, "Thanks.", api_name="/send")  # her KV is live again
             settle(server)
-            typed[name].append(type_ahead(client, chat_id, text.format(guess)))
+            # (Drafts no earlier test sent: a prompt whose KV and logits a file already holds
+            # needs no evaluation, and type-ahead would say 0 as when the model is busy.)
+            typed[name].append(type_ahead(client, chat_id, text.format(guess) + " Noted?"))
     assert typed["bob"] == typed["carol"], typed
     turns = {"bob": [], "carol": []}
     for guess in GUESSES:
