@@ -1,5 +1,5 @@
-"""What a new user ran into on the page (Chromium, desktop and phone), each kept fixed: Esc
-right after sending keeps the message; a Stop while a message is read leaves it retriable;
+"""What a new user ran into on the page (Chromium, desktop and phone), each kept fixed: a Stop
+while a message is read leaves it retriable;
 turning accounts on sends the open page to the login; a document that left the model's window
 is named; an unsupported file, a missing model, search snippets, a one-line document, the
 phone's tabs and login card, and an admin's chat from before accounts are said in the page's
