@@ -29,7 +29,7 @@ from reame.inference.tools import (
     reply_text,
 )
 from reame.inference.tools import grammar as tool_grammar
-from reame.web.v1.errors import ApiError, body_refusal, refuse_unsupported
+from reame.web.v1.errors import ApiError, body_refusal, check_model, refuse_unsupported
 from reame.web.v1.parameters import EXPECTED, MESSAGE_FIELDS, UNSUPPORTED, llama_seed
 from reame.web.v1.request_models import CallIn, ChatRequest, Message, NamedChoice
 
@@ -63,10 +63,7 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         request = ChatRequest.model_validate(body)
     except ValidationError as exc:
         raise body_refusal(exc, EXPECTED, "chat completions") from None
-    if request.model not in model_ids:
-        raise ApiError(404, f"The model '{request.model}' does not exist; this server has: "
-                       f"{', '.join(model_ids) or 'none loaded'}", param="model",
-                       code="model_not_found")
+    check_model(request.model, model_ids)
     refuse_unsupported(request, UNSUPPORTED)
     if request.stream_options is not None and not request.stream:
         raise ApiError(400, "'stream_options' is only for streamed requests (stream: true)",

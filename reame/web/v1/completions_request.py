@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError
 
 from reame.chats.conversation import STATELESS_TEMPERATURE, STATELESS_TOP_P
 from reame.config.chat_settings import FIELD
-from reame.web.v1.errors import ApiError, body_refusal, refuse_unsupported
+from reame.web.v1.errors import ApiError, body_refusal, check_model, refuse_unsupported
 from reame.web.v1.parameters import EXPECTED as CHAT_EXPECTED
 from reame.web.v1.parameters import llama_seed
 from reame.web.v1.request_models import (
@@ -118,10 +118,7 @@ def parse_completions(body: Any, model_ids: list[str]) -> TextRequest:
         request = CompletionsBody.model_validate(body)
     except ValidationError as exc:
         raise body_refusal(exc, EXPECTED, "completions") from None
-    if request.model not in model_ids:
-        raise ApiError(404, f"The model '{request.model}' does not exist; this server has: "
-                       f"{', '.join(model_ids) or 'none loaded'}", param="model",
-                       code="model_not_found")
+    check_model(request.model, model_ids)
     refuse_unsupported(request, UNSUPPORTED)
     if request.stream_options is not None and not request.stream:
         raise ApiError(400, "'stream_options' is only for streamed requests (stream: true)",

@@ -36,6 +36,15 @@ def error_response(status: int, message: str, *, type_: str = "invalid_request_e
                                    "code": code}}, status_code=status, headers=headers)
 
 
+def check_model(model: str, model_ids: list[str]) -> None:
+    """A 404 naming the models there are, unless model is one of them (every /v1 route that
+    takes a model)."""
+    if model not in model_ids:
+        raise ApiError(404, f"The model '{model}' does not exist; this server has: "
+                       f"{', '.join(model_ids) or 'none loaded'}", param="model",
+                       code="model_not_found")
+
+
 def refuse_unsupported(request: BaseModel,
                        unsupported: dict[str, tuple[tuple[Any, ...], str]]) -> None:
     for param, (neutral, why) in unsupported.items():

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 
 from reame.chats.service import ChatService
-from reame.web.v1.errors import ApiError
+from reame.web.v1.errors import ApiError, check_model
 
 
 def add_model_list(router: APIRouter, service: ChatService,
@@ -28,10 +28,7 @@ def add_model_list(router: APIRouter, service: ChatService,
     def get_model(request: Request, model_id: str):
         try:
             caller(request)
-            if model_id not in model_ids():
-                raise ApiError(404, f"The model '{model_id}' does not exist; this server has: "
-                               f"{', '.join(model_ids()) or 'none loaded'}", param="model",
-                               code="model_not_found")
+            check_model(model_id, model_ids())
         except ApiError as exc:
             return exc.response()
         return _model(service, model_id)

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from reame.chats.service import ChatError, ChatNotFound, ChatService, TurnUpdate
 from reame.chats.store.stored_responses import ResponseNotFound, StoredResponses
 from reame.web.v1.common import client_gone, last_update, read_json, refused, started, turn_refusal
-from reame.web.v1.errors import ApiError
+from reame.web.v1.errors import ApiError, check_model
 from reame.web.v1.reply_shape import ReplyShape
 from reame.web.v1.responses_request import ResponsesRequest, new_items, parse, read_turn
 from reame.web.v1.responses_stream import response_events
@@ -78,10 +78,7 @@ def add_responses(router: APIRouter, service: ChatService,
         try:
             ready()
             parsed = await asyncio.to_thread(parse, body)
-            if parsed.model not in model_ids():
-                raise ApiError(404, f"The model '{parsed.model}' does not exist; this server "
-                               f"has: {', '.join(model_ids())}", param="model",
-                               code="model_not_found")
+            check_model(parsed.model, model_ids())
             chain = []
             if parsed.previous_response_id is not None:
                 chain = await run_in_threadpool(_chain, stored, parsed.previous_response_id,
