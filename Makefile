@@ -69,8 +69,8 @@ test-full: venv model browser tools ## The suite with more samples (prompts, fuz
 	REAME_TEST_FULL=1 $(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 screenshots: venv model browser ## Retake README's screenshots into docs/screenshots/ (page tests)
-	REAME_SCREENSHOTS=1 $(VENV_PY) -m pytest -q tests/test_page_send.py tests/test_page_chats.py \
-		tests/test_page_history.py tests/test_page_access.py tests/test_page_documents.py \
+	REAME_SCREENSHOTS=1 $(VENV_PY) -m pytest -q tests/web/page/test_page_send.py tests/web/page/test_page_chats.py \
+		tests/web/page/test_page_history.py tests/web/page/test_page_access.py tests/web/page/test_page_documents.py \
 		$(PYTEST_ARGS)
 
 bench: venv model ## Run the benchmark (python -m bench, then bench.anchor; adds requirements-bench.txt)

@@ -12,7 +12,7 @@ process, one thread, for each model:
 - memory per slot: the buffers llama.cpp allocates for one sequence's memory at n_ctx (its
   log lines "... KV buffer size = X MiB" and "... RS buffer size = X MiB": attention KV and
   recurrent states);
-- for each size, a stored chat of three turns as tests/test_families_restore.py runs it (one
+- for each size, a stored chat of three turns as tests/inference/test_families_restore.py runs it (one
   engine and service; two turns; a new engine and service over the same folder, as after a
   restart; the third turn): the chat's KV file after the second turn (its bytes, and of them
   the end's state, the marks' states and the marks' logits) and the third turn's prompt

@@ -13,7 +13,7 @@ stateless /v1/chat/completions whose prompt fills half of n_ctx with filler, max
 2 s after the reply: the KV file is copied out then). One run per configuration: memory does not
 vary with the machine's load as timings do. The estimate, and its error against the peak, are
 computed from the model file's header facts recorded in results.json, so --report-only (and
-tests/test_memory_estimate.py) recompute them without the files.
+tests/inference/test_memory_estimate.py) recompute them without the files.
 
 --load-modes measures only each model's idle server in both of [model] mmap's ways of loading
 the weights, mapped (true) and read into memory (false), and how long the engine takes to load
@@ -400,7 +400,7 @@ def report(data: dict, out: Path) -> str:
         "the repacked matrices where it is mapped + the slots' KV + one full window's KV "
         "copied out + 200 MB for the server. It is for a full window, so it sits a little "
         "above these half-window peaks. **error**: (estimate - peak) / peak; the target is within "
-        f"±{TOLERANCE:.0%} for every row (tests/test_memory_estimate.py). "
+        f"±{TOLERANCE:.0%} for every row (tests/inference/test_memory_estimate.py). "
         f"Worst here: {worst:.1%}.\n\n"
         + text + "\n\n![memory](memory.png)\n" + load_modes_section(data), encoding="utf-8")
     (out / "results.json").write_text(json.dumps({**data, "rows": rows}, indent=1) + "\n",

@@ -1,9 +1,9 @@
 """What the page tests share: Debian's Chromium driven by Playwright, the page's selectors and
 prompts, and helpers that act in the page and read what the server stored.
 
-The page's tests: tests/test_page_send.py (sending, the reply streaming, stop, refusals),
+The page's tests: tests/web/page/test_page_send.py (sending, the reply streaming, stop, refusals),
 test_page_chats.py (the chat list) and test_page_history.py (a chat kept across reloads and
-restarts, retried, edited; the window marker); tests/test_browser_settings.py is the Settings
+restarts, retried, edited; the window marker); tests/web/page/test_browser_settings.py is the Settings
 tab. The first three share one server (`server` here, `page_server` in tests/conftest.py),
 each test working in chats of its own; a test that needs another set-up starts its own. Every
 wait is on a condition; the model's replies get generous timeouts because the 2-core machine

@@ -37,7 +37,7 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = int(os.environ.get("REAME_TEST_THREADS",
                              max(1, (os.cpu_count() or 1) // WORKERS) if WORKERS > 1 else 0))
 # `make test-full` (REAME_TEST_FULL=1): the sampled tests try more of what they sample (prompts
-# in tests/test_reproducible.py, examples in tests/test_fuzz.py, the chaos test's length);
+# in tests/inference/test_reproducible.py, examples in tests/whole/test_fuzz.py, the chaos test's length);
 # `make test` tries enough to catch a regression and stays within 12 minutes on 2 cores.
 FULL = os.environ.get("REAME_TEST_FULL") == "1"
 GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.0,
@@ -171,7 +171,7 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
                  max_waiting: int = 16, server_extra: str = "", warm_up: bool = False,
                  exact_under_load: bool = False) -> Path:
     """A reame.conf in folder with its sessions beside it; extra goes at the end (after
-    [storage]), server_extra into [server]. No warm-up unless asked (tests/test_warmup.py):
+    [storage]), server_extra into [server]. No warm-up unless asked (tests/inference/test_warmup.py):
     it costs each server start a few seconds and changes no answer. exact_under_load: for the
     tests that compare replies under load with replies alone, bit for bit."""
     path = folder / "reame.conf"
@@ -248,7 +248,7 @@ def page_server(tmp_path_factory, model_path) -> Server:
     """One server for the page tests whose chats don't interfere (the `server` of
     tests/browser_helpers.py, shared by tests/test_page_*.py); replies of at most 64 tokens; a
     reply no tab watches is stopped after 15 s (a reload on a busy machine must come back
-    within it; tests/test_page_live.py has a server of its own with a shorter bound)."""
+    within it; tests/web/page/test_page_live.py has a server of its own with a shorter bound)."""
     server = start_server(tmp_path_factory.mktemp("browser"), model_path=model_path,
                           max_tokens=64, server_extra="stalled_reply_s = 15")
     yield server

@@ -1,5 +1,5 @@
-"""PDFs written by hand for the tests of reading them (tests/test_pdf_bounds.py,
-tests/test_page_documents.py): ordinary pages of text, and the crafted ones that cost pypdf
+"""PDFs written by hand for the tests of reading them (tests/chats/test_pdf_bounds.py,
+tests/web/page/test_page_documents.py): ordinary pages of text, and the crafted ones that cost pypdf
 seconds of CPU a page in a file of a few kB."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ app.py's modules once, and every server is a fork of it running the same `app.ma
 `python app.py` would: a process of its own, its own log, config, port and signals, answering
 over HTTP. REAME_TEST_SPAWN=1 starts each server as `python app.py` instead. The command line
 itself (the interpreter's start, argument parsing, the imports) has tests of its own
-(tests/test_warmup.py, tests/test_accounts.py, tests/test_api.py's malformed config).
+(tests/inference/test_warmup.py, tests/accounts/test_accounts.py, tests/web/gradio_api/test_api.py's malformed config).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str, slots: int = 1, *,
     model file, read in whole at load, and the matrices llama.cpp repacks a second time where
     the file stays mapped; the slots' KV, n_ctx tokens each; one full window's KV copied out
     of llama.cpp to be written to its file after a reply; and the server itself (BASE_BYTES).
-    Checked against measured servers by tests/test_memory_estimate.py (within 15 %).
+    Checked against measured servers by tests/inference/test_memory_estimate.py (within 15 %).
     """
     per_token = info.kv_bytes_per_token(kv_type) or 0
     weights = weights or plan_weights(info)

@@ -11,7 +11,7 @@ The rule mirrors ggml_repack_get_optimal_repack_type (ggml/src/ggml-cpu/repack.c
 buffer's types (ggml-cpu/amx/common.h) of the llama.cpp in llama-cpp-python 0.3.36. It reads
 the CPU features llama.cpp reports (llama_print_system_info): the same compile-time and run-time
 checks its choice makes. RISC-V's and KleidiAI's buffers are not modelled (KleidiAI takes
-Q4_0 / Q8_0 on ARM, which CPU_REPACK takes otherwise). tests/test_load_mode.py checks the rule
+Q4_0 / Q8_0 on ARM, which CPU_REPACK takes otherwise). tests/inference/test_load_mode.py checks the rule
 against llama.cpp's own load log on the machine it runs on.
 """
 

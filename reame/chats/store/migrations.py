@@ -31,7 +31,7 @@ if logging.getLogger("alembic").level == logging.NOTSET:
 log = logging.getLogger(__name__)
 
 SCRIPTS = Path(__file__).with_name("alembic")  # env.py and versions/
-# The newest revision in alembic/versions/ (tests/test_migrations.py checks it is Alembic's
+# The newest revision in alembic/versions/ (tests/chats/test_migrations.py checks it is Alembic's
 # head): the next revision changes it.
 HEAD = "008_stored_responses"
 

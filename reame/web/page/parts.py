@@ -77,7 +77,7 @@ def panel(label: str, elem_id: str) -> Iterator[None]:
     Not gr.Accordion(open=False): Gradio renders a closed accordion's fields on its first
     opening, and a frame later sets them once more from the values the server last sent
     (render_previously_invisible_children in its init.svelte.ts), which wiped a value the
-    user had typed in that moment (the stop test in tests/test_page_send.py, 1 run in ~20 on
+    user had typed in that moment (the stop test in tests/web/page/test_page_send.py, 1 run in ~20 on
     a busy machine). Opening and closing this one is the page's alone: no server call."""
     with gr.Column(elem_id=elem_id, elem_classes=["reame-panel"]):
         toggle = gr.Button(label, size="sm", elem_classes=["reame-panel-toggle"])
