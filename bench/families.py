@@ -127,7 +127,8 @@ def restart_chat(path: Path, size: int, folder: Path) -> dict:
     for text in texts[:2]:
         list(service.send(chat.id, text))
     service.cache.flush()
-    parts = file_parts(service.cache.files.chat_path(chat.id))
+    files = service.cache.files
+    parts = file_parts(files.folder / files.chat_key(chat.id))
     del service, engine
     engine = Engine(path, n_ctx=2048, n_threads=1)  # a restart
     service = service_over(folder, engine, config)

@@ -82,8 +82,8 @@ def restore_before(engine, path: Path) -> bool:
 
 
 def restore_now(engine, kv, path: Path) -> bool:
-    """reame's restore path, as KVCache uses it."""
-    entry = kv.read(path)
+    """reame's restore path, as KVCache uses it (the file by its key, its name)."""
+    entry = kv.read(path.name)
     if entry is None:
         return False
     with entry:

@@ -585,7 +585,7 @@ def restore_throughput(ctx: Context, base: Path, chat_id: int) -> dict:
     system = ServiceSystem(base, ctx.model, cache=True, n_ctx=plan.n_ctx,
                            max_tokens=plan.max_tokens, threads=plan.threads).start()
     try:
-        path = system.kv.chat_path(chat_id)
+        path = system.kv.folder / system.kv.chat_key(chat_id)
         new = system.engine.tokenize(
             f"<|im_start|>user\n{NEXT_MESSAGE}<|im_end|>\n<|im_start|>assistant\n")
         decode = restore_profile.first_decode(system.engine, system.kv, path, new)

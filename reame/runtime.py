@@ -17,6 +17,7 @@ from reame.config.chat_settings import ChatSettings
 from reame.config.reame_conf import DATABASE_FILE, Config
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
+from reame.inference.kv.blobs import open_blobs
 from reame.inference.kv.kvstore import KVStore
 from reame.inference.tasks import Limits
 from reame.inference.warmup import warm_model
@@ -37,11 +38,12 @@ def build_engine(config: Config) -> Engine:
 
 def build_cache(engine: Engine, kv_dir: Path | None, max_bytes: int,
                 store: Store | None = None) -> KVCache:
-    """The engine's KV cache: files in kv_dir (None: only the live context is reused). With
-    the store, the files of chats that no longer exist are deleted first."""
+    """The engine's KV cache: files in the blobs of kv_dir (blobs.open_blobs: the folder;
+    None: only the live context is reused). With the store, the files of chats that no longer
+    exist are deleted first."""
     if kv_dir is None:
         return KVCache(engine, None)
-    files = KVStore(kv_dir, fingerprint=engine.kv_fingerprint, max_bytes=max_bytes)
+    files = KVStore(open_blobs(kv_dir), fingerprint=engine.kv_fingerprint, max_bytes=max_bytes)
     swept = files.sweep(store.chat_ids()) if store is not None else 0
     if swept:
         log.info("deleted %d KV files of chats that no longer exist", swept)

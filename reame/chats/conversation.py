@@ -15,7 +15,7 @@ from pathlib import Path
 
 from reame.config.files import atomic_file
 from reame.config.refusals import MessageTooLong
-from reame.inference.kv.kvfile import TMP_PREFIX
+from reame.inference.kv.blobs import TMP_PREFIX
 from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.scope import Scope
 from reame.inference.tools import Tool, canonical

@@ -70,8 +70,9 @@ class ChatService(ModelHolder, ChatActions, Turns, StatelessTurns):
         # The model a settings change is checking and loading (loading_from); turns wait for
         # it, API clients are told to come back.
         self.loading_model: Path | None = None
-        # Stateless replies' exact tokens, kept beside the KV files that they find again.
-        files = cache.files if cache is not None else None
-        self.replies = ReplyMemory(path=files.folder / REPLIES_NAME if files else None)
+        # Stateless replies' exact tokens, kept beside the KV files that they find again
+        # (where those are in a local folder; elsewhere, in memory only).
+        folder = cache.files.folder if cache is not None and cache.files is not None else None
+        self.replies = ReplyMemory(path=folder / REPLIES_NAME if folder else None)
         self.observe_turn: TurnObserver | None = None  # told of every turn (metrics)
         self.warming = False  # the model runs once at start (warmup.py): not ready yet

@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from pathlib import Path
 
 from reame.inference.batches import (
     cold_prefix,
@@ -80,7 +79,7 @@ class KVCache(CacheFigures):
     def has_file(self, chat_id: int) -> bool:
         """Whether the chat has a KV file to restore (its head read, nothing loaded)."""
         return self.files is not None and bool(
-            self.files.peek(self.files.chat_path(chat_id), report=False))  # the lookup reports
+            self.files.peek(self.files.chat_key(chat_id), report=False))  # the lookup reports
 
     def serve(self, scope: Scope) -> None:
         """Let the live KV serve scope: another scope's KV is cleared first (never reused)."""
@@ -178,7 +177,7 @@ class KVCache(CacheFigures):
         self.serve(scope)
         if self.holds(chat_id):
             return None
-        tokens = self.files.peek(self.files.chat_path(chat_id))
+        tokens = self.files.peek(self.files.chat_key(chat_id))
         if not tokens:
             self.live.missed = chat_id
             return None
@@ -210,21 +209,21 @@ class KVCache(CacheFigures):
         """Load the file that gives most of prompt (beyond live tokens), cut where its reuse
         keeps the reply the same (batches.resume_point); own=False: not the chat's own file."""
         engine = self.engine
-        ranked = []  # (reach, order, source, path): the farthest first, then the own file
+        ranked = []  # (reach, order, source, key): the farthest first, then the own file
         farthest = live
         candidates = self.index.candidates(chat_id, prompt, self.scope, own=own, parent=parent)
-        for order, (source, path, bound) in enumerate(candidates):
+        for order, (source, key, bound) in enumerate(candidates):
             if farthest >= bound:
                 break  # no file from here on shares more of the prompt
-            head = self.files.head(path)
+            head = self.files.head(key)
             if head is None or not self._readable(head.scope, source):
                 continue
             reach = self._reach(head, prompt)
             if reach > live:
-                ranked.append((reach, -order, source, path))
+                ranked.append((reach, -order, source, key))
                 farthest = max(farthest, reach)
-        for reach, _, source, path in sorted(ranked, reverse=True):
-            entry = self.files.read(path)
+        for reach, _, source, key in sorted(ranked, reverse=True):
+            entry = self.files.read(key)
             if entry is None:
                 continue
             with entry:
@@ -233,14 +232,14 @@ class KVCache(CacheFigures):
                 ok = self._load(entry, reach)
                 if not entry.verified():
                     engine.clear()
-                    self.files.reject(path, "checksum mismatch (corrupt or truncated)")
+                    self.files.reject(key, "checksum mismatch (corrupt or truncated)")
                     continue
             if not ok:
-                self.files.reject(path, "llama.cpp did not take the state back exactly")
+                self.files.reject(key, "llama.cpp did not take the state back exactly")
                 continue
             if not engine.truncate(reach):
                 log.warning("KV of %s cannot be cut at %d tokens (%s memory): recomputing",
-                            path.name, reach, engine.kind)
+                            key, reach, engine.kind)
                 continue
             return Restored(reach, source)
         return None
@@ -283,11 +282,11 @@ class KVCache(CacheFigures):
         shared: of the SHARED scope (the default system prompt's opening), else the live one."""
         if self.files is None or length < BLOCK:
             return False
-        head = self.files.head(self._snapshot_path(prompt[:length], shared))
+        head = self.files.head(self._snapshot_key(prompt[:length], shared))
         return head is None or head.tokens != prompt[:length]
 
-    def _snapshot_path(self, prefix: list[int], shared: bool) -> Path:
-        return self.files.prefix_path(block_hashes(prefix, SHARED if shared else self.scope)[-1])
+    def _snapshot_key(self, prefix: list[int], shared: bool) -> str:
+        return self.files.prefix_key(block_hashes(prefix, SHARED if shared else self.scope)[-1])
 
     def save_snapshot(self, prompt: list[int], length: int, *, shared: bool = False) -> bool:
         """Save the live KV as a prefix snapshot, if it is exactly prompt[:length] as a fresh
@@ -296,13 +295,13 @@ class KVCache(CacheFigures):
         engine = self.engine
         if engine.tokens != prompt[:length] or cold_prefix(engine.batches) < length:
             return False
-        path = self._snapshot_path(prompt[:length], shared)
+        key = self._snapshot_key(prompt[:length], shared)
         scope = SHARED if shared else self.scope
         if shared:
-            self.files.pinned = {path}  # only the current default system prompt's
-        self.files.write_later(path, prompt[:length], engine.state(), list(engine.batches),
+            self.files.pinned = {key}  # only the current default system prompt's
+        self.files.write_later(key, prompt[:length], engine.state(), list(engine.batches),
                                scope)
-        self.index.add(path, prompt[:length], list(engine.batches), scope)
+        self.index.add(key, prompt[:length], list(engine.batches), scope)
         return True
 
     def share(self, opening: list[int]) -> None:
@@ -321,11 +320,11 @@ class KVCache(CacheFigures):
         not on disk (then it is to be made)."""
         if self.files is None or len(prefix) < BLOCK:
             return True  # nothing to keep
-        path = self._snapshot_path(prefix, True)
-        head = self.files.head(path)
+        key = self._snapshot_key(prefix, True)
+        head = self.files.head(key)
         if head is None or head.tokens != prefix or head.scope != SHARED:
             return False
-        self.files.pinned = {path}
+        self.files.pinned = {key}
         return True
 
     def save(self, chat_id: int | None) -> float:
@@ -338,7 +337,7 @@ class KVCache(CacheFigures):
         if self.files is None or not self.engine.tokens:
             return 0.0
         self.live.missed = None
-        return self._save_live(self.files.chat_path(chat_id))
+        return self._save_live(self.files.chat_key(chat_id))
 
     def _save_conversation(self) -> float:
         """Save the live KV of a stateless conversation, found later by its tokens (named by
@@ -346,15 +345,15 @@ class KVCache(CacheFigures):
         tokens = self.engine.tokens
         if self.files is None or len(tokens) < BLOCK:
             return 0.0
-        key = prompt_key(tokens, self.scope)
-        return self._save_live(self.files.prefix_path(key[len("prompt:"):]))
+        whole = prompt_key(tokens, self.scope)
+        return self._save_live(self.files.prefix_key(whole[len("prompt:"):]))
 
-    def _save_live(self, path: Path) -> float:
+    def _save_live(self, key: str) -> float:
         started = time.perf_counter()
         tokens, batches = list(self.engine.tokens), list(self.engine.batches)
-        self.files.write_later(path, tokens, self.engine.state(), batches, self.scope,
+        self.files.write_later(key, tokens, self.engine.state(), batches, self.scope,
                                self.engine.seq.marks)
-        self.index.add(path, tokens, batches, self.scope)
+        self.index.add(key, tokens, batches, self.scope)
         return (time.perf_counter() - started) * 1000
 
     def set_disk_budget(self, max_bytes: int) -> None:

@@ -1,17 +1,16 @@
 """The figures of the KV cache (the Cache panel, /cache_stats, /metrics): lookups, hits and
 tokens restored per scope, the prefill rate that turns tokens restored into time saved, and
-their totals, kept beside the KV files so that they outlive a restart."""
+their totals, kept beside the KV files (a blob of their Blobs: blobs.py) so that they outlive
+a restart."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Iterable
-from pathlib import Path
 
-from reame.config.files import write_atomically
 from reame.inference.cache_state import Counts
-from reame.inference.kv.kvfile import TMP_PREFIX
+from reame.inference.kv.blobs import Blobs, read_all
 from reame.inference.kv.kvstore import TOTALS_NAME
 from reame.inference.scope import Scope
 
@@ -41,22 +40,23 @@ class CacheFigures:
     # rate per model (it turns tokens restored into time saved).
 
     @property
-    def _totals_path(self) -> Path | None:
-        return self.files.folder / TOTALS_NAME if self.files is not None else None
+    def _totals_blobs(self) -> Blobs | None:
+        return self.files.blobs if self.files is not None else None
 
     def _load_totals(self) -> None:
-        path = self._totals_path
+        blobs = self._totals_blobs
         try:
-            data = json.loads(path.read_text(encoding="utf-8")) if path else {}
+            raw = read_all(blobs, TOTALS_NAME) if blobs else None
+            if raw is None:
+                return
+            data = json.loads(raw.decode("utf-8"))
             rates = dict(data.get("prefill_rates", {}))
             rate = rates.get(self.engine.fingerprint, 0.0)
             counts = {Scope(str(scope)): _counts(numbers, rate)
                       for scope, numbers in data.get("counts", {}).items()}
-        except FileNotFoundError:
-            return
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             log.warning("the cache's totals in %s are unreadable (%s): starting from zero",
-                        path, exc)
+                        blobs.where, exc)
             return
         self._rates = rates
         if isinstance(rate, (int, float)) and rate > 0:
@@ -66,8 +66,8 @@ class CacheFigures:
     def _save_totals(self) -> None:
         """Write the totals (at each save: one small file, the other models' rates as read
         at start-up, not read again)."""
-        path = self._totals_path
-        if path is None:
+        blobs = self._totals_blobs
+        if blobs is None:
             return
         if self.prefill_rate:
             self._rates[self.engine.fingerprint] = round(self.prefill_rate, 2)
@@ -75,13 +75,11 @@ class CacheFigures:
             scope: [c.lookups, c.hits, c.tokens_saved, round(c.seconds_saved, 3)]
             for scope, c in self.counts.items()}}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # A temp name of this process's own (nodes sharing the folder may write it at
-            # once), which the KV sweep knows; per-user counts: not readable by others.
-            write_atomically(path, json.dumps(data), prefix=f"{TMP_PREFIX}totals-",
-                             mode=0o600, sync_folder=False)
+            # Atomic (nodes sharing the folder may write it at once); per-user counts: in
+            # the folder, a file not readable by others.
+            blobs.put(TOTALS_NAME, [json.dumps(data).encode("utf-8")])
         except OSError as exc:
-            log.warning("could not keep the cache's totals in %s: %s", path, exc)
+            log.warning("could not keep the cache's totals in %s: %s", blobs.where, exc)
 
     def chats_ready(self, chat_ids: Iterable[int]) -> int:
         """How many of these chats have a KV file of this model to continue from (a running
@@ -105,9 +103,9 @@ class CacheFigures:
                "tokens_restored": saved,
                "time_saved_s": round(sum(c.seconds_saved for c in counts), 2)}
         if self.files is not None and scope is None:
-            files = self.files.files()
-            out.update(files=len(files), disk_bytes=sum(_size(p) for p in files),
-                       max_disk_bytes=self.files.max_bytes, dir=str(self.files.folder),
+            files = self.files.listing()
+            out.update(files=len(files), disk_bytes=sum(b.size for b in files),
+                       max_disk_bytes=self.files.max_bytes, dir=self.files.blobs.where,
                        counters=self.files.counters.as_dict())
         return out
 
@@ -121,10 +119,3 @@ def _counts(numbers: list, rate: object) -> Counts:
     else:
         seconds = tokens / rate if isinstance(rate, (int, float)) and rate > 0 else 0.0
     return Counts(lookups, hits, tokens, seconds)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -32,7 +32,7 @@ from reame.admin.backup import (
 from reame.chats.store import Store
 from reame.config.reame_conf import load_config
 from reame.inference.batches import Batch
-from reame.inference.kv.kvfile import TMP_PREFIX
+from reame.inference.kv.blobs import TMP_PREFIX, FolderBlobs
 from reame.inference.kv.kvstore import TOTALS_NAME, KVStore
 
 from tests.conftest import ROOT, Server, start_server, write_config
@@ -55,7 +55,8 @@ class Site:
         return Store(self.config.storage.database_path)
 
     def kv(self) -> KVStore:
-        return KVStore(self.config.cache.dir, fingerprint=FINGERPRINT, max_bytes=1 << 30)
+        return KVStore(FolderBlobs(self.config.cache.dir), fingerprint=FINGERPRINT,
+                       max_bytes=1 << 30)
 
 
 def filled_site(folder: Path, *, users: bool = True) -> Site:
@@ -74,11 +75,11 @@ def filled_site(folder: Path, *, users: bool = True) -> Site:
         store.add_message(chat.id, "assistant", f"answer {n}", tokens=[5, 6, 7],
                           tokens_model="m", stats={"source": "none", "generated": 3})
         tokens = list(range(10 + n))
-        kv.write(kv.chat_path(chat.id), tokens, os.urandom(1000 * (n + 1)),
+        kv.write(kv.chat_key(chat.id), tokens, os.urandom(1000 * (n + 1)),
                  [Batch(0, len(tokens), False)], scope=owner or "")
     store.rewind(chat.id, 1)
     store.add_message(chat.id, "assistant", "another answer")
-    kv.write(kv.prefix_path("ab" * 12), list(range(64)), os.urandom(500),
+    kv.write(kv.prefix_key("ab" * 12), list(range(64)), os.urandom(500),
              [Batch(0, 64, False)])
     (site.config.cache.dir / TOTALS_NAME).write_text(json.dumps(
         {"prefill_rates": {"m": 250.0}, "counts": {"": [3, 2, 40]}}), encoding="utf-8")
@@ -157,7 +158,7 @@ def test_a_restore_gives_the_same_chats_accounts_and_kv_files(tmp_path):
 
 def test_a_kv_file_damaged_on_the_server_is_left_out_and_named(tmp_path):
     old = filled_site(tmp_path / "old")
-    damaged = old.kv().chat_path(1)
+    damaged = old.config.cache.dir / old.kv().chat_key(1)
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF
     damaged.write_bytes(bytes(data))
@@ -240,7 +241,7 @@ def test_existing_data_is_replaced_only_with_force_and_then_moved_aside(tmp_path
     new_chat(store, "mine")
     store.db.dispose()
     Accounts(there.config.users_path).add_user("bob", "bob-secret-22")
-    there.kv().write(there.kv().chat_path(1), [1, 2], b"kv", [Batch(0, 2, False)])
+    there.kv().write(there.kv().chat_key(1), [1, 2], b"kv", [Batch(0, 2, False)])
     mine = chats_of(there)
     before = tree(there.folder)
     with pytest.raises(BackupError, match="there is data already: .*reame.db.*--force"):
@@ -257,7 +258,7 @@ def test_existing_data_is_replaced_only_with_force_and_then_moved_aside(tmp_path
     aside[database].rename(old_db)
     assert chats_of(old_db) == mine
     assert Accounts(aside[there.config.users_path]).names() == ["bob"]
-    assert (aside[there.config.cache.dir] / there.kv().chat_path(1).name).exists()
+    assert (aside[there.config.cache.dir] / there.kv().chat_key(1)).exists()
 
 
 def test_a_restore_is_refused_while_a_server_has_the_database_open(tmp_path):

@@ -53,7 +53,8 @@ def test_switching_to_gemma_and_back_keeps_every_chat_usable(setup, gemma_path, 
     service = settings.service
     chat = service.new_chat()
     last_turn(service, chat.id, "Which planet do we live on?")
-    smol_file = service.cache.files.chat_path(chat.id)
+    kv_dir = service.cache.files.folder
+    smol_file = kv_dir / service.cache.files.chat_key(chat.id)
     service.cache.flush()  # KV files are written in the background
     assert smol_file.exists()
 
@@ -63,7 +64,7 @@ def test_switching_to_gemma_and_back_keeps_every_chat_usable(setup, gemma_path, 
     on_gemma = last_turn(service, chat.id, "Say hello.")
     assert on_gemma.stats.source == "none", "the SmolLM2 KV is not restored into Gemma"
     assert on_gemma.text.strip()
-    gemma_file = service.cache.files.chat_path(chat.id)
+    gemma_file = kv_dir / service.cache.files.chat_key(chat.id)
     service.cache.flush()
     assert gemma_file != smol_file and gemma_file.exists() and smol_file.exists()
 
@@ -143,8 +144,8 @@ def test_the_cache_folder_can_move_only_to_a_folder_for_reame_alone(setup, tmp_p
     settings.update({"cache": {"dir": str(tmp_path / "kv-elsewhere")}})
     last_turn(service, chat.id, "And the next one out?")
     service.cache.flush()
-    assert service.cache.files.chat_path(chat.id).parent == tmp_path / "kv-elsewhere"
-    assert service.cache.files.chat_path(chat.id).exists()
+    assert service.cache.files.folder == tmp_path / "kv-elsewhere"
+    assert (tmp_path / "kv-elsewhere" / service.cache.files.chat_key(chat.id)).exists()
     settings.update({"cache": {"dir": str(tmp_path / "sessions" / "kv")}})
 
 

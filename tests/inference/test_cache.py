@@ -19,7 +19,12 @@ from reame.runtime import service_over
 from reame.web.page.render import stats_text
 
 from tests.conftest import GREEDY, THREADS
+from tests.kv_blobs import Backend, kv_blobs  # noqa: F401  (the fixture)
 from tests.reference import assert_answers, model_answer
+
+# Every test runs against the blobs REAME_TEST_BLOBS names (tests/kv_blobs.py): the folder,
+# the in-memory ones, or both.
+pytestmark = pytest.mark.usefixtures("kv_blobs")
 
 LONG_SYSTEM = ("You are a meticulous assistant for a public library. " * 30).strip()
 
@@ -96,7 +101,7 @@ def close_to_cold(node, chat_id, text, model_path):
 
 
 def kv_tokens(kv: KVStore, chat_id: int) -> list[int]:
-    return kv.peek(kv.chat_path(chat_id))
+    return kv.peek(kv.chat_key(chat_id))
 
 
 def assert_only_new_tokens_evaluated(last):
@@ -263,13 +268,14 @@ def test_a_turn_restores_its_file_while_it_tokenizes_the_prompt(folder, model_pa
     assert last.text == sitting(folder / "ref", model_path,
                                 ["Which planet do we live on?", "Say hello."])[-1]
 
-def test_queued_writes_of_a_file_land_in_order_and_readers_wait_for_them(folder):
-    kv = KVStore(folder / "kv", fingerprint="test", max_bytes=1 << 30)
-    path = kv.chat_path(1)
+def test_queued_writes_of_a_file_land_in_order_and_readers_wait_for_them(folder, kv_blobs):
+    kv = KVStore(kv_blobs.at(folder / "kv"), fingerprint="test", max_bytes=1 << 30)
+    key = kv.chat_key(1)
     for n in range(1, 6):
-        kv.write_later(path, list(range(n)), memoryview(bytes(1 << 20)))
-    assert kv.peek(path) == [0, 1, 2, 3, 4], "a reader sees the newest queued write"
-    assert not list((folder / "kv").glob("*.tmp"))
+        kv.write_later(key, list(range(n)), memoryview(bytes(1 << 20)))
+    assert kv.peek(key) == [0, 1, 2, 3, 4], "a reader sees the newest queued write"
+    assert [b.key for b in kv.blobs.list()] == [key]
+    assert kv_blobs.name != "folder" or not list((folder / "kv").glob("*.tmp"))
 
 
 def test_regenerate_recomputes_only_the_reply(folder, model_path):
@@ -326,7 +332,7 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     one = node.service.new_chat(system_prompt=LONG_SYSTEM)
     reference = node.say(one.id, "Say hello.").text
     node.kv.flush()  # files are written in the background
-    prefixes = list((folder / "kv").glob("prefix-*.kv"))
+    prefixes = [key for key in node.kv.files() if key.startswith("prefix-")]
     assert len(prefixes) == 1
 
     later = Node(folder, model_path)
@@ -384,25 +390,25 @@ def test_a_lookup_opens_only_files_that_could_give_more(folder, model_path, monk
     assert_only_new_tokens_evaluated(last)
 
 
-def _corrupt_truncate(path):
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
+def _corrupt_truncate(blobs, key):
+    data = Backend.read(blobs, key)
+    blobs.put(key, [data[: len(data) // 2]])
 
 
-def _corrupt_flip(path):
-    data = bytearray(path.read_bytes())
+def _corrupt_flip(blobs, key):
+    data = bytearray(Backend.read(blobs, key))
     data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+    blobs.put(key, [bytes(data)])
 
 
-def _corrupt_old_format(path):
-    data = bytearray(path.read_bytes())
+def _corrupt_old_format(blobs, key):
+    data = bytearray(Backend.read(blobs, key))
     data[8:12] = struct.pack("<I", 0)
-    path.write_bytes(bytes(data))
+    blobs.put(key, [bytes(data)])
 
 
-def _corrupt_garbage(path):
-    path.write_bytes(os.urandom(5000))
+def _corrupt_garbage(blobs, key):
+    blobs.put(key, [os.urandom(5000)])
 
 
 @pytest.mark.parametrize("damage", [_corrupt_truncate, _corrupt_flip, _corrupt_old_format,
@@ -414,9 +420,9 @@ def test_a_damaged_file_is_a_miss_and_is_replaced(folder, family, damage, caplog
     node = Node(folder, model_path)
     chat = node.service.new_chat()
     node.say(chat.id, "Which planet do we live on?")
-    path = node.kv.chat_path(chat.id)
+    path = node.kv.chat_key(chat.id)
     node.kv.flush()
-    damage(path)
+    damage(node.kv.blobs, path)
     reference = cold_reply(folder, model_path, node, chat.id, "Say hello.")
     later = Node(folder, model_path)
     with caplog.at_level(logging.WARNING, logger="reame.inference.kv.kvstore"):
@@ -434,13 +440,13 @@ def test_a_file_of_another_model_or_kv_type_is_not_restored(folder, model_path):
     node = Node(folder, model_path, kv_type="q8_0")
     chat = node.service.new_chat()
     node.say(chat.id, "Which planet do we live on?")
-    q8_file = node.kv.chat_path(chat.id)
+    q8_file = node.kv.chat_key(chat.id)
     # The f16 node looks for its own file name; give it the q8_0 bytes under that name.
     f16 = Node(folder, model_path, kv_type="f16")
-    f16_path = f16.kv.chat_path(chat.id)
+    f16_path = f16.kv.chat_key(chat.id)
     assert f16_path != q8_file, "one file per chat per fingerprint"
     node.kv.flush()
-    f16_path.write_bytes(q8_file.read_bytes())
+    f16.kv.blobs.put(f16_path, [Backend.read(node.kv.blobs, q8_file)])
     reference = cold_reply(folder, model_path, node, chat.id, "Say hello.")
     last = f16.say(chat.id, "Say hello.")
     assert last.stats.source == "none" and f16.kv.counters.rejected == 1
@@ -450,19 +456,24 @@ def test_a_file_of_another_model_or_kv_type_is_not_restored(folder, model_path):
 
 
 def test_a_failed_write_delivers_the_reply_and_leaves_no_partial_file(folder, model_path,
-                                                                      monkeypatch):
+                                                                      monkeypatch, kv_blobs):
     node = Node(folder, model_path)
     chat = node.service.new_chat()
 
-    def disk_full(fd):
+    def disk_full(*args):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("reame.inference.kv.kvfile.os.fsync", disk_full)
+    if kv_blobs.name == "folder":  # the file written, then refused at its fsync
+        monkeypatch.setattr("reame.config.files.os.fsync", disk_full)
+    else:
+        monkeypatch.setattr(node.kv.blobs, "put", disk_full)
     last = node.say(chat.id, "Which planet do we live on?")
     assert_answers(last.text, model_answer("Which planet do we live on?"))
     node.kv.flush()
     assert node.kv.counters.write_errors >= 1
-    assert [p.name for p in (folder / "kv").iterdir()] in ([], [TOTALS_NAME])
+    assert [b.key for b in node.kv.blobs.list()] in ([], [TOTALS_NAME])
+    assert kv_blobs.name != "folder" or [p.name for p in (folder / "kv").iterdir()] in (
+        [], [TOTALS_NAME])
     assert node.store.messages(chat.id)[-1].content == last.text
 
 
@@ -475,12 +486,15 @@ def test_eviction_keeps_the_disk_budget(folder, model_path):
         node.kv.flush()
         assert node.kv.disk_bytes() <= 10 * 1024 * 1024
     assert node.kv.counters.evicted > 0
-    assert node.kv.chat_path(chats[-1].id).exists(), "the most recent chat is kept"
-    assert not node.kv.chat_path(chats[0].id).exists(), "the least recently used went first"
+    assert node.kv.exists(node.kv.chat_key(chats[-1].id)), "the most recent chat is kept"
+    assert not node.kv.exists(node.kv.chat_key(chats[0].id)), (
+        "the least recently used went first")
 
 
-def test_files_reame_did_not_write_are_left_alone(folder, model_path):
+def test_files_reame_did_not_write_are_left_alone(folder, model_path, kv_blobs):
     """[cache] dir may be any folder: only Reame's own files (name and magic) are deleted."""
+    if kv_blobs.name != "folder":
+        pytest.skip("a folder's own case: files that others put in it")
     kv = folder / "kv"
     kv.mkdir()
     foreign = {"notes.kv": b"my notes", "photo.tmp": b"jpeg", "draft.kv.tmp": b"x",
@@ -517,21 +531,22 @@ def test_deleting_a_chat_deletes_its_file_and_start_up_sweeps_orphans(folder, mo
     node.say(keep.id, "Say hello.")
     node.say(drop.id, "Say hello.")
     node.service.delete_chat(drop.id)
-    assert not node.kv.chat_path(drop.id).exists()
-    orphan = node.kv.chat_path(999)
-    orphan.write_bytes(node.kv.chat_path(keep.id).read_bytes())
-    assert node.kv.sweep(node.store.chat_ids()) == 1
-    assert not orphan.exists() and node.kv.chat_path(keep.id).exists()
+    kv = node.kv
+    assert not kv.exists(kv.chat_key(drop.id))
+    orphan = kv.chat_key(999)
+    kv.blobs.put(orphan, [Backend.read(kv.blobs, kv.chat_key(keep.id))])
+    assert kv.sweep(node.store.chat_ids()) == 1
+    assert not kv.exists(orphan) and kv.exists(kv.chat_key(keep.id))
 
 
-def test_with_the_cache_off_a_restart_recomputes_everything(folder, model_path):
+def test_with_the_cache_off_a_restart_recomputes_everything(folder, model_path, kv_blobs):
     node = Node(folder, model_path, enabled=False)
     chat = node.service.new_chat()
     node.say(chat.id, "Which planet do we live on?")
     later = Node(folder, model_path, enabled=False)
     last = later.say(chat.id, "Say hello.")
     assert last.stats.source == "none" and last.stats.prefilled == last.stats.prompt_tokens
-    assert not (folder / "kv").exists()
+    assert not kv_blobs.made(folder / "kv")
 
 
 def test_gemma3_sliding_window_restores_short_and_long_chats(folder, gemma_path):
@@ -545,7 +560,7 @@ def test_gemma3_sliding_window_restores_short_and_long_chats(folder, gemma_path)
     node.say(long.id, "When does the library open?")
     assert len(node.engine.tokens) > 512
     # Past the window too: llama.cpp saves the window's KV, and the chat resumes at its end.
-    assert node.kv.peek(node.kv.chat_path(long.id)) == node.engine.tokens
+    assert node.kv.peek(node.kv.chat_key(long.id)) == node.engine.tokens
 
     node.kv.flush()
     later = Node(folder, gemma_path)
@@ -568,7 +583,7 @@ def test_a_chat_deleted_while_it_answers_leaves_no_file(folder, model_path):
     node.service.delete_chat(chat.id)
     with pytest.raises(Exception, match=f"chat {chat.id} does not exist"):
         list(stream)
-    assert list((folder / "kv").glob(f"chat-{chat.id}-*")) == []
+    assert [key for key in node.kv.files() if key.startswith(f"chat-{chat.id}-")] == []
     assert node.service.scheduler.busy == 0
 
 
@@ -622,7 +637,8 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     stream.close()
 
 
-def test_the_cache_s_totals_and_prefill_speed_outlive_a_restart(folder, model_path):
+def test_the_cache_s_totals_and_prefill_speed_outlive_a_restart(folder, model_path,
+                                                                  kv_blobs):
     node = Node(folder, model_path)
     chat = node.service.new_chat(system_prompt=LONG_SYSTEM)
     node.say(chat.id, "Which planet do we live on?")
@@ -640,7 +656,7 @@ def test_the_cache_s_totals_and_prefill_speed_outlive_a_restart(folder, model_pa
     later.service.delete_chat(chat.id)
     assert later.service.cache_stats()["chats_ready"] == 0
     # An unreadable file of totals is a fresh start, not a crash.
-    (folder / "kv" / TOTALS_NAME).write_text("{not json")
+    kv_blobs.at(folder / "kv").put(TOTALS_NAME, [b"{not json"])
     assert Node(folder, model_path).service.cache_stats()["tokens_restored"] == 0
 
 
@@ -670,39 +686,39 @@ def test_the_time_saved_is_counted_once_per_hit_and_only_grows(folder, model_pat
     assert third.service.cache_stats()["time_saved_s"] > saved
 
 
-def test_the_chats_ready_are_counted_as_files_come_and_go(folder):
+def test_the_chats_ready_are_counted_as_files_come_and_go(folder, kv_blobs):
     """KVStore.ready_chats: the chats with a file of the store's model, kept as files are
     written, evicted, deleted and swept, and found at start: always what looking for each
     chat's file says (the old way of counting them), without looking."""
-    kv_dir = folder / "kv"
+    kv_dir = kv_blobs.at(folder / "kv")
     kv = KVStore(kv_dir, fingerprint="test", max_bytes=1 << 30)
     chats = set(range(1, 9))
 
     def check(store):
-        looked = {chat for chat in chats if store.chat_path(chat).exists()}
+        looked = {chat for chat in chats if store.exists(store.chat_key(chat))}
         assert store.ready_chats() & chats == looked
         return len(looked)
 
     assert check(kv) == 0
     for chat in range(1, 7):
-        kv.write(kv.chat_path(chat), list(range(chat)), bytes(1000))
-    kv.write(kv.prefix_path("ab" * 12), list(range(64)), bytes(1000))  # not a chat's
+        kv.write(kv.chat_key(chat), list(range(chat)), bytes(1000))
+    kv.write(kv.prefix_key("ab" * 12), list(range(64)), bytes(1000))  # not a chat's
     other = KVStore(kv_dir, fingerprint="another model", max_bytes=1 << 30)
-    other.write(other.chat_path(7), [1, 2], bytes(1000))  # another model's: not ready
+    other.write(other.chat_key(7), [1, 2], bytes(1000))  # another model's: not ready
     assert check(kv) == 6 and check(other) == 1
-    kv.write_later(kv.chat_path(8), [1, 2, 3], bytes(1000))
+    kv.write_later(kv.chat_key(8), [1, 2, 3], bytes(1000))
     kv.flush()
     assert check(kv) == 7
     for n, chat in enumerate([3, 1, 2, 4, 5, 6, 8]):  # oldest first, for the eviction
-        os.utime(kv.chat_path(chat), (1000 + n, 1000 + n))
-    kv.max_bytes = 3 * kv.chat_path(8).stat().st_size
+        Backend.set_used(kv.blobs, kv.chat_key(chat), 1000 + n)
+    kv.max_bytes = 3 * kv.blobs.size(kv.chat_key(8))
     assert kv.evict() > 0
-    assert check(kv) == len([p for p in kv.files() if p.name.startswith("chat-")
-                             and p.name.endswith(f"-{kv.tag}.kv")]) < 7
+    assert check(kv) == len([key for key in kv.files() if key.startswith("chat-")
+                             and key.endswith(f"-{kv.tag}.kv")]) < 7
     kv.max_bytes = 1 << 30
     kv.delete_chat(8)
     assert check(kv) == check(KVStore(kv_dir, fingerprint="test", max_bytes=1 << 30))
-    kv.write(kv.chat_path(1), [1], bytes(1000))
+    kv.write(kv.chat_key(1), [1], bytes(1000))
     restarted = KVStore(kv_dir, fingerprint="test", max_bytes=1 << 30)  # found at start
     assert restarted.ready_chats() == kv.ready_chats() and check(restarted) >= 1
     assert restarted.sweep(set()) > 0
@@ -719,7 +735,7 @@ def test_counting_the_chats_ready_after_a_reply_looks_for_no_chat_s_file(folder,
     chats = [node.service.new_chat() for _ in range(30)]
     node.say(chats[0].id, "Say hello.")
     node.kv.flush()
-    on_disk = {p.name for p in (folder / "kv").iterdir()}
+    on_disk = {b.key for b in node.kv.blobs.list()}
     looked = []
     stat = pathlib.Path.stat
     monkeypatch.setattr(pathlib.Path, "stat",

@@ -20,11 +20,13 @@ import pytest
 from reame.config.reame_conf import GenerationConfig
 from reame.inference.engine import Engine
 from reame.inference.kv import kvfile
+from reame.inference.kv.blobs import FolderBlobs
 from reame.inference.kv.kvstore import REPLIES_NAME
 from reame.inference.prompt import PromptMessage
 from reame.runtime import service_over
 
 from tests.conftest import FULL, SYSTEM_PROMPT, THREADS, start_server
+from tests.kv_blobs import kv_blobs  # noqa: F401  (the fixture)
 
 FAMILIES = ("lfm2", "qwen35", "granitehybrid", "gemma")
 SIZES = (250, 1400)  # tokens of the third turn's prompt, about
@@ -143,6 +145,7 @@ class Node:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.usefixtures("kv_blobs")  # the folder's blobs, or the in-memory ones
 @pytest.mark.parametrize(("family", "size"), STORED)
 def test_a_stored_chat_continues_regenerates_and_edits_after_a_restart(
         tmp_path, request, family, size):
@@ -236,7 +239,7 @@ def test_a_damaged_file_is_as_good_as_no_file(tmp_path, lfm2_path, how):
     damage(newest, how)
     later = Node(tmp_path / "node", lfm2_path)
     third = stateless(later, texts, replies)
-    assert kvfile.problem(newest) is not None
+    assert kvfile.problem(FolderBlobs(kv), newest.name) is not None
     # (A header that makes no sense keeps the file out of the index: it is not even read.)
     assert later.service.cache.files.counters.rejected >= (how != "mark off a batch end")
     # A lookup that found the damaged file's head good goes no further (no other file could

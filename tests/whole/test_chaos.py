@@ -25,6 +25,7 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError
 
 from reame.inference.kv import kvfile
+from reame.inference.kv.blobs import FolderBlobs
 
 from tests.browser_helpers import BOX, CHATS, browser, open_app  # noqa: F401 - browser: a fixture
 from tests.conftest import FULL, start_server
@@ -242,7 +243,7 @@ def test_chaos_leaves_the_server_whole(tmp_path, model_path, gemma_path, browser
         assert metric(server, "reame_turns_waiting") == 0
         assert chats_are_whole(tmp_path / "chaos" / "sessions" / "reame.db") == []
         kv = tmp_path / "chaos" / "sessions" / "kv"
-        broken = {f.name: kvfile.problem(f) for f in kv.glob("*.kv")}
+        broken = {f.name: kvfile.problem(FolderBlobs(kv), f.name) for f in kv.glob("*.kv")}
         assert {name: why for name, why in broken.items() if why} == {}
         status, took = whole_request(server.port, "Say hi.", max_tokens=8)
         assert status == 200 and took < NEXT_WITHIN_S, (status, took)

@@ -25,7 +25,7 @@ from reame.admin.backup.manifest import (
 from reame.chats.store.sqlite_file import in_use
 from reame.config.files import CHUNK, atomic_file
 from reame.config.reame_conf import SETTINGS, Config, load_config
-from reame.inference.kv.kvfile import TMP_PREFIX
+from reame.inference.kv.blobs import TMP_PREFIX
 
 
 def restore(src: Path, config: Config, *, force: bool = False, with_config: bool = False,

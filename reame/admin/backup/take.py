@@ -28,6 +28,7 @@ from reame.admin.backup.manifest import (
 from reame.chats.store.sqlite_file import snapshot
 from reame.config.files import CHUNK, sync
 from reame.config.reame_conf import Config
+from reame.inference.kv.blobs import BlobInfo, Blobs, FolderBlobs, open_blobs
 from reame.inference.kv.kvstore import REPLIES_NAME, TOTALS_NAME, is_own_name
 
 
@@ -46,7 +47,8 @@ def backup(config: Config, dest: Path, *, pages: int = -1,
     dest.mkdir(mode=0o700, parents=True, exist_ok=True)
     files = [] if on_server else [_copy_database(database, dest, pages=pages,
                                                  progress=progress)]
-    kv_files, left_out = _backup_kv(config.cache.dir, dest / KV_DIR)
+    kv_files, left_out = (_backup_kv(open_blobs(config.cache.dir), dest / KV_DIR)
+                          if config.cache.dir.is_dir() else ([], {}))
     files += kv_files
     if config.users_path is not None and config.users_path.is_file():
         files.append(_copy_file(config.users_path, dest, ACCOUNTS_NAME, "accounts", mode=0o600))
@@ -88,32 +90,41 @@ def _copy_database(source: Path, folder: Path, *, pages: int,
     return entry_of(target, DB_NAME, "database")
 
 
-def _backup_kv(folder: Path, target: Path) -> tuple[list[FileEntry], dict[str, str]]:
-    """Copy Reame's files of the KV folder (not its temporary files, nor anything else), each
-    checked whole; one that is not is left out, and named in the manifest (it is a cache: its
-    chat's history is recomputed once)."""
-    if not folder.is_dir():
-        return [], {}
+def _backup_kv(blobs: Blobs, target: Path) -> tuple[list[FileEntry], dict[str, str]]:
+    """Copy Reame's blobs of the KV cache (blobs.py: not the folder's temporary files, nor
+    anything else, nor symbolic links) as files of target, each checked whole; one that is
+    not is left out, and named in the manifest (it is a cache: its chat's history is
+    recomputed once)."""
     target.mkdir(exist_ok=True)
+    copies = FolderBlobs(target)
     files, left_out = [], {}
-    for path in sorted(folder.iterdir()):
-        if not is_own_name(path.name):
+    for blob in sorted(blobs.list()):
+        if not is_own_name(blob.key):
             continue
-        if path.is_symlink():  # never Reame's: its target's content is not the cache's
-            left_out[f"{KV_DIR}/{path.name}"] = "a symbolic link, not a file Reame wrote"
+        entry = _copy_blob(blobs, blob, target)
+        if entry is None:  # evicted, or its chat deleted, since the listing
             continue
-        try:
-            entry = _copy_file(path, target, path.name, "kv", prefix=KV_DIR)
-        except FileNotFoundError:  # evicted, or its chat deleted, since the listing
-            continue
-        problem = (kvfile.problem(target / path.name)
-                   if path.name not in (TOTALS_NAME, REPLIES_NAME) else None)
+        problem = (kvfile.problem(copies, blob.key)
+                   if blob.key not in (TOTALS_NAME, REPLIES_NAME) else None)
         if problem:
-            (target / path.name).unlink()
+            copies.delete(blob.key)
             left_out[entry.path] = problem
         else:
             files.append(entry)
     return files, left_out
+
+
+def _copy_blob(blobs: Blobs, blob: BlobInfo, folder: Path) -> FileEntry | None:
+    """Copy a blob to folder/its key, as _copy_file copies a file (0600, as the KV folder's
+    files are; its last use kept: the eviction order); None if it is gone."""
+    source = blobs.open(blob.key)
+    if source is None:
+        return None
+    with source:
+        entry = _copy_stream(source, folder / blob.key, blob.key, "kv", prefix=KV_DIR,
+                             mode=0o600)
+    os.utime(folder / blob.key, ns=(blob.used_ns, blob.used_ns))
+    return entry
 
 
 def _copy_file(source: Path, folder: Path, name: str, part: str, *, prefix: str = "",
@@ -121,17 +132,25 @@ def _copy_file(source: Path, folder: Path, name: str, part: str, *, prefix: str 
     """Copy source to folder/name, its SHA-256 taken on the way. Files are only ever replaced
     by a rename, so the copy is a whole file, the old or the new."""
     target = folder / name
+    with source.open("rb") as src:
+        # The source's own mode, unless told.
+        entry = _copy_stream(src, target, name, part, prefix=prefix, mode=(
+            mode if mode is not None else stat.S_IMODE(os.fstat(src.fileno()).st_mode)))
+        times = os.fstat(src.fileno())
+    os.utime(target, ns=(times.st_atime_ns, times.st_mtime_ns))
+    return entry
+
+
+def _copy_stream(src, target: Path, name: str, part: str, *, prefix: str,
+                 mode: int) -> FileEntry:
+    """Copy src into the new file target (mode), its SHA-256 taken on the way."""
     digest, size = hashlib.sha256(), 0
-    with source.open("rb") as src, target.open("wb") as dst:
-        # The source's own mode (KV files are 0600), unless told.
-        os.fchmod(dst.fileno(), mode if mode is not None else stat.S_IMODE(os.fstat(
-            src.fileno()).st_mode))
+    with target.open("wb") as dst:
+        os.fchmod(dst.fileno(), mode)
         while chunk := src.read(CHUNK):
             digest.update(chunk)
             dst.write(chunk)
             size += len(chunk)
         dst.flush()
         os.fsync(dst.fileno())
-        times = os.fstat(src.fileno())
-    os.utime(target, ns=(times.st_atime_ns, times.st_mtime_ns))  # the KV eviction order
     return FileEntry(f"{prefix}/{name}" if prefix else name, part, size, digest.hexdigest())

@@ -18,9 +18,10 @@ The header holds the fingerprint (model file, KV type, flash attention, llama-cp
 version): a file whose fingerprint differs is not restored. It holds the decodes that made
 the KV (batches.py): a restored KV is reused only where it gives the same reply. And it holds
 the file's scope, whose tokens made it (cache.py: a user's KV serves only that user). Writes
-go to a temp file, fsync, os.replace: a reader sees the old file or the new one, never a
-partial one. A file that cannot be read back exactly raises Unusable, saying why; the folder
-of files (kvstore.py) counts it as a miss, never an error.
+go through Blobs.put (blobs.py: in the folder, a temp file, fsync, os.replace): a reader sees
+the old file or the new one, never a partial one. A file that cannot be read back exactly
+raises Unusable, saying why; the store of files (kvstore.py) counts it as a miss, never an
+error.
 
 Speed (see bench/restore_profile.py): a file is mapped, not copied, and its checksum (xxh3-64,
 three times as fast as zlib's crc32, so it ends before llama.cpp's copy does) runs in a
@@ -32,26 +33,23 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 import struct
 import threading
 from array import array
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 import xxhash
 
 import reame.inference.batches as batch_plan
-from reame.config.files import atomic_file
 from reame.inference.batches import Batch
+from reame.inference.kv.blobs import Blobs
 from reame.inference.scope import NO_ACCOUNTS, Scope
 
 MAGIC = b"REAMEKV\0"
 FORMAT_VERSION = 5  # 1: crc32 checksum; 2: no batches; 3: no marks; 4: marks hold whole states
 _PREAMBLE = struct.Struct("<8sII")
 _SUM = struct.Struct("<Q")
-TMP_PREFIX = "reame-kv-"  # a write in progress: TMP_PREFIX + random + ".tmp", beside the file
 
 
 class Unusable(Exception):
@@ -126,11 +124,14 @@ class KVEntry:
         self.close()
 
 
-def read_head(path: Path, fingerprint: str) -> Head | None:
+def read_head(blobs: Blobs, key: str, fingerprint: str) -> Head | None:
     """The tokens the file holds, the batches that made their KV and its scope, from its head
     only; None if there is no file, Unusable if it is not one of fingerprint's."""
     try:
-        with path.open("rb") as f:
+        f = blobs.open(key)
+        if f is None:
+            return None
+        with f:
             header_len = _header_length(f.read(_PREAMBLE.size))
             header = _header(f.read(header_len), fingerprint)
             raw = f.read(4 * header["n_tokens"])
@@ -145,11 +146,14 @@ def read_head(path: Path, fingerprint: str) -> Head | None:
     return Head(tokens.tolist(), header["batches"], header["scope"], header["marks"])
 
 
-def fingerprint_of(path: Path) -> str:
+def fingerprint_of(blobs: Blobs, key: str) -> str:
     """The fingerprint the file says it was made with (a backup takes every model's files);
     Unusable if its head is unreadable."""
     try:
-        with path.open("rb") as f:
+        f = blobs.open(key)
+        if f is None:
+            raise Unusable("cannot read: No such file or directory")
+        with f:
             length = _header_length(f.read(_PREAMBLE.size))
             return str(json.loads(f.read(length))["fingerprint"])
     except OSError as exc:
@@ -158,11 +162,11 @@ def fingerprint_of(path: Path) -> str:
         raise Unusable("unreadable header") from None
 
 
-def problem(path: Path) -> str | None:
+def problem(blobs: Blobs, key: str) -> str | None:
     """Why the file could not be restored by the model that made it (its head, sizes and
     checksum checked); None: it is whole."""
     try:
-        entry = load(path, fingerprint_of(path))
+        entry = load(blobs, key, fingerprint_of(blobs, key))
     except Unusable as exc:
         return str(exc)
     if entry is None:
@@ -171,23 +175,24 @@ def problem(path: Path) -> str | None:
         return None if entry.verified() else "checksum mismatch"
 
 
-def load(path: Path, fingerprint: str) -> KVEntry | None:
-    """The file mapped, its header checked and its checksum started; None if there is no file,
-    Unusable if it is not one of fingerprint's. The caller closes the entry and must check
+def load(blobs: Blobs, key: str, fingerprint: str) -> KVEntry | None:
+    """The file mapped (Blobs.get: private and writable, so llama.cpp gets the bytes without a
+    copy), its header checked and its checksum started; None if there is no file, Unusable if
+    it is not one of fingerprint's. The caller closes the entry and must check
     entry.verified()."""
     try:
-        with path.open("rb") as f:
-            if os.fstat(f.fileno()).st_size < _PREAMBLE.size + _SUM.size:
-                raise Unusable("truncated")
-            # Private and writable: llama.cpp gets the bytes without a copy, and files are
-            # only ever replaced (os.replace), never rewritten in place under a mapping.
-            data = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
-                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        data = blobs.get(key)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise Unusable(f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    except ValueError:  # an empty file cannot be mapped
+        raise Unusable("truncated") from None
+    except OSError as exc:
+        raise Unusable(f"cannot read: {exc.strerror or exc}") from None
+    if data is None:
+        return None
     try:
+        if len(data) < _PREAMBLE.size + _SUM.size:
+            raise Unusable("truncated")
         return _parse(data, fingerprint)
     except Unusable:
         data.close()
@@ -258,10 +263,11 @@ def _header(raw: bytes, fingerprint: str) -> dict:
     return header
 
 
-def write(path: Path, fingerprint: str, tokens: Sequence[int], state: bytes | memoryview,
-          batches: Sequence[Batch] | None, scope: Scope, marks: Sequence = ()) -> int:
-    """Atomically replace path by a file of fingerprint holding these; the bytes written
-    (but the preamble and checksum). OSError if the disk refused (then no temporary file is
+def write(blobs: Blobs, key: str, fingerprint: str, tokens: Sequence[int],
+          state: bytes | memoryview, batches: Sequence[Batch] | None, scope: Scope,
+          marks: Sequence = ()) -> int:
+    """Atomically replace key's blob by a file of fingerprint holding these; the bytes written
+    (but the preamble and checksum). OSError if the storage refused (then no partial blob is
     left). batches: the decodes that made the KV (None: unknown, reusable only as a whole);
     scope: whose; marks: kv_memory.Mark's (at, state, logits) before or at the end, each
     at a batch's end."""
@@ -281,11 +287,7 @@ def write(path: Path, fingerprint: str, tokens: Sequence[int], state: bytes | me
     digest = xxhash.xxh3_64()
     for part in parts:
         digest.update(part)
-    # Made again if lost: the folder is not synced (a turn would wait for it).
-    with atomic_file(path, prefix=TMP_PREFIX, mode=0o600, sync_folder=False) as f:
-        for part in parts:
-            f.write(part)
-        f.write(_SUM.pack(digest.intdigest()))
+    blobs.put(key, [*parts, _SUM.pack(digest.intdigest())])
     return sum(len(part) for part in parts) - len(preamble)
 
 

@@ -3,7 +3,7 @@
 A file is found by the chained hashes of its tokens' blocks (kvstore.block_hashes, salted with
 the file's scope: another user's file never matches) and by the key of each prompt it holds
 whole (prompt_key). The index is built from the files' heads on first use, then kept up to
-date by every save.
+date by every save. Files are named by their keys (kvstore.py), never by paths.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterator
-from pathlib import Path
 
 from reame.inference.batches import Batch
 from reame.inference.kv.kvstore import BLOCK, KVStore, block_hashes
@@ -32,48 +31,49 @@ class FileIndex:
 
     def __init__(self, files: KVStore):
         self.files = files
-        self._index: dict[str, list[Path]] | None = None  # built on first use
+        self._index: dict[str, list[str]] | None = None  # built on first use
 
     def candidates(self, chat_id: int | None, prompt: list[int], scope: Scope, *,
                    own: bool = True, parent: int | None = None
-                   ) -> Iterator[tuple[str, Path, int]]:
+                   ) -> Iterator[tuple[str, str, int]]:
         """The chat's own file (own=True), the file of the chat it was branched from (parent),
         then files whose tokens start like prompt, longest shared block first: snapshots by
         name, other files through the index, at most CANDIDATES in all. Each comes as
-        (source, path, bound): no file from it on can give more than bound of prompt's
+        (source, key, bound): no file from it on can give more than bound of prompt's
         tokens."""
         whole = len(prompt) - 1  # the prompt's last token is always evaluated again
-        own_path = self.files.chat_path(chat_id) if chat_id is not None else None
-        if own_path is not None and own:
-            yield "disk", own_path, whole
-        parent_path = self.files.chat_path(parent) if parent is not None else None
-        if parent_path is not None and parent_path.exists():
-            yield "branch", parent_path, whole
+        own_key = self.files.chat_key(chat_id) if chat_id is not None else None
+        if own_key is not None and own:
+            yield "disk", own_key, whole
+        parent_key = self.files.chat_key(parent) if parent is not None else None
+        if parent_key is not None and self.files.exists(parent_key):
+            yield "branch", parent_key, whole
         index = self.build()
-        seen = {own_path, parent_path}
+        seen = {own_key, parent_key}
         # Files whose KV holds this very prompt before a reply (the same request again).
-        for path in reversed(index.get(prompt_key(prompt, scope), ())):
-            if path not in seen and path.exists():
-                seen.add(path)
-                yield "prefix", path, whole
+        for key in reversed(index.get(prompt_key(prompt, scope), ())):
+            if key not in seen and self.files.exists(key):
+                seen.add(key)
+                yield "prefix", key, whole
         levels = zip(block_hashes(prompt, scope), block_hashes(prompt, SHARED))
         for n, hashes in reversed(list(enumerate(levels, 1))):
             # Files first found at n blocks do not hold block n + 1 (they would be listed
             # there: the index keeps the newest holders of each block, and every holder of
             # a block holds the ones before it); snapshots end before the next block too.
             bound = min(whole, (n + 1) * BLOCK - 1)
-            paths = [path for block_hash in hashes
-                     for path in [*reversed(index.get(block_hash, ())),
-                                  self.files.prefix_path(block_hash)]]
-            for path in paths:
-                if path not in seen and path.exists():
-                    seen.add(path)
-                    yield "prefix", path, bound
+            keys = [key for block_hash in hashes
+                    for key in [*reversed(index.get(block_hash, ())),
+                                self.files.prefix_key(block_hash)]]
+            for key in keys:
+                if key not in seen and self.files.exists(key):
+                    seen.add(key)
+                    yield "prefix", key, bound
                     if len(seen) > CANDIDATES:
                         return
 
-    def add(self, path: Path, tokens: list[int], batches: list[Batch], scope: Scope) -> None:
-        """A file just saved (or found at start-up) with these tokens, made by these batches."""
+    def add(self, name: str, tokens: list[int], batches: list[Batch], scope: Scope) -> None:
+        """The file named name just saved (or found at start-up) with these tokens, made by
+        these batches."""
         if self._index is None:
             return  # built from the files' heads when first needed
         # Where a prompt of it ended: a fresh batch followed by a generated token.
@@ -81,24 +81,19 @@ class FileIndex:
                 if not b.kept and after.kept]
         for key in block_hashes(tokens, scope) + ends:
             holders = self._index.setdefault(key, [])
-            if path in holders:
-                holders.remove(path)
-            holders.append(path)
+            if name in holders:
+                holders.remove(name)
+            holders.append(name)
             del holders[:-PER_BLOCK]
 
-    def build(self) -> dict[str, list[Path]]:
+    def build(self) -> dict[str, list[str]]:
         """The index, built from every file's head if it is not yet (once per process)."""
         if self._index is None:
             self._index = {}
-            for path in sorted(self.files.own_files(), key=_mtime):
-                head = self.files.head(path, report=False)
+            own = f"-{self.files.tag}.kv"
+            for blob in sorted((b for b in self.files.listing() if b.key.endswith(own)),
+                               key=lambda b: b.used_ns):
+                head = self.files.head(blob.key, report=False)
                 if head and head.tokens:
-                    self.add(path, head.tokens, head.batches, head.scope)
+                    self.add(blob.key, head.tokens, head.batches, head.scope)
         return self._index
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+from reame.inference.kv.blobs import FolderBlobs
 from reame.inference.kv.kvstore import KVStore
 
 from tests.conftest import ROOT, free_port
@@ -23,17 +24,19 @@ def test_sigterm_ends_the_server_after_the_queued_kv_writes(tmp_path):
         import uvicorn
         from reame.web.server import finish_writes_on_sigterm
         from reame.inference.batches import Batch
+        from reame.inference.kv.blobs import FolderBlobs
         from reame.inference.kv.kvstore import KVStore
 
         class Service:  # what the handler needs of the real ChatService: its KV cache
-            cache = KVStore(Path({str(tmp_path)!r}), fingerprint="test", max_bytes=1 << 40)
+            cache = KVStore(FolderBlobs(Path({str(tmp_path)!r})), fingerprint="test",
+                            max_bytes=1 << 40)
 
         async def asgi(scope, receive, send):
             pass
 
         def stop_soon():
             time.sleep(1.0)  # uvicorn is serving and has installed its own handlers
-            Service.cache.write_later(Service.cache.chat_path(1), [1, 2, 3],
+            Service.cache.write_later(Service.cache.chat_key(1), [1, 2, 3],
                                       bytes({STATE_BYTES}), [Batch(0, 3, False)])
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -44,9 +47,9 @@ def test_sigterm_ends_the_server_after_the_queued_kv_writes(tmp_path):
     ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                            timeout=120)
     assert ended.returncode == -15, ended.stderr  # still ended by the signal, as asked
-    files = KVStore(tmp_path, fingerprint="test", max_bytes=1 << 40)
-    path = files.chat_path(1)
-    assert path.exists(), "the queued KV file was not written before the process ended"
+    files = KVStore(FolderBlobs(tmp_path), fingerprint="test", max_bytes=1 << 40)
+    path = files.chat_key(1)
+    assert files.exists(path), "the queued KV file was not written before the process ended"
     entry = files.read(path)
     assert entry is not None and entry.tokens == [1, 2, 3] and entry.verified()
     entry.close()
