@@ -11,7 +11,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from reame.chats.jsontext import lone_surrogate
-from reame.chats.store import Chat, Found, Message, MessageNotFound, MessageTree
+from reame.chats.messages import ChatInfo, ChatMessage, ChatTree, FoundChat
+from reame.chats.store import Chat, MessageNotFound, MessageTree
+from reame.chats.store.stored_responses import StoredResponses
 from reame.chats.titles import DEFAULT_TITLE, checked_title
 from reame.chats.transfer import BadImport, export_all, export_chat, parse_import, to_markdown
 from reame.config.chat_settings import ChatSettings
@@ -31,23 +33,26 @@ class ChatActions:
     # chats
     #
     # Every method that takes a chat id takes the user asking (None without accounts): a chat
-    # of another user is answered as if it did not exist (ChatNotFound).
+    # of another user is answered as if it did not exist (ChatNotFound). What they return is
+    # the faces' view of the rows (messages.py: ChatInfo, ChatMessage, ChatTree, FoundChat);
+    # the rows themselves stay in reame/chats.
 
     def new_chat(self, title: str = "", system_prompt: str | None = None, *,
-                 user: str | None = None) -> Chat:
+                 user: str | None = None) -> ChatInfo:
         """A chat with the server's default settings (and system_prompt, if given)."""
         title = checked_title(title) or DEFAULT_TITLE
         settings = self.defaults.changed(system_prompt=system_prompt)
         with self._room_for_a_chat(user):
-            return self.store.create_chat(title=title, owner=user, **settings.as_dict())
+            return ChatInfo.of(self.store.create_chat(title=title, owner=user,
+                                                      **settings.as_dict()))
 
-    def empty_chat(self, user: str | None = None) -> Chat:
+    def empty_chat(self, user: str | None = None) -> ChatInfo:
         """The page's "New chat": the user's newest chat if it is still empty and untitled,
         else a new one (pressing it twice does not make two empty chats)."""
         newest = self.store.newest_chat(user)
         if (newest is not None and newest.leaf_id is None and newest.title == DEFAULT_TITLE
                 and ChatSettings.of(newest) == self.defaults):
-            return newest
+            return ChatInfo.of(newest)
         return self.new_chat(user=user)
 
     @contextmanager
@@ -73,41 +78,65 @@ class ChatActions:
                     del self._reserved[user]
 
     def list_chats(self, user: str | None = None, limit: int | None = None, *,
-                   archived: bool | None = None) -> list[Chat]:
-        return self.store.list_chats(owner=user, limit=limit, archived=archived)
+                   archived: bool | None = None) -> list[ChatInfo]:
+        return [ChatInfo.of(chat)
+                for chat in self.store.list_chats(owner=user, limit=limit, archived=archived)]
 
     def count_chats(self, user: str | None = None, *, archived: bool | None = None) -> int:
         return self.store.count_chats(user, archived=archived)
 
-    def latest_chat(self, user: str | None = None) -> Chat | None:
+    def latest_chat(self, user: str | None = None) -> ChatInfo | None:
         """The user's most recently active chat, pinned or not: the one a page opens on."""
-        return self.store.newest_chat(user, active=True)
+        chat = self.store.newest_chat(user, active=True)
+        return ChatInfo.of(chat) if chat is not None else None
 
-    def get_chat(self, chat_id: int, user: str | None = None) -> Chat:
+    def get_chat(self, chat_id: int, user: str | None = None) -> ChatInfo:
+        return ChatInfo.of(self._chat(chat_id, user))
+
+    def _chat(self, chat_id: int, user: str | None) -> Chat:
+        """The chat's row, if it is the user's (else ChatNotFound)."""
         chat = self.store.get_chat(chat_id)
         if chat.owner != user:
             raise ChatNotFound(chat_id)
         return chat
 
-    def messages(self, chat_id: int, user: str | None = None) -> list[Message]:
+    def from_before_accounts(self, chat_id: int) -> bool:
+        """Whether chat_id is a chat from before accounts (nobody's until an administrator
+        adopts it); False if there is no such chat."""
+        try:
+            return self.store.get_chat(chat_id).owner is None
+        except ChatNotFound:
+            return False
+
+    def messages(self, chat_id: int, user: str | None = None) -> list[ChatMessage]:
+        """The branch shown, first message first."""
         return self.chat_and_messages(chat_id, user)[1]
 
     def chat_and_messages(self, chat_id: int,
-                          user: str | None = None) -> tuple[Chat, list[Message]]:
-        """A chat and its messages: what a page or /get_chat shows."""
-        chat = self.get_chat(chat_id, user)
-        return chat, self.store.messages(chat_id)
+                          user: str | None = None) -> tuple[ChatInfo, list[ChatMessage]]:
+        """A chat and the messages of its branch shown ([] if it was deleted meanwhile)."""
+        chat = self._chat(chat_id, user)
+        try:
+            tree = self.store.tree(chat_id)
+        except ChatNotFound:
+            return ChatInfo.of(chat), []
+        return ChatInfo.of(chat), list(ChatTree.of(tree).branch)
 
-    def tree(self, chat_id: int, user: str | None = None) -> tuple[Chat, MessageTree]:
-        """A chat and all its messages, every version (the branch shown: tree.branch)."""
-        chat = self.get_chat(chat_id, user)
+    def tree(self, chat_id: int, user: str | None = None) -> tuple[ChatInfo, ChatTree]:
+        """A chat and all its messages, every version (the branch shown: tree.branch): what
+        a page or /get_chat shows."""
+        chat, tree = self._tree(chat_id, user)
+        return ChatInfo.of(chat), ChatTree.of(tree)
+
+    def _tree(self, chat_id: int, user: str | None) -> tuple[Chat, MessageTree]:
+        chat = self._chat(chat_id, user)
         return chat, self.store.tree(chat_id)
 
     def show_version(self, chat_id: int, message_id: int,
-                     user: str | None = None) -> list[Message]:
+                     user: str | None = None) -> list[ChatMessage]:
         """Show another version of a message (an edit or a retry kept beside it) and the
         newest messages after it; the branch now shown."""
-        chat = self.get_chat(chat_id, user)
+        chat = self._chat(chat_id, user)
         try:
             branch = self.store.show_version(chat_id, message_id)
         except MessageNotFound as exc:
@@ -115,12 +144,12 @@ class ChatActions:
         shown = next(m for m in branch if m.id == message_id)
         if shown.position < chat.window_start:  # a branch the window was not made for
             self.store.update_chat(chat_id, window_start=0)
-        return branch
+        return self.messages(chat_id, user)
 
-    def branch(self, chat_id: int, message_id: int, user: str | None = None) -> Chat:
+    def branch(self, chat_id: int, message_id: int, user: str | None = None) -> ChatInfo:
         """A new chat holding this chat's history up to message_id (any of its messages):
         "Branch from here". Its first turn restores the KV they share from this chat's file."""
-        chat, tree = self.tree(chat_id, user)
+        chat, tree = self._tree(chat_id, user)
         if message_id not in tree.by_id:
             raise ChatError(f"message {message_id} is not in chat {chat_id}")
         history = tree.branch_to(message_id)
@@ -131,17 +160,17 @@ class ChatActions:
         self.store.copy_messages(copy.id, history)
         if chat.window_start <= history[-1].position:
             copy = self.store.update_chat(copy.id, window_start=chat.window_start)
-        return copy
+        return ChatInfo.of(copy)
 
     def export_file(self, chat_id: int | None, user: str | None = None, *,
                     markdown: bool = False) -> dict[str, str]:
         """A chat (None: all the user's chats) as a file to save: {"name", "type", "text"};
         JSON in Reame's documented format (transfer.py), or the branch shown as Markdown."""
         if chat_id is None:
-            chats = [self.tree(chat.id, user) for chat in self.list_chats(user)]
+            chats = [self._tree(chat.id, user) for chat in self.store.list_chats(user)]
             return {"name": "reame-chats.json", "type": "application/json",
                     "text": json.dumps(export_all(chats), ensure_ascii=False, indent=1)}
-        chat, tree = self.tree(chat_id, user)
+        chat, tree = self._tree(chat_id, user)
         name = re.sub(r"[^\w-]+", "-", chat.title).strip("-")[:60] or "chat"
         if markdown:
             return {"name": f"{name}.md", "type": "text/markdown",
@@ -191,38 +220,38 @@ class ChatActions:
         return Imported([self.get_chat(chat.id, user) for chat in reversed(made)],
                         skipped=len(imported) - len(fresh))
 
-    def search(self, words: str, user: str | None = None) -> list[Found]:
+    def search(self, words: str, user: str | None = None) -> list[FoundChat]:
         """The user's chats whose title or messages hold every word (Store.search)."""
-        return self.store.search(user, words)
+        return [FoundChat.of(found) for found in self.store.search(user, words)]
 
-    def toggle_pin(self, chat_id: int, user: str | None = None) -> Chat:
+    def toggle_pin(self, chat_id: int, user: str | None = None) -> ChatInfo:
         """Pin the chat to the top of the list, or unpin it."""
-        chat = self.get_chat(chat_id, user)
-        return self.store.update_chat(chat_id, pinned=not chat.pinned)
+        chat = self._chat(chat_id, user)
+        return ChatInfo.of(self.store.update_chat(chat_id, pinned=not chat.pinned))
 
-    def toggle_archive(self, chat_id: int, user: str | None = None) -> Chat:
+    def toggle_archive(self, chat_id: int, user: str | None = None) -> ChatInfo:
         """Archive the chat (out of the list, still found by search), or bring it back."""
-        chat = self.get_chat(chat_id, user)
-        return self.store.update_chat(chat_id, archived=not chat.archived)
+        chat = self._chat(chat_id, user)
+        return ChatInfo.of(self.store.update_chat(chat_id, archived=not chat.archived))
 
-    def rename_chat(self, chat_id: int, title: str, user: str | None = None) -> Chat:
-        self.get_chat(chat_id, user)
+    def rename_chat(self, chat_id: int, title: str, user: str | None = None) -> ChatInfo:
+        self._chat(chat_id, user)
         title = checked_title(title)
         if not title:
             raise ChatError("a chat title cannot be empty")
-        return self.store.update_chat(chat_id, title=title)
+        return ChatInfo.of(self.store.update_chat(chat_id, title=title))
 
     def update_settings(self, chat_id: int, *, user: str | None = None,
-                        **changes: Any) -> Chat:
+                        **changes: Any) -> ChatInfo:
         """Change a chat's own settings (chat_settings.FIELDS); None keeps a value."""
-        settings = ChatSettings.of(self.get_chat(chat_id, user)).changed(**changes)
+        settings = ChatSettings.of(self._chat(chat_id, user)).changed(**changes)
         # Only the changed ones: two changes at once (the page's fields) must not undo another.
-        return self.store.update_chat(chat_id, **{name: getattr(settings, name)
-                                                  for name, value in changes.items()
-                                                  if value is not None})
+        return ChatInfo.of(self.store.update_chat(chat_id, **{
+            name: getattr(settings, name) for name, value in changes.items()
+            if value is not None}))
 
     def delete_chat(self, chat_id: int, user: str | None = None) -> None:
-        self.get_chat(chat_id, user)
+        self._chat(chat_id, user)
         self.store.delete_chat(chat_id)
         if self.cache:
             self.cache.forget(chat_id)
@@ -238,10 +267,14 @@ class ChatActions:
         stats["chats_ready"] = self.cache.chats_ready(chats)
         return stats
 
+    def stored_responses(self) -> StoredResponses:
+        """/v1/responses' stored responses, in this service's database."""
+        return StoredResponses(self.store)
+
 
 class Imported(list):
     """The chats an import made, newest first, and how many of the file's were here already."""
 
-    def __init__(self, chats: list[Chat], *, skipped: int = 0):
+    def __init__(self, chats: list[ChatInfo], *, skipped: int = 0):
         super().__init__(chats)
         self.skipped = skipped

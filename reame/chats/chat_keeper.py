@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import asdict
 
+from reame.chats.messages import Role
 from reame.chats.store import Chat, Message, MessageTree, Store
 from reame.config.refusals import ChatNotFound
 from reame.inference.turn import Decoding, TurnStats, TurnUpdate
@@ -95,7 +96,7 @@ class ChatKeeper:
             try:
                 if self._row is None:
                     self._row = self.store.add_message(
-                        self.chat.id, "assistant", update.text, stats=UNFINISHED,
+                        self.chat.id, Role.ASSISTANT, update.text, stats=UNFINISHED,
                         stopped=True, after=self.after, expect_owner=self.chat.owner).id
                     with _writing_lock:
                         _writing.add(self._row)
@@ -126,7 +127,7 @@ class ChatKeeper:
                           stopped=stats.stopped, after=self.after,
                           expect_owner=self.chat.owner)
             if self._row is None:
-                message = self.store.add_message(self.chat.id, "assistant", self.text, **fields)
+                message = self.store.add_message(self.chat.id, Role.ASSISTANT, self.text, **fields)
             else:
                 message = self.store.end_reply(self.chat.id, self._row, self.text, **fields)
             self.kept = MessageTree(self.messages + [message], message.id)

@@ -154,7 +154,7 @@ class ModelHolder:
     def stop_turn(self, chat_id: int, user: str | None = None) -> bool:
         """Stop the chat's reply being written or waiting (the page's Stop), from any thread:
         it keeps what it wrote, and its slot is free within one decode. False if none."""
-        self.get_chat(chat_id, user)
+        self._chat(chat_id, user)
         runtime = self.runtime
         return runtime is not None and runtime.scheduler.cancel_chat(chat_id) > 0
 
@@ -166,7 +166,7 @@ class ModelHolder:
         mine = set()
         for chat_id in runtime.scheduler.writing():
             try:
-                self.get_chat(chat_id, user)
+                self._chat(chat_id, user)
             except ChatNotFound:
                 continue
             mine.add(chat_id)

@@ -20,6 +20,7 @@ from reame.chats.chat_actions import ChatActions
 from reame.chats.conversation import ReplyMemory
 from reame.chats.model_holder import ModelHolder
 from reame.chats.store import Store
+from reame.chats.store.stored_responses import ResponseNotFound, StoredResponses
 from reame.chats.titles import title_from
 from reame.chats.stateless_turns import StatelessTurns
 from reame.chats.turns import Turns
@@ -44,7 +45,8 @@ from reame.inference.turn import TurnObserver, TurnStats, TurnUpdate
 log = logging.getLogger(__name__)
 
 __all__ = ["ChatService", "ChatError", "ChatNotFound", "EmptyMessage", "MessageTooLong",
-           "NoModel", "ServerBusy", "TooManyChats", "TurnStats", "TurnUpdate", "title_from"]
+           "NoModel", "ResponseNotFound", "ServerBusy", "StoredResponses", "TooManyChats",
+           "TurnStats", "TurnUpdate", "title_from"]
 
 
 class ChatService(ModelHolder, ChatActions, Turns, StatelessTurns):

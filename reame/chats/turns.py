@@ -9,8 +9,10 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import TypeVar
 
 from reame.chats.chat_keeper import ChatKeeper
+from reame.chats.messages import ChatMessage, ChatTree, Role
 from reame.chats.store import Chat, Message
 from reame.chats.titles import DEFAULT_TITLE, title_from
 from reame.chats.window import Window, fit
@@ -31,6 +33,7 @@ from reame.inference.turn import Job, TurnRunner, TurnStats, TurnUpdate
 from reame.inference.turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", Message, ChatMessage)
 
 
 class Turns:
@@ -42,7 +45,7 @@ class Turns:
         runtime = self.runtime
         if runtime is None or self.loading or not runtime.cache.enabled:
             return False
-        chat = self.get_chat(chat_id, user)
+        chat = self._chat(chat_id, user)
         scope = chat_scope(chat)
         if not runtime.cache.has_file(chat_id):
             return False  # nothing to restore: no slot given up for it
@@ -59,14 +62,15 @@ class Turns:
         runtime = self.runtime
         if runtime is None or self.loading or not draft.strip():
             return 0
-        chat = self.get_chat(chat_id, user)
+        chat = self._chat(chat_id, user)
         try:
             with runtime.lease():
                 if runtime.scheduler.busy:
                     return 0
                 try:
                     window = fit(runtime.prompts, chat, chat_scope(chat),
-                                 self.store.messages(chat.id), PromptMessage("user", draft), None)
+                                 self.store.messages(chat.id),
+                                 PromptMessage(Role.USER, draft), None)
                 except MessageTooLong:
                     return 0
         except Replaced:
@@ -142,7 +146,7 @@ class Turns:
         version of it (the cut one stays). Its updates hold the whole reply so far."""
         chat = self._chat_for_turn(chat_id, user)
         messages = self.store.messages(chat_id)
-        if not messages or messages[-1].role != "assistant":
+        if not messages or messages[-1].role != Role.ASSISTANT:
             raise ChatError("there is no reply to continue: the chat's last message is not a "
                             "reply")
         arrived = time.perf_counter()
@@ -159,7 +163,7 @@ class Turns:
         target = next((m for m in self.store.messages(chat_id) if m.id == message_id), None)
         if target is None:
             raise ChatError(f"message {message_id} is not in chat {chat_id}")
-        if target.role != "user":
+        if target.role != Role.USER:
             raise ChatError("only the user's messages can be edited")
         arrived = time.perf_counter()
         return TurnStream(lambda stream: self._turn(stream, chat, text, cut_at=target.position,
@@ -183,7 +187,7 @@ class Turns:
                 f"tokens can hold. Shorten it and send again.")
 
     def _chat_for_turn(self, chat_id: int, user: str | None) -> Chat:
-        chat = self.get_chat(chat_id, user)
+        chat = self._chat(chat_id, user)
         if self.engine is None:
             raise NoModel(self.load_error or "no model is loaded")
         return chat
@@ -229,8 +233,8 @@ class Turns:
                 if before and not update.queued:  # the whole reply so far, as it is kept
                     update = replace(update, text=keeper.text if update.done and keeper.kept
                                      else before + update.text)
-                if update.done:
-                    update.kept = keeper.kept
+                if update.done:  # the chat as the faces see it, once the reply is kept
+                    update.kept = ChatTree.of(keeper.kept) if keeper.kept is not None else None
                 yield update
                 keeper.shown(update)  # passed on: the reply so far may be written
         finally:
@@ -260,14 +264,14 @@ class Turns:
         second of it); and when its reply ends (ChatKeeper.keep: the reply, its stats, the
         chat's leaf and updated time). The first write is not kept for the end: a reload while
         the reply is written shows the message, and a reply stopped, or failed, keeps it."""
-        chat = self.get_chat(chat_id, owner)  # as the chat's last turn left it
+        chat = self._chat(chat_id, owner)  # as the chat's last turn left it
         tree = self.store.tree(chat.id)
         history = tree.branch
         if continued is not None and (not history or history[-1].id != continued.id):
             raise ChatError("the reply to continue is no longer the chat's last message")
         kept = [m for m in history if cut_at is None or m.position < cut_at]
         window = fit(runtime.prompts, chat, chat_scope(chat), kept,
-                     PromptMessage("user", text) if text is not None else None, cut_at)
+                     PromptMessage(Role.USER, text) if text is not None else None, cut_at)
         changes: dict = {}
         if cut_at is not None:  # a new version: the old one stays (versions)
             changes["leaf_id"] = kept[-1].id if kept else None
@@ -275,7 +279,7 @@ class Turns:
             changes["window_start"] = window.start
         if text is not None and chat.title == DEFAULT_TITLE and not kept:
             changes["title"] = title_from(text)
-        message = dict(role="user", content=text) if text is not None else None
+        message = dict(role=Role.USER, content=text) if text is not None else None
         user_message_id, messages = None, tree.messages
         if changes or message is not None:
             # The write checks, in its transaction, that the chat is still the owner's.
@@ -290,7 +294,7 @@ class Turns:
         job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
                         user_message_id=user_message_id)
         retried = (history[-1].id if cut_at is not None and text is None and history
-                   and history[-1].role == "assistant" and continued is None else None)
+                   and history[-1].role == Role.ASSISTANT and continued is None else None)
         return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after,
                                continued, replaced=retried)
 
@@ -337,9 +341,10 @@ class Turns:
         return TurnRunner(runtime.engine, runtime.cache, runtime.prompts, self.observe_turn,
                           others=lambda: load() != (1, 0))  # (on a slot, waiting): this one
 
-def kept_on_regenerate(messages: list[Message]) -> list[Message]:
-    """The messages a regenerate keeps: all but the last reply, which it replaces."""
-    return messages[:-1] if messages and messages[-1].role == "assistant" else messages
+def kept_on_regenerate(messages: list[M]) -> list[M]:
+    """The messages a regenerate keeps: all but the last reply, which it replaces (messages:
+    the branch shown, as rows or as ChatMessage)."""
+    return messages[:-1] if messages and messages[-1].role == Role.ASSISTANT else messages
 
 
 def chat_scope(chat: Chat) -> Scope:

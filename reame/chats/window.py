@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reame.chats.messages import Role
 from reame.chats.store import Chat, Message
 from reame.config.refusals import MessageTooLong
 from reame.inference.cache_state import Drop
@@ -79,7 +80,7 @@ def fit(prompts: PromptBuilder, chat: Chat, scope: Scope, kept: list[Message],
     # The first cut at a user message (or the new message) whose prompt fits the target,
     # after the cut found too long: bisection, prompts being shorter the later they start.
     target = n_ctx - reply_room - n_ctx // 4
-    cuts = [c for c in range(cut + 1, len(turns) - 1) if turns[c].role == "user"]
+    cuts = [c for c in range(cut + 1, len(turns) - 1) if turns[c].role == Role.USER]
     cuts.append(len(turns) - 1)
     low, high = 0, len(cuts) - 1  # cuts[high] fits (the message alone fits the context)
     shorter = alone

@@ -34,8 +34,8 @@ def test_a_retry_keeps_the_old_reply_as_a_version(node):
     assert first.text != second.text, "two seeds, two stories"
     _, tree = service.tree(chat.id)
     reply = tree.branch[-1]
-    assert reply.content == second.text and tree.version(reply) == (2, 2)
-    old = tree.by_id[tree.versions(reply)[0]]
+    assert reply.content == second.text and (reply.version, reply.versions) == (2, 2)
+    old = next(m for m in tree.messages if m.id == reply.version_ids[0])
     assert old.content == first.text, "the first reply is kept"
     shown = service.show_version(chat.id, old.id)
     assert shown[-1].content == first.text
@@ -75,8 +75,8 @@ def test_a_retry_stopped_before_its_reply_began_shows_the_reply_it_was_to_replac
     assert later.service.scheduler.busy == 0
     # A retry that does run is a new version as usual.
     again = later.finish(later.service.regenerate(chat.id))
-    assert later.service.tree(chat.id)[1].version(later.service.messages(chat.id)[-1]) == (
-        2, 2), again
+    retried = later.service.messages(chat.id)[-1]
+    assert (retried.version, retried.versions) == (2, 2), again
 
 
 def chat_of(node, *messages):
@@ -97,7 +97,7 @@ def test_an_edit_keeps_the_later_turns_in_the_old_version(node):
     assert roles_and_texts(service.show_version(chat.id, before[2].id)) == roles_and_texts(
         before), "the old version comes back whole, its later turns included"
     _, tree = service.tree(chat.id)
-    assert tree.version(tree.branch[2]) == (1, 2)
+    assert (tree.branch[2].version, tree.branch[2].versions) == (1, 2)
 
 
 def test_a_branch_restores_the_shared_history_from_its_parent_file(node, tmp_path,
@@ -105,7 +105,7 @@ def test_a_branch_restores_the_shared_history_from_its_parent_file(node, tmp_pat
     service = node.service
     chat = chat_of(node, "Which planet do we live on?", "Name a large ocean on it.",
                    "Thank you!")
-    messages = service.messages(chat.id)
+    messages = service.store.messages(chat.id)  # the rows, with their tokens
     node.kv.flush()
     branch = service.branch(chat.id, messages[3].id)
     assert branch.title.endswith("(branch)") and branch.id != chat.id

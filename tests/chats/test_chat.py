@@ -25,7 +25,7 @@ def test_a_turn_streams_and_stores_both_messages(service):
     final = updates[-1]
     assert_answers(final.text,
                    model_answer("What is the capital city of France? Answer in one word."))
-    messages = service.messages(chat.id)
+    messages = service.store.messages(chat.id)  # the rows, with their tokens
     assert [(m.role, m.content) for m in messages] == [
         ("user", "What is the capital city of France? Answer in one word."), ("assistant", final.text)]
     stats = messages[1].stats_dict
@@ -96,7 +96,7 @@ def test_a_stopped_reply_keeps_its_partial_text(service):
     stored = service.messages(chat.id)[-1]
     assert stored.role == "assistant" and stored.stopped
     assert stored.content == seen[-1]
-    assert stored.stats_dict["stopped"] is True
+    assert stored.stats["stopped"] is True
     assert service.scheduler.busy == 0  # its slot is free
     assert reply(service, chat.id, "Go on.")[-1].text
 
@@ -134,7 +134,7 @@ def test_each_earlier_message_is_tokenized_once_and_the_prompt_is_unchanged(serv
     chat = service.new_chat()
     for text in ("Which planet do we live on?", "What is the capital of Italy?"):
         reply(service, chat.id, text)
-    turns = turns_of(service.messages(chat.id), service.engine.fingerprint)
+    turns = turns_of(service.store.messages(chat.id), service.engine.fingerprint)
     builder = service.prompts
     calls = []
     tokenize = service.engine.tokenize
@@ -233,10 +233,10 @@ def test_a_reply_cut_at_max_tokens_continues_reusing_its_kv(service):
     assert done.done and all(u.text.startswith(cut.text) for u in updates if not u.queued)
     assert done.stats.reused >= done.stats.prompt_tokens - 1, done.stats
     assert done.stats.prefilled <= 1, "only the last token is evaluated again"
-    messages = service.messages(chat.id)
-    assert [m.role for m in messages] == ["user", "assistant"]
-    tree = service.store.tree(chat.id)
-    assert tree.version(messages[1]) == (2, 2), "the cut reply stays as version 1"
+    assert [(m.role, m.version, m.versions) for m in service.messages(chat.id)] == [
+        ("user", 1, 1), ("assistant", 2, 2)], "the cut reply stays as version 1"
+    tree = service.store.tree(chat.id)  # the rows, with their tokens
+    messages = tree.branch
     assert messages[1].content == done.text
     first = next(m for m in tree.messages if m.role == "assistant" and m.id != messages[1].id)
     assert first.content == cut.text and messages[1].token_list[:12] == first.token_list
@@ -244,7 +244,7 @@ def test_a_reply_cut_at_max_tokens_continues_reusing_its_kv(service):
     whole = service.new_chat()
     service.update_settings(whole.id, max_tokens=24)
     in_one_go = reply(service, whole.id, question)[-1]
-    assert messages[1].token_list == service.messages(whole.id)[1].token_list
+    assert messages[1].token_list == service.store.messages(whole.id)[1].token_list
     assert done.text == in_one_go.text
 
 

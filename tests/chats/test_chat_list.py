@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import html
 
-from reame.chats.store import END_MARK, MARK, Store
+from reame.chats.messages import END_MARK, MARK, ChatInfo, FoundChat
+from reame.chats.store import Store
 from reame.web.page.chat_list import SHOWN, chat_list_html, search_results_html
 
 ATTACK = '<img src=x onerror="alert(1)">" data-reame-action="delete:999'
@@ -16,14 +17,15 @@ def make(store, title, text=""):
                              max_tokens=10)
     if text:
         store.add_message(chat.id, "user", text)
-    return store.get_chat(chat.id)
+    return ChatInfo.of(store.get_chat(chat.id))
 
 
 def test_titles_and_snippets_are_text(tmp_path):
     store = Store(tmp_path / "reame.db")
     chat = make(store, ATTACK, f"look {ATTACK} zebra")
     listed = chat_list_html([chat], chat.id)
-    found = search_results_html(store.search(None, "zebra"), chat.id, ATTACK)
+    found = search_results_html([FoundChat.of(f) for f in store.search(None, "zebra")],
+                                chat.id, ATTACK)
     for page in (listed, found):
         assert "<img" not in page and 'data-reame-action="delete:999' not in page
         assert html.escape(ATTACK) in page

@@ -39,6 +39,12 @@ def last_row(service, chat_id):
     return service.store.tree(chat_id).branch[-1]
 
 
+def shown_last(service, chat_id) -> str:
+    """The chat's last message as the page shows it."""
+    _, tree = service.tree(chat_id)
+    return to_chatbot(list(tree.branch), tree=tree)[-1]["content"]
+
+
 def message_count(service) -> int:
     with service.store.db.connect() as conn:
         return conn.execute(text("SELECT count(*) FROM message")).scalar()
@@ -59,7 +65,7 @@ def test_a_reply_is_written_as_it_streams_and_its_end_completes_that_row(
     assert tree.leaf_id == row.id
     # Shown from the store meanwhile (the page showing a chat an API client's turn writes):
     # being written, not cut, and no Continue.
-    shown = to_chatbot(tree.branch, tree=tree)[-1]["content"]
+    shown = shown_last(service, chat.id)
     assert BEING_WRITTEN in shown and CUT_BY_RESTART not in shown
     assert f"reame-act-continue-{row.id}" not in shown
     third = next(stream)
@@ -157,7 +163,7 @@ def test_a_reply_cut_by_a_crash_shows_as_cut_and_continue_goes_on_from_it(
     says so and offers Continue, which makes a new version of it, its text first."""
     chat = service.new_chat()
     question = service.store.add_message(chat.id, "user", STORY)
-    keeper = ChatKeeper(service.store, service.get_chat(chat.id), [question],
+    keeper = ChatKeeper(service.store, service.store.get_chat(chat.id), [question],
                         service.engine.fingerprint, after=question.id)
     keeper.shown(TurnUpdate("Once upon a time, in a land far away, there lived a dragon"))
     # ... and the process died here: keep() never ran; a new process writes nothing.
@@ -165,13 +171,13 @@ def test_a_reply_cut_by_a_crash_shows_as_cut_and_continue_goes_on_from_it(
     tree = service.store.tree(chat.id)
     cut = tree.branch[-1]
     assert cut.stopped and unfinished(cut.stats_dict) and cut.token_list is None
-    shown = to_chatbot(tree.branch, tree=tree)[-1]["content"]
+    shown = shown_last(service, chat.id)
     assert f"reame-act-continue-{cut.id}" in shown and "the server stopped" in shown
     assert CUT_BY_RESTART.split(":")[0] in shown
     # An export says it was cut, and its import keeps it so.
     [copy] = service.import_chats(service.export_file(chat.id)["text"])
     copied = service.messages(copy.id)[-1]
-    assert (copied.content, copied.stopped, copied.stats_dict) == (cut.content, True, UNFINISHED)
+    assert (copied.content, copied.stopped, copied.stats) == (cut.content, True, UNFINISHED)
 
     stream = service.continue_reply(chat.id)
     first, _ = next(stream), next(stream)
@@ -186,7 +192,7 @@ def test_a_reply_cut_by_a_crash_shows_as_cut_and_continue_goes_on_from_it(
     assert reply.content.startswith(cut.content) and not reply.stopped
     assert not unfinished(reply.stats_dict) and reply.stats_dict["continued_chars"] == len(
         cut.content)
-    shown = to_chatbot(tree.branch, tree=tree)[-1]["content"]
+    shown = shown_last(service, chat.id)
     assert "the server stopped" not in shown and BEING_WRITTEN not in shown
 
 

@@ -94,7 +94,7 @@ def test_a_branchs_first_turn_restores_from_its_parents_file(tmp_path, request, 
     for text in texts:
         node.say(chat.id, text)
     node.flush()
-    messages = node.service.messages(chat.id)
+    messages = node.store.messages(chat.id)  # the rows, with their tokens
     # From the last turn's history (where that turn resumed: a mark), and from an earlier
     # reply (no mark there: a hybrid cannot be cut back to it, so the branch is evaluated
     # afresh, from the shared opening at most: a cold evaluation's bits).
@@ -173,7 +173,7 @@ def test_a_hybrid_past_its_window_recomputes_it_and_goes_on(tmp_path, hybrid):
     assert len(node.engine.tokens) <= 512
     # What the window kept, evaluated with no KV at all, gives the same bits.
     start = node.service.get_chat(chat.id).window_start
-    kept = [m for m in node.service.messages(chat.id)[:-2] if m.position >= start]
+    kept = [m for m in node.store.messages(chat.id)[:-2] if m.position >= start]
     assert_same_bits(last, cold_twin(tmp_path / "cold", hybrid, kept, text))
     again = node.say(chat.id, "Say hello.")  # the next turn reuses the new window
     assert again.stats.source == "live" and again.stats.prefilled < 100, again.stats

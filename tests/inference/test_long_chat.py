@@ -93,11 +93,10 @@ def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_p
         assert n < 40, "two overflows should come within 40 turns"
     # Every message is still stored; the oldest are marked outside the window.
     chat = node.service.get_chat(chat.id)
-    tree = node.store.tree(chat.id)
-    messages = tree.branch
+    messages = node.service.messages(chat.id)
     assert len(messages) == 2 * n, "every message of every turn is still stored"
     assert messages[0].content.endswith(QUESTIONS[0])
-    flags = [message_dict(m, tree, chat.window_start)["in_window"] for m in messages]
+    flags = [message_dict(m, chat.window_start)["in_window"] for m in messages]
     assert flags[0] is False and flags[-1] is True
     assert flags == sorted(flags), "outside the window: a prefix of the chat"
     assert overflows[-1].stats.dropped_messages == flags.count(False)

@@ -1,7 +1,8 @@
 """The layers of reame/ (docs/ARCHITECTURE.md): import-linter's contracts in pyproject.toml hold
 on the code, and they would catch a lower layer importing a higher one, one face of the web
-layer (the page, /v1, the named API) importing another, or the shared HTTP parts importing a
-face."""
+layer (the page, /v1, the named API) importing another, the shared HTTP parts importing a
+face, or the web layer importing the store's rows (reame.chats.store) instead of the chats as
+reame.chats returns them (reame/chats/messages.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def lint_with_import(tmp_path: Path, module: str, imported: str) -> subprocess.C
 def test_the_layers_import_only_downwards():
     done = lint(ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 kept, 0 broken" in done.stdout
+    assert "4 kept, 0 broken" in done.stdout
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path):
@@ -70,3 +71,20 @@ def test_the_shared_http_parts_importing_a_face_break_the_contract(tmp_path):
     assert "reame.web.http is not allowed to import reame.web.page" in done.stdout
     assert "reame.web.http.user -> reame.web.page.render" in done.stdout
     assert "web faces: page | v1 | gradio_api, independent BROKEN" in done.stdout
+
+
+@pytest.mark.parametrize(("module", "imported"), [
+    ("web/page/render.py", "reame.chats.store"),
+    ("web/gradio_api/chat_endpoints.py", "reame.chats.store.tables"),
+    ("web/v1/responses.py", "reame.chats.store.stored_responses"),
+    ("web/http/user.py", "reame.chats.store.message_tree"),
+])
+def test_the_web_importing_the_store_breaks_the_contract(tmp_path, module, imported):
+    # The faces see chats as ChatService returns them; the store's rows stay in reame/chats.
+    done = lint_with_import(tmp_path, module, imported)
+    assert done.returncode != 0
+    importer = "reame." + module.removesuffix(".py").replace("/", ".")
+    assert "web imports nothing from reame.chats.store BROKEN" in done.stdout
+    assert "reame.web is not allowed to import reame.chats.store" in done.stdout
+    assert f"{importer} -> {imported}" in done.stdout
+    assert "3 kept, 1 broken" in done.stdout

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from sqlmodel import Session
 
+from reame.chats.messages import Role
 from reame.chats.store.tables import ANY_OWNER, Chat, Message, MessageNotFound
 from reame.config.refusals import ChatNotFound
 
@@ -47,7 +48,7 @@ def complete(session: Session, chat: Chat, message_id: int, *, content: str,
     the chat's leaf again. A row gone meanwhile is appended after `after` instead."""
     message = session.get(Message, message_id)
     if message is None or message.chat_id != chat.id:
-        return append(session, chat, role="assistant", content=content, tokens=tokens,
+        return append(session, chat, role=Role.ASSISTANT, content=content, tokens=tokens,
                       tokens_model=tokens_model, stats=stats, stopped=stopped, after=after)
     message.content = content
     message.tokens = json.dumps(list(tokens)) if tokens is not None else None

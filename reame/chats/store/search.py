@@ -11,9 +11,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Result
 
+from reame.chats.messages import END_MARK, MARK
 from reame.chats.store.tables import Chat
-
-MARK, END_MARK = "\x02", "\x03"  # around the matches in a search snippet
 # PostgreSQL's text search configuration, made by revision 005 (unaccent, then simple).
 TS_CONFIG = "reame_search"
 

@@ -97,7 +97,7 @@ class Message(SQLModel, table=True):
     # The message this one follows (None: the chat's first). Versions share a parent.
     parent_id: int | None = Field(default=None, index=True, sa_type=_ID)
     position: int  # depth in the tree: 0 for the first message
-    role: str  # "user" | "assistant"
+    role: str  # messages.Role: "user" | "assistant"
     content: str = Field(sa_type=_Text)
     created_at: float = Field(default_factory=time.time)
     # The exact tokens the model generated for an assistant message (JSON list), and the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from reame.chats.messages import Role
 from reame.chats.transfer.checks import (
     HIDDEN,
     ROLES,
@@ -103,7 +104,7 @@ def _chatgpt_seen(message: object) -> _Seen | None:
     if not text.strip():
         return None
     finish = metadata.get("finish_details")
-    stopped = (role == "assistant" and isinstance(finish, dict)
+    stopped = (role == Role.ASSISTANT and isinstance(finish, dict)
                and finish.get("type") == "interrupted")
     return _Seen(role, text, read_number(message.get("create_time")), stopped)
 

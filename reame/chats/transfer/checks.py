@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError, create_model
 
+from reame.chats.messages import Role
 from reame.chats.titles import DEFAULT_TITLE, MAX_TITLE, checked_title
 from reame.config.chat_settings import FIELD, ChatSettings
 from reame.config.reame_conf import setting
@@ -23,7 +24,7 @@ VERSION = 1
 # chats in one import: as many as one user may keep unless reame.conf says otherwise
 MAX_CHATS = setting("storage", "max_chats_per_user").default
 MAX_MESSAGES_PER_CHAT = 10000  # messages of one imported chat, every version counted
-ROLES = ("user", "assistant")
+ROLES = Role.ALL
 HIDDEN = "is_visually_hidden_from_conversation"  # ChatGPT's flag on messages not shown
 
 TYPE_WORDS = {int: "a whole number", float: "a number", str: "a text", bool: "true or false"}
@@ -46,7 +47,7 @@ class BadImport(ChatError):
 class ImportedMessage:
     key: str  # its id in the file (unique in its chat); parents and `current` name it
     parent: str | None  # the key of the message it follows; None: a first message
-    role: str  # "user" | "assistant"
+    role: str  # Role.USER | Role.ASSISTANT
     content: str
     created_at: float | None = None
     stopped: bool = False  # a reply the user stopped

@@ -7,6 +7,7 @@ import math
 import time
 from typing import Any
 
+from reame.chats.messages import Role
 from reame.chats.store import Chat, Message, MessageTree
 from reame.chats.titles import DEFAULT_TITLE
 from reame.chats.transfer.checks import FORMAT_CHAT, FORMAT_CHATS, VERSION
@@ -33,7 +34,7 @@ def export_chat(chat: Chat, tree: MessageTree) -> dict[str, Any]:
 def _exported_message(m: Message) -> dict[str, Any]:
     out: dict[str, Any] = {"id": m.id, "parent": m.parent_id, "role": m.role,
                            "content": m.content, "created_at": m.created_at}
-    if m.role == "assistant":
+    if m.role == Role.ASSISTANT:
         out["stopped"] = bool(m.stopped)
         # A non-finite number would make the document invalid JSON for other readers.
         stats = {k: v for k, v in m.stats_dict.items()
@@ -68,7 +69,7 @@ def _markdown_heading(tree: MessageTree, m: Message) -> str:
         notes.append(f"version {version} of {of}")
     if m.stopped:
         notes.append("stopped")
-    who = "**You**" if m.role == "user" else "**Assistant**"
+    who = "**You**" if m.role == Role.USER else "**Assistant**"
     return f"{who} ({', '.join(notes)})" if notes else who
 
 

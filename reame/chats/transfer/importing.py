@@ -4,6 +4,7 @@ exception."""
 
 from __future__ import annotations
 
+from reame.chats.messages import Role
 from reame.chats.transfer.chatgpt import chatgpt_chat
 from reame.chats.transfer.checks import (
     FORMAT_CHAT,
@@ -121,7 +122,7 @@ def _reame_message(n: int, m: object) -> ImportedMessage:
     stopped = m.get("stopped", False)
     if not isinstance(stopped, bool):
         raise BadImport(f"{name}: its stopped is {kind_of(stopped)}, not true or false")
-    assistant = role == "assistant"
+    assistant = role == Role.ASSISTANT
     return ImportedMessage(
         key=key, parent=None if parent is None else read_key(parent), role=role,
         content=m["content"], created_at=read_time(m.get("created_at"), f"{name}'s created_at"),

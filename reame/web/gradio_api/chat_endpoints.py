@@ -10,29 +10,28 @@ from typing import Any
 
 import gradio as gr
 
+from reame.chats.messages import END_MARK, MARK, ChatInfo, ChatMessage, ChatTree, Role
 from reame.chats.service import ChatError, ChatNotFound, ChatService
-from reame.chats.store import END_MARK, MARK, Chat, Message, MessageTree
 from reame.config.chat_settings import ChatSettings
 from reame.web.gradio_api.guarded import guarded, user_error
 from reame.web.http.user import user_of
 
 
-def chat_summary(chat: Chat) -> dict[str, Any]:
+def chat_summary(chat: ChatInfo) -> dict[str, Any]:
     return {"id": chat.id, "title": chat.title, "created_at": chat.created_at,
             "updated_at": chat.updated_at, "branched_from": chat.branched_from}
 
 
-def message_dict(message: Message, tree: MessageTree, window_start: int = 0) -> dict[str, Any]:
-    version, versions = tree.version(message)
+def message_dict(message: ChatMessage, window_start: int = 0) -> dict[str, Any]:
     out = {"id": message.id, "parent_id": message.parent_id, "role": message.role,
            "content": message.content, "created_at": message.created_at,
            # whether the model still sees it (long chats drop their oldest messages)
            "in_window": message.position >= window_start,
            # an edit or a retry adds a version beside the old ones (/show_version)
-           "version": version, "versions": versions}
-    if message.role == "assistant":
+           "version": message.version, "versions": message.versions}
+    if message.role == Role.ASSISTANT:
         out["stopped"] = message.stopped
-        out["stats"] = message.stats_dict or None
+        out["stats"] = message.stats or None
     return out
 
 
@@ -68,11 +67,11 @@ def register_chat_endpoints(service: ChatService,
         """Your chats, most recently active first."""
         return [chat_summary(chat) for chat in service.list_chats(user_of(request))]
 
-    def shown_chat(chat: Chat, tree: MessageTree, *, every_version: bool = False) -> dict:
+    def shown_chat(chat: ChatInfo, tree: ChatTree, *, every_version: bool = False) -> dict:
         messages = tree.messages if every_version else tree.branch
         return {**chat_summary(chat), **ChatSettings.of(chat).as_dict(),
                 "leaf_id": chat.leaf_id,
-                "messages": [message_dict(m, tree, chat.window_start) for m in messages]}
+                "messages": [message_dict(m, chat.window_start) for m in messages]}
 
     def get_chat(chat_id: int, request: gr.Request = None) -> dict:
         """One chat: its settings, and the messages of the branch shown, with each reply's
@@ -84,7 +83,7 @@ def register_chat_endpoints(service: ChatService,
         return shown_chat(chat, tree)
 
     # Named for the public endpoint /get_thread (its api_name is the function's name): the
-    # chat's MessageTree, every version.
+    # chat's ChatTree, every version.
     def get_thread(chat_id: int, request: gr.Request = None) -> dict:
         """One chat with every version of every message, oldest first: a tree by parent_id,
         whose branch shown ends at leaf_id."""

@@ -13,7 +13,7 @@ import html
 import re
 from typing import TYPE_CHECKING
 
-from reame.chats.store import END_MARK, MARK, Chat, Found
+from reame.chats.messages import END_MARK, MARK, ChatInfo, FoundChat
 
 if TYPE_CHECKING:
     from reame.chats.service import ChatService
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 SHOWN = 200  # rows at most; older chats are found by searching
 
 
-def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None = None,
+def chat_list_html(chats: list[ChatInfo], current: int | None, *, total: int | None = None,
                    writing: frozenset[int] = frozenset(), archived: int = 0) -> str:
     """The list of chats (pinned first, then most recent), current one marked; total: how
     many the user has (when chats holds only the first SHOWN); writing: the chats whose reply
@@ -39,7 +39,7 @@ def chat_list_html(chats: list[Chat], current: int | None, *, total: int | None 
     return _nav(f'<ul class="reame-rows">{"".join(rows)}</ul>{note}{more}')
 
 
-def archived_html(chats: list[Chat], current: int | None, *,
+def archived_html(chats: list[ChatInfo], current: int | None, *,
                   writing: frozenset[int] = frozenset()) -> str:
     """The archived chats, with the way back to the list."""
     back = '<button class="reame-archived-link" data-reame-action="chats:0">← All chats</button>'
@@ -52,7 +52,7 @@ def archived_html(chats: list[Chat], current: int | None, *,
     return _nav(f'<p class="reame-list-note">Archived chats</p>{body}{back}', archived=True)
 
 
-def search_results_html(found: list[Found], current: int | None, words: str, *,
+def search_results_html(found: list[FoundChat], current: int | None, words: str, *,
                         writing: frozenset[int] = frozenset()) -> str:
     """The chats a search for words found, each with a snippet of a matching message."""
     if not found:
@@ -69,7 +69,7 @@ def _nav(body: str, *, searching: bool = False, archived: bool = False) -> str:
             f'data-searching="{str(searching or archived).lower()}">{body}</nav>')
 
 
-def _row(chat: Chat, current: bool, *, snippet: str = "", writing: bool = False) -> str:
+def _row(chat: ChatInfo, current: bool, *, snippet: str = "", writing: bool = False) -> str:
     title = html.escape(chat.title)
     shown = _snippet_html(snippet) if snippet else ""
     if writing:  # a reply goes on being written there while another chat is shown
@@ -120,7 +120,7 @@ def plain_snippet(snippet: str) -> str:
 
 
 def _snippet_html(snippet: str) -> str:
-    """A search snippet with its matches marked (store.MARK ... END_MARK), escaped."""
+    """A search snippet with its matches marked (MARK ... END_MARK), escaped."""
     escaped = html.escape(plain_snippet(snippet)).replace(MARK, "<mark>").replace(
         END_MARK, "</mark>")
     return f'<span class="reame-snippet">{escaped}</span>'

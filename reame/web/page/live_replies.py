@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 
-from reame.chats.store import MessageTree
+from reame.chats.messages import ChatTree
 from reame.config.refusals import ChatError, ChatNotFound
 from reame.inference.turn import TurnUpdate
 from reame.inference.turn_stream import TurnStream
@@ -111,8 +111,8 @@ class LiveReplies:
             drawn = self._drawn.pop(tab, None)
         return drawn[1] if drawn is not None and drawn[0] == chat_id else None
 
-    def ended(self, tab: str, user: str | None, chat_id: int | None) -> MessageTree | None:
-        """The chat's messages (a MessageTree) as the user's reply in chat_id that tab started
+    def ended(self, tab: str, user: str | None, chat_id: int | None) -> ChatTree | None:
+        """The chat's messages (a ChatTree) as the user's reply in chat_id that tab started
         left them, if that reply is the tab's last, ended with its last update, and this was
         not asked since (the page shows them without reading them again); else None."""
         with self._lock:

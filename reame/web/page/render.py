@@ -7,7 +7,7 @@ import re
 
 from reame.chats.chat_keeper import being_written, unfinished
 from reame.chats.documents import Document, compose, split
-from reame.chats.store import Message, MessageTree
+from reame.chats.messages import ChatMessage, ChatTree, Role
 from reame.inference.cache_state import FROM_FILES
 from reame.inference.turn import TurnStats, TurnUpdate
 
@@ -228,12 +228,12 @@ WINDOW_MARKER = ('\n\n<div class="reame-window">⋯ earlier messages are outside
                  'memory ⋯</div>')
 
 
-def window_marker(outside: list[Message]) -> str:
+def window_marker(outside: list[ChatMessage]) -> str:
     """The marker under the last reply outside the model's window, naming the documents
     attached to the messages outside it: the model no longer reads them (without a word, it
     made up answers from them)."""
-    names = list(dict.fromkeys(d.name for m in outside if m.role == "user"
-                               for d in split(m.content)[0]))
+    names = list(dict.fromkeys(d.name for m in outside if m.role == Role.USER
+                               for d in m.parts[0]))
     if not names:
         return WINDOW_MARKER
     listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
@@ -258,8 +258,8 @@ def without_added(shown: str) -> str:
     return _ADDED.sub("", shown)
 
 
-def to_chatbot(messages: list[Message], window_start: int = 0,
-               tree: MessageTree | None = None) -> list[dict]:
+def to_chatbot(messages: list[ChatMessage], window_start: int = 0,
+               tree: ChatTree | None = None) -> list[dict]:
     """Messages in the Chatbot's format; each reply carries its stats line, and the last reply
     before the model's window (window_start, a message position) carries a quiet marker.
     With the chat's tree, each message also carries its tools (message_tools). Each ends with
@@ -268,8 +268,8 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
                        default=None)
     shown = []
     for n, m in enumerate(messages):
-        if m.role == "assistant":
-            content = reply_markdown(m.content, m.stats_dict, writing=being_written(m.id))
+        if m.role == Role.ASSISTANT:
+            content = reply_markdown(m.content, m.stats, writing=being_written(m.id))
             if n == last_outside:
                 content += window_marker(messages[:n])
         else:
@@ -278,8 +278,8 @@ def to_chatbot(messages: list[Message], window_start: int = 0,
             content += message_tools(m, tree)
         content += when_marker(m.created_at)
         shown.append({"role": m.role, "content": content})
-    if tree is not None and messages and messages[-1].role == "user":
-        shown.append({"role": "assistant", "content": UNANSWERED})
+    if tree is not None and messages and messages[-1].role == Role.USER:
+        shown.append({"role": Role.ASSISTANT, "content": UNANSWERED})
     return shown
 
 
@@ -295,21 +295,20 @@ def answered(shown: list[dict]) -> list[dict]:
     return shown[:-1] if shown and shown[-1]["content"] == UNANSWERED else shown
 
 
-def message_tools(message: Message, tree: MessageTree) -> str:
+def message_tools(message: ChatMessage, tree: ChatTree) -> str:
     """The buttons under a message: ‹ 2/3 › between its versions (when it was edited or
     retried), and "Branch from here" under a reply. The Chatbot's sanitizer keeps only
     classes and titles, so a button's action is its class, reame-act-KIND-ID, which the
     page's script sends (page.js); users' text never carries a class (inert_html)."""
-    version, versions = tree.version(message)
-    ids = tree.versions(message)
+    version, versions, ids = message.version, message.versions, message.version_ids
     buttons = []
     if versions > 1:
         buttons += [
             _tool("‹", "Previous version", f"show-{ids[version - 2]}" if version > 1 else None),
             f'<span class="reame-version-of">{version}/{versions}</span>',
             _tool("›", "Next version", f"show-{ids[version]}" if version < versions else None)]
-    if message.role == "assistant":
-        stats = message.stats_dict
+    if message.role == Role.ASSISTANT:
+        stats = message.stats
         if message.id == tree.leaf_id and (stats.get("at_limit") or (
                 unfinished(stats) and not being_written(message.id))):
             # Cut at Max tokens, or by the server's stop: the same reply goes on

@@ -17,6 +17,7 @@ import anyio.to_thread
 import gradio as gr
 
 from reame.admin.live_settings import Settings
+from reame.chats.messages import Role
 from reame.chats.service import ChatService
 from reame.chats.turns import kept_on_regenerate
 from reame.config.chat_settings import FIELD
@@ -96,12 +97,12 @@ class PageHandlers(ChatView):
         self._waits.pop(request.session_hash, None)  # an earlier reply's, said late
         text = with_documents(docs, text)
         history = answered(self.shown(chat_id, user))
-        history.append({"role": "user", "content": user_html(text)})
+        history.append({"role": Role.USER, "content": user_html(text)})
         self.live.drew(request.session_hash, chat_id, list(history))  # stream_reply's base
         loading = self.loading_model()
         if loading is not None:
             # The reply waits for the model: say so where the reply will be.
-            history.append({"role": "assistant", "content": loading_text(loading)})
+            history.append({"role": Role.ASSISTANT, "content": loading_text(loading)})
         return (chat_id, text, history, gr.Textbox(value="", submit_btn=False, stop_btn=True),
                 self.listing(user, chat_id, words), [], strip_html([]), "", str(chat_id))
 
@@ -149,7 +150,7 @@ class PageHandlers(ChatView):
         user = user_of(request)
         if base is None:
             base = answered(await in_thread(self.shown, chat_id, user))
-            base.append({"role": "user", "content": user_html(text)})
+            base.append({"role": Role.USER, "content": user_html(text)})
         arrived = self._sent_at.pop(request.session_hash, None)
         tab = request.session_hash
         send = lambda: self.service.send(chat_id, text, user=user,  # noqa: E731
@@ -313,7 +314,7 @@ class PageHandlers(ChatView):
                 gr.Warning(str(exc))
                 yield await in_thread(self.shown, chat_id, user), gr.skip()
                 return
-            base = kept + [{"role": "user", "content": user_html(text)}]
+            base = kept + [{"role": Role.USER, "content": user_html(text)}]
             # A Stop before its reply began: the edit is not made, its text goes to the box.
             async with aclosing(self.write_reply(user, chat_id, request, base,
                                                  lambda: updates, text, draw=True)) as stream:

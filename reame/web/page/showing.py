@@ -13,6 +13,7 @@ from collections.abc import Callable
 import gradio as gr
 
 from reame.admin.live_settings import Settings
+from reame.chats.messages import Role
 from reame.chats.service import ChatService
 from reame.config.chat_settings import FIELD, ChatSettings
 from reame.config.refusals import ChatError, ChatNotFound
@@ -107,11 +108,7 @@ class ChatView:
         from before accounts went (the admin sees how many there are anyway)."""
         if user is None or not self.can_configure(user):
             return NOT_HERE
-        try:
-            owner = self.service.store.get_chat(chat_id).owner
-        except ChatNotFound:
-            return NOT_HERE
-        return BEFORE_ACCOUNTS if owner is None else NOT_HERE
+        return BEFORE_ACCOUNTS if self.service.from_before_accounts(chat_id) else NOT_HERE
 
     def on_load(self, asked: str, request: gr.Request):
         """The page as it opens: the chat the address bar names (asked, from ?chat=), or the
@@ -137,7 +134,7 @@ class ChatView:
         started, the reply so far (or its place in line)."""
         if reply.latest is None:
             return reply.base
-        return reply.base + [{"role": "assistant", "content": shown_reply(reply.latest)}]
+        return reply.base + [{"role": Role.ASSISTANT, "content": shown_reply(reply.latest)}]
 
     def check_list(self, chat_id, words, shown_writing, request: gr.Request):
         """While replies are written in other chats: the list again once one has ended

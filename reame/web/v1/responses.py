@@ -19,8 +19,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from reame.chats.service import ChatError, ChatNotFound, ChatService, TurnUpdate
-from reame.chats.store.stored_responses import ResponseNotFound, StoredResponses
+from reame.chats.service import (
+    ChatError,
+    ChatNotFound,
+    ChatService,
+    ResponseNotFound,
+    StoredResponses,
+    TurnUpdate,
+)
 from reame.web.v1.common import client_gone, last_update, read_json, refused, started, turn_refusal
 from reame.web.v1.errors import ApiError, check_model
 from reame.web.v1.reply_shape import ReplyShape
@@ -32,7 +38,7 @@ def add_responses(router: APIRouter, service: ChatService,
                   caller: Callable[[Request], str | None], ready: Callable[[], None],
                   model_ids: Callable[[], list[str]]) -> None:
     """Add POST /responses, GET and DELETE /responses/{id} to the /v1 router."""
-    stored = StoredResponses(service.store)
+    stored = service.stored_responses()
 
     @router.get("/responses/{response_id}")
     async def get_response(request: Request, response_id: str):
