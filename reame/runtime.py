@@ -32,7 +32,8 @@ def build_engine(config: Config) -> Engine:
     return Engine(model.model_path, n_ctx=model.n_ctx, n_threads=model.n_threads,
                   kv_type=config.cache.kv_type, models_dir=config.model.models_dir,
                   slots=model.slots, kv_budget_bytes=model.kv_ram_bytes,
-                  exact_under_load=model.exact_under_load, mmap=model.mmap,
+                  exact_under_load=model.exact_under_load, exact_reuse=config.cache.exact,
+                  mmap=model.mmap,
                   flash_attn=model.flash_attn)
 
 

@@ -94,6 +94,11 @@ SETTINGS: tuple[Setting, ...] = (
             "disk budget of the KV files in MB; least recently used go first", 16, 10_000_000),
     Setting("cache", "kv_type", str, "f16", "KV cache type: f16, or q8_0 (half the size)",
             choices=("f16", "q8_0")),
+    Setting("cache", "exact", bool, False,
+            "reuse cached KV only where the reply stays the one a cold start gives, bit for "
+            "bit (whole 128-token chunks of a prompt; docs/cache.md); false = reuse every "
+            "token a prompt shares with the cache, as llama-server does (faster; at a near "
+            "tie a reply may differ)"),
 )
 
 
@@ -194,6 +199,7 @@ class CacheConfig:
     dir: Path
     max_disk_mb: int
     kv_type: str
+    exact: bool
 
     @property
     def max_disk_bytes(self) -> int:

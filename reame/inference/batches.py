@@ -135,10 +135,14 @@ def resume_point(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequen
 
 
 def reachable(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int],
-              points: Iterable[int] | None, *, complete: bool = True) -> int:
+              points: Iterable[int] | None, *, complete: bool = True,
+              exact: bool = True) -> int:
     """resume_point, where the KV can resume only at some positions (points: its end and
     its marks, kv_memory.py; None: at any batch boundary): the farthest of them that is a
-    resume point of prompt itself (0: none)."""
+    resume point of prompt itself (0: none). exact=False: any token prompt shares with the
+    KV may be reused (reuse_point), not only what keeps the reply bit for bit."""
+    if not exact:
+        return reuse_point(batches, tokens, prompt, points, complete=complete)
     reach = resume_point(batches, tokens, prompt, complete=complete)
     if points is None or reach == 0:
         return reach
@@ -149,13 +153,41 @@ def reachable(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[
     return 0
 
 
-def replays(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int]) -> bool:
+def reuse_point(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int],
+                points: Iterable[int] | None, *, complete: bool = True) -> int:
+    """How many of prompt's tokens the KV (tokens, made by batches) gives when every shared
+    token is reused, as llama-server does ([cache] exact off): the common prefix, or the
+    farthest of points (where a memory that cannot be cut back resumes) within it. The reply
+    then depends on the decodes that made the KV: at a near tie it may differ from a cold
+    evaluation's (docs/cache.md says how often).
+
+    A whole prompt's last token is evaluated again, for its logits. When the KV holds all of
+    prompt and a decode of it ended there (the same prompt evaluated before: a request sent
+    again, the same question in a new chat), that decode is made again instead: the same
+    logits as the first time, so the same reply."""
+    limit = common_prefix(tokens, prompt)
+    if complete:
+        at = len(prompt)
+        if limit >= at and any(b.end == at for b in batches):
+            limit = next(b.start for b in batches if b.end == at)
+        limit = min(limit, at - 1)
+    if points is None:
+        return max(limit, 0)
+    return max((p for p in points if 0 < p <= limit), default=0)
+
+
+def replays(batches: Sequence[Batch], tokens: Sequence[int], prompt: Sequence[int], *,
+            exact: bool = True) -> bool:
     """Whether the KV's decodes up to prompt's end (tokens start with prompt) are the ones an
     evaluation of prompt makes after resuming from this KV: the logits they left at prompt's
-    end are then the very bits that evaluation gives (a kept prompt's logits, reused)."""
+    end are then the very bits that evaluation gives (a kept prompt's logits, reused).
+    exact=False: whether a decode ended at prompt's end (its logits are that KV's own, which
+    the same prompt sent again reuses whatever decodes made it)."""
     at = len(prompt)
     if list(tokens[:at]) != list(prompt) or at not in (b.end for b in batches):
         return False
+    if not exact:
+        return True
     start = resume_point(batches, tokens, prompt)
     return [(b.start, b.end) for b in batches if start <= b.start < at] == plan(
         start, at, kept_from(truncated(batches, start)))
@@ -182,11 +214,16 @@ def valid(batches: Sequence[Batch], n_tokens: int) -> bool:
     return at == n_tokens
 
 
-def truncated(batches: Sequence[Batch], n: int) -> list[Batch]:
+def truncated(batches: Sequence[Batch], n: int, *, split: bool = False) -> list[Batch]:
     """The batches of the first n tokens; n is a batch boundary (a KV cut inside a decode
-    would keep bits no decode of the head alone gives, so Engine.truncate never makes one)."""
+    would keep bits no decode of the head alone gives, so an exact Engine.truncate never
+    makes one). split: n may fall inside a decode ([cache] exact off), whose head is kept
+    as a batch of its own, neither a whole chunk nor kept: an exact reuse stops before it."""
     if n not in (0, *(batch.end for batch in batches)):
-        raise ValueError(f"{n} tokens is not a batch boundary")
+        if not split:
+            raise ValueError(f"{n} tokens is not a batch boundary")
+        return [batch if batch.end <= n else Batch(batch.start, n, batch.kept)
+                for batch in batches if batch.start < n]
     return [batch for batch in batches if batch.end <= n]
 
 

@@ -251,9 +251,9 @@ class KVCache(CacheFigures):
         points = self.engine.resume_points(head.tokens, head.resume_marks())
         at = len(prompt)
         if (head.logits_at(at) and (points is None or at in points)
-                and replays(head.batches, head.tokens, prompt)):
+                and replays(head.batches, head.tokens, prompt, exact=self.engine.exact)):
             return at
-        return reachable(head.batches, head.tokens, prompt, points)
+        return reachable(head.batches, head.tokens, prompt, points, exact=self.engine.exact)
 
     def _load(self, entry: KVEntry, reach: int) -> bool:
         """Restore the file's state at its end, with its marks (their states and logits

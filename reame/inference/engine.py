@@ -71,6 +71,7 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
                  models_dir: Path | None = None, n_batch: int = 512, slots: int = 1,
                  kv_budget_bytes: int | None = None,
                  exact_under_load: bool = setting("model", "exact_under_load").default,
+                 exact_reuse: bool = setting("cache", "exact").default,
                  mmap: str = setting("model", "mmap").default,
                  flash_attn: str = setting("model", "flash_attn").default):
         model_path = Path(model_path)
@@ -114,6 +115,9 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
         # Replies' next tokens (sampling.py): decoded together, one llama_decode for all the
         # replies being written, unless exact_under_load (one decode per reply, as alone).
         self.together = not exact_under_load
+        # Reuse KV only where the reply stays the cold one ([cache] exact, batches.py), or
+        # every token a prompt shares with it.
+        self.exact = exact_reuse
         self.decoded_together = 0  # tokens decoded in decodes shared by several replies
         self._pending: list[Pending] = []
         # One decode's tokens: a plan's chunk (at most CHUNK) or one token per slot.

@@ -111,7 +111,8 @@ class SequenceMemory:
         seq = self.seq
         points = self.resume_points(seq.tokens, [m.at for m in seq.marks
                                                  if m.state is not None])
-        return reachable(seq.batches, seq.tokens, prompt, points, complete=complete)
+        return reachable(seq.batches, seq.tokens, prompt, points, complete=complete,
+                         exact=self.exact)
 
     @property
     def _memory(self):
@@ -127,14 +128,15 @@ class SequenceMemory:
         return 0 <= low <= floor and llama_cpp.llama_memory_seq_pos_max(mem, seq) == n - 1
 
     def truncate(self, n: int) -> bool:
-        """Keep the KV of the first n tokens, or fewer: the cut goes down to the start of the
-        decode it falls in (a decode's head alone is not what any plan makes); a memory that
-        cannot be cut back goes back to a mark's state there. False when neither can be done
-        (then the KV is cleared)."""
+        """Keep the KV of the first n tokens, or fewer: exactly ([cache] exact), the cut goes
+        down to the start of the decode it falls in (a decode's head alone is not what any
+        plan makes); a memory that cannot be cut back goes back to a mark's state there.
+        False when neither can be done (then the KV is cleared)."""
         seq = self.seq
         if n >= len(seq.tokens):
             return True
-        n = max((b.start for b in seq.batches if b.start <= n), default=0)
+        if self.exact:
+            n = max((b.start for b in seq.batches if b.start <= n), default=0)
         mark = next((m for m in seq.marks if m.at == n and m.state is not None), None)
         if mark is not None and not self.cuttable(len(seq.tokens)):
             return self._back_to(n, mark.state)
@@ -146,7 +148,8 @@ class SequenceMemory:
         if not ok:
             self.clear()
             return n == 0
-        seq.tokens, seq.batches, seq.logits_for = seq.tokens[:n], truncated(seq.batches, n), -1
+        seq.tokens, seq.batches = seq.tokens[:n], truncated(seq.batches, n, split=not self.exact)
+        seq.logits_for = -1
         seq.marks = [m for m in seq.marks if m.at <= n]
         return True
 
@@ -311,7 +314,7 @@ class SequenceMemory:
         if not ok:
             self.clear()
             return False
-        seq.tokens, seq.batches = seq.tokens[:n], truncated(seq.batches, n)
+        seq.tokens, seq.batches = seq.tokens[:n], truncated(seq.batches, n, split=not self.exact)
         seq.logits_for = -1
         seq.marks = [m for m in seq.marks if m.at <= n]
         return True

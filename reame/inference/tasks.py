@@ -144,8 +144,10 @@ def pick_slot(slots: list[Slot], task: Task, cache: KVCache, engine: Engine) -> 
         best = max(free, key=lambda s: reach.get(s, 0))
         if reach.get(best, 0) >= WORTH_A_SLOT:
             return best
+    # A few shared tokens (below WORTH_A_SLOT) are not worth another conversation's live KV:
+    # the least recently used slot first, the reach only between slots never used.
     busy = {s.seq.id for s in slots if s.task is not None}
-    return min(free, key=lambda s: (_runs(busy | {s.seq.id}), -reach.get(s, 0), s.used))
+    return min(free, key=lambda s: (_runs(busy | {s.seq.id}), s.used, -reach.get(s, 0)))
 
 
 # Prompt tokens a slot's live KV must save for a task to take that slot over one beside the

@@ -51,7 +51,14 @@ def test_fingerprint_tells_files_apart(tmp_path, model_path):
     assert model_fingerprint(model_path) == model_fingerprint(model_path)
 
 
-def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine):
+@pytest.fixture(scope="module")
+def exact_engine(model_path) -> Engine:
+    return Engine(model_path, n_ctx=2048, n_threads=THREADS, exact_reuse=True)
+
+
+def test_exact_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(exact_engine):
+    """[cache] exact: a reused prefix is always what a cold evaluation makes."""
+    engine = exact_engine
     engine.clear()
     first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 16)
     assert engine.prefill(first) == 0
@@ -86,6 +93,34 @@ def test_prefill_reuses_whole_chunks_and_continues_after_generated_tokens(engine
     assert engine.tokens == other
 
 
+def test_by_default_every_shared_token_is_reused(engine):
+    """[cache] exact off (the default), as llama-server: a prompt that shares a prefix with the
+    live KV anywhere reuses all of it, cut inside a decode if need be; the plan goes on from
+    there."""
+    engine.clear()
+    first = engine.tokenize("The quick brown fox jumps over the lazy dog. " * 16)
+    assert len(first) > CHUNK + 10
+    engine.prefill(first)
+    # Another question on the same history: only what differs is evaluated.
+    shared = CHUNK + 7
+    other = first[:shared] + engine.tokenize(" something else entirely")
+    assert other[shared] != first[shared]
+    before = engine.evaluated
+    assert engine.prefill(other) == shared
+    assert engine.evaluated - before == len(other) - shared
+    assert engine.tokens == other
+    # The batches still tile the KV: the cut decode's head is a batch of its own, which an
+    # exact reuse would stop before (it is no whole chunk).
+    assert [(b.start, b.end) for b in engine.batches][:4] == [(0, 16), (16, 64), (64, 128),
+                                                              (128, shared)]
+    assert engine.batches[-1].end == len(other)
+    # Once the KV moved on, the same prompt reuses all but its last token.
+    engine.truncate(len(other) - 2)
+    before = engine.evaluated
+    assert engine.prefill(other) == len(other) - 2
+    assert engine.evaluated - before == 2
+
+
 def test_html_is_inert_outside_code_and_untouched_inside():
     text = "<script>alert(1)</script> **bold** `<b>x</b>`\n```html\n<i>y</i>\n```\n> quote"
     out = inert_html(text)
@@ -94,11 +129,12 @@ def test_html_is_inert_outside_code_and_untouched_inside():
     assert "**bold**" in out and "> quote" in out
 
 
-def test_a_first_chunk_of_16_lets_a_short_shared_opening_be_reused(engine):
-    """Chunk boundaries at 16, 64, then every CHUNK: a prompt sharing only a short opening
-    with the live KV (a template's header, a short system prompt) still reuses its first
-    chunk, as llama-server reuses such a prefix; a system prompt of 64 tokens or more is whole
-    chunks too (a snapshot's 64-token blocks, test_cache)."""
+def test_a_first_chunk_of_16_lets_a_short_shared_opening_be_reused(exact_engine):
+    """[cache] exact: chunk boundaries at 16, 64, then every CHUNK: a prompt sharing only a
+    short opening with the live KV (a template's header, a short system prompt) still reuses
+    its first chunk, as llama-server reuses such a prefix; a system prompt of 64 tokens or
+    more is whole chunks too (a snapshot's 64-token blocks, test_cache)."""
+    engine = exact_engine
     assert plan(0, 300) == [(0, 16), (16, 64), (64, 128), (128, 256), (256, 300)]
     assert plan(20, 70) == [(20, 64), (64, 70)]
     assert plan(0, 40, kept_from=0) == [(0, 16), (16, 32), (32, 40)]
@@ -118,7 +154,7 @@ def test_the_same_prompt_again_evaluates_nothing_and_samples_the_same_bits(model
     """A regenerate, or a request sent again: the KV holds the prompt and the reply after it.
     The logits the prompt's last decode made are kept, so nothing is evaluated again, and they
     are the bits a fresh evaluation of the prompt gives (computed here on another slot)."""
-    engine = Engine(model_path, n_ctx=1024, n_threads=THREADS, slots=2)
+    engine = Engine(model_path, n_ctx=1024, n_threads=THREADS, slots=2, exact_reuse=True)
     mine, other = engine.sequences
     prompt = engine.tokenize("<|im_start|>user\nWhich planet do we live on? Answer in a full "
                              "sentence, please.<|im_end|>\n<|im_start|>assistant\n")

@@ -1,6 +1,8 @@
-"""The cache changes the speed, never the answer: the same request gives the same reply, bit
-for bit, whatever part of its prompt was computed now, was live, came from a file after a
-restart, or came from another conversation sharing its opening.
+"""With [cache] exact, the cache changes the speed, never the answer: the same request gives
+the same reply, bit for bit, whatever part of its prompt was computed now, was live, came from
+a file after a restart, or came from another conversation sharing its opening. In either mode
+(the default reuses every shared token) a continued conversation gives the uninterrupted one's
+reply, and the same request sent again the same reply.
 
 llama.cpp's kernels round differently for different decode shapes, and only some CPUs show it
 on a given model: on the AVX-512 machine these tests were written on, SmolLM2's kernels give
@@ -65,8 +67,8 @@ DEFAULTS = GenerationConfig(system_prompt=OPENING, temperature=0.0, top_p=1.0,
 class Node:
     """One server 'process' over a folder: engine, SQLite, KV files, service."""
 
-    def __init__(self, folder, model_path, *, cache=True):
-        self.engine = Engine(model_path, n_ctx=2048, n_threads=THREADS)
+    def __init__(self, folder, model_path, *, cache=True, exact=False):
+        self.engine = Engine(model_path, n_ctx=2048, n_threads=THREADS, exact_reuse=exact)
         self.service = service_over(folder, self.engine, DEFAULTS, cache=cache)
 
     def ask(self, question: str, sampling: str, history: tuple = ()):
@@ -120,7 +122,7 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
     if not FULL:  # make test: each preamble length once per model, greedily lengths 0 and
         prompts = prompts[0:4:2] if greedy else prompts[1:4:2]  # 2, seeded 1 and 3 (full: all)
     # Cold: nothing live, no cache, each prompt from position 0.
-    cold_node = Node(tmp_path / "cold", model, cache=False)
+    cold_node = Node(tmp_path / "cold", model, cache=False, exact=True)
     cold = {}
     for prompt in prompts:
         cold_node.engine.clear()
@@ -135,7 +137,7 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
     # shared prefix, from the live KV or another conversation's file), then comes again
     # with its own KV live.
     folder = tmp_path / "served"
-    node = Node(folder, model)
+    node = Node(folder, model, exact=True)
     sources = set()
     for n, prompt in enumerate(prompts):
         text, logits, source = node.ask(prompt, sampling)
@@ -149,7 +151,7 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
     node.close()
 
     # A restart: every prompt again, its KV read from the file its first answer wrote.
-    node = Node(folder, model)
+    node = Node(folder, model, exact=True)
     for prompt in prompts:
         node.engine.clear()  # nothing live: the prompt's KV comes from a file
         text, logits, source = node.ask(prompt, sampling)
@@ -195,7 +197,10 @@ def test_a_continued_conversation_gives_the_uninterrupted_reply(
 
     # The same turn with its message typed ahead first (a copy of the folder: a twin server).
     shutil.copytree(tmp_path / "chats", tmp_path / "twin")
-    plain, typed = Node(tmp_path / "chats", model), Node(tmp_path / "twin", model)
+    # Exact: typed ahead, the prompt's last decodes are those of an untyped send ([cache]
+    # exact off reuses the draft's tokens wherever it was cut).
+    plain = Node(tmp_path / "chats", model, exact=True)
+    typed = Node(tmp_path / "twin", model, exact=True)
     # Long enough to cross a chunk boundary where the prompt is evaluated in whole CHUNKs
     # (Gemma 3's template renders a reply otherwise than it was generated: no kept KV).
     message = (PROMPTS[4] + " We would like to know what to expect before we go, because my "
