@@ -1,4 +1,5 @@
-"""Long chats past the context window, with the real default model at n_ctx 1,024.
+"""Long chats past the context window, with the real default model at n_ctx 1,024 (768 where
+fewer turns overflow it as well).
 
 At an overflow the oldest messages leave the model's window; on SmolLM2 (RoPE) the KV is
 shifted, so the turn evaluates only its new tokens; Gemma 3 (sliding window) re-evaluates.
@@ -31,6 +32,9 @@ QUESTIONS = ["What is the capital city of France? Answer in one word.",
              "What is the capital of Italy?"]
 ANSWERS = ["Paris", "Rome"]
 SMALL_N_CTX = 512  # where a test needs only the window to move, not several overflows
+# Two overflows and a restart between them: at 768 in 9 turns (11 at 1,024), each shift
+# keeping about 420 tokens, room for the turn after the restart.
+SHIFT_N_CTX = 768
 
 
 class Node:
@@ -68,13 +72,13 @@ def assert_only_new_tokens(last):
 
 def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_path,
                                                                            model_path):
-    node = Node(tmp_path, model_path)
+    node = Node(tmp_path, model_path, n_ctx=SHIFT_N_CTX)
     chat = node.service.new_chat()
     overflows, n, restarted = [], 0, False
     while len(overflows) < 2:  # one before the restart, one after
         last = node.turn(chat.id, n)
         assert_answers(last, n)
-        assert len(node.engine.tokens) <= N_CTX
+        assert len(node.engine.tokens) <= SHIFT_N_CTX
         if last.stats.shifted:
             overflows.append(last)
             assert last.stats.reused > 0 and last.stats.source in ("live", "disk")
@@ -82,7 +86,7 @@ def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_p
             assert "context shifted" in stats_text(last.stats)
             if len(overflows) == 1 and not restarted:
                 node.close()  # restart: the shifted KV comes back from its file
-                node, restarted = Node(tmp_path, model_path), True
+                node, restarted = Node(tmp_path, model_path, n_ctx=SHIFT_N_CTX), True
                 n += 1
                 after = node.turn(chat.id, n)
                 assert after.stats.source == "disk" and after.stats.shifted == 0
@@ -110,7 +114,10 @@ def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_p
 def test_gemma3_cannot_shift_and_re_evaluates_the_kept_window(tmp_path, gemma_path):
     # Replies of at most 12 tokens: Gemma's answers need no more ("The capital of Italy is
     # Rome."), and each of its tokens costs a busy core about 50 ms (262k-word vocabulary).
-    node = Node(tmp_path, gemma_path, settings=dataclasses.replace(SETTINGS, max_tokens=12))
+    # A context of 768: it overflows in 6 turns, not 8, and re-evaluates a kept window of
+    # about 540 tokens (680 at 1,024).
+    node = Node(tmp_path, gemma_path, n_ctx=768,
+                settings=dataclasses.replace(SETTINGS, max_tokens=12))
     assert not node.engine.can_shift
     chat = node.service.new_chat()
     for n in range(40):
