@@ -89,14 +89,22 @@ def test_any_64_bit_seed_is_accepted_the_same_seed_the_same_reply(server):
         assert refused.value.body["param"] == "seed", bad
 
 
+@pytest.fixture(scope="module")
+def uncut_length(server) -> int:
+    """The tokens of the uncut tool call (asked whole, for both ways of asking below: once)."""
+    client = sdk(server)
+    whole = client.chat.completions.create(model=client.models.list().data[0].id,
+                                           messages=ASK, tools=TOOLS, tool_choice="required",
+                                           temperature=0, max_tokens=160)
+    return whole.usage.completion_tokens
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_call_cut_by_max_tokens_never_leaks_its_markup_into_content(server, stream):
+def test_a_call_cut_by_max_tokens_never_leaks_its_markup_into_content(server, stream,
+                                                                     uncut_length):
     client = sdk(server)
     model = client.models.list().data[0].id
-    whole = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
-                                           tool_choice="required", temperature=0,
-                                           max_tokens=160)
-    length = whole.usage.completion_tokens
+    length = uncut_length
     # Cut in the first call, and (the model repeats it) wherever a later one would be.
     for max_tokens in sorted({3, 8, max(4, length // 2), length - 2, length + 6, length + 20}):
         asked = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
