@@ -144,10 +144,18 @@ def pick_slot(slots: list[Slot], task: Task, cache: KVCache, engine: Engine) -> 
         best = max(free, key=lambda s: reach.get(s, 0))
         if reach.get(best, 0) >= WORTH_A_SLOT:
             return best
-    # A few shared tokens (below WORTH_A_SLOT) are not worth another conversation's live KV:
-    # the least recently used slot first, the reach only between slots never used.
+    # A few shared tokens (below WORTH_A_SLOT) are not worth a stored chat's live KV, which its
+    # person's next message wants: such a slot counts as sharing none.
     busy = {s.seq.id for s in slots if s.task is not None}
-    return min(free, key=lambda s: (_runs(busy | {s.seq.id}), s.used, -reach.get(s, 0)))
+    return min(free, key=lambda s: (_runs(busy | {s.seq.id}), -_worth(s, task, reach, cache),
+                                    s.used))
+
+
+def _worth(slot: Slot, task: Task, reach: dict[Slot, int], cache: KVCache) -> int:
+    """The tokens a slot's live KV gives task when it is not worth a slot of its own: none
+    where that KV is another stored chat's."""
+    live = cache.live_of(slot.seq).chat
+    return 0 if live is not None and live != task.chat_id else reach.get(slot, 0)
 
 
 # Prompt tokens a slot's live KV must save for a task to take that slot over one beside the
