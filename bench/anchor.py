@@ -1,6 +1,7 @@
 """The anchor: Reame against llama.cpp's own `llama-server`, in one run, on one machine.
 
     python -m bench.anchor [--quick] [--models smollm2,qwen2.5-1.5b] [--out DIR]
+                           [--chats-only] [--newest | --llama-server BINARY]
 
 llama-server is built once from the llama.cpp sources of the llama-cpp-python version Reame
 pins (bench/llama_server.py, cached in bench/cache/llama-server/), so both run the same
@@ -13,6 +14,8 @@ the other (the order alternating from step to step), so both see the same machin
 Scenarios, in this order, per model:
 - first contact: 4 chats of about 800 tokens sent once each (the first token's time, summed);
 - hot: the same chats again, the reply and one more user message appended;
+- another question: the same chats as "hot" sent them, another question in place of hot's
+  (an agent's or an editor's rewritten last message: only what differs needs evaluating);
 - switching: 16 other chats over the 4 slots, round-robin, each turn appending to its chat;
   the first round is their first contact (not counted), the later rounds are measured;
 - after a restart: both servers restarted, then the 4 chats of "hot" continued;
@@ -158,6 +161,21 @@ class Run:
             for index in range(self.plan.chats):
                 self.turn(scenario, index, k)
 
+    def another_question(self) -> None:
+        """Each chat's history as "hot" sent it, another question in place of hot's (not kept:
+        the later scenarios continue from hot's reply)."""
+        log.info("another question on the same history: %d chats", self.plan.chats)
+        for index in range(self.plan.chats):
+            question = {"role": "user", "content": "Instead, tell me something else: "
+                        f"{self.chats[index].questions[-1]}"}
+
+            def one(server: Server) -> dict:
+                talk = self.talks[(server.system, index)]
+                return ask(server, [*talk[:-2], question], self.plan.chat_reply)
+
+            for system, answer in self.step(one).items():
+                self.record("another question", system, answer, chat=index)
+
     def switching(self) -> None:
         p = self.plan
         log.info("switching: %d chats over the slots, %d rounds", p.switch_chats, p.switch_rounds)
@@ -245,7 +263,8 @@ def together(server: Server, prompts: list[list[dict]], max_tokens: int) -> tupl
     return answers, time.perf_counter() - started
 
 
-def run_model(name: str, model: Path, binary: Path, plan: Plan, work: Path) -> dict:
+def run_model(name: str, model: Path, binary: Path, plan: Plan, work: Path, *,
+              chats_only: bool = False) -> dict:
     from llama_cpp import Llama
 
     vocab = Llama(model_path=str(model), vocab_only=True, verbose=False)
@@ -256,11 +275,14 @@ def run_model(name: str, model: Path, binary: Path, plan: Plan, work: Path) -> d
     try:
         run.start()
         run.first_contact_and_hot()
-        run.switching()
+        run.another_question()
+        if not chats_only:
+            run.switching()
         run.after_restart()
-        run.one_reply()
-        run.reply_in_a_chat()
-        run.at_once()
+        if not chats_only:
+            run.one_reply()
+            run.reply_in_a_chat()
+            run.at_once()
     finally:
         run.stop()
     servers = {s: {"ready_s": v.ready_s, "idle_rss": run.idle_rss.get(s), "peak_rss": v.peak_rss,
@@ -286,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help=f"default {OUT.relative_to(ROOT)}/DATE-COMMIT "
                         "(-quick with --quick)")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a temp folder)")
+    parser.add_argument("--chats-only", action="store_true",
+                        help="only first contact, hot, another question and after a restart")
+    parser.add_argument("--newest", action="store_true",
+                        help="against the newest llama.cpp's llama-server (llama_server.NEWEST)")
+    parser.add_argument("--llama-server", type=Path, metavar="BINARY",
+                        help="another llama-server binary (default: built from the pinned "
+                        "llama-cpp-python's llama.cpp)")
     parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                         help="only recompute the tables and the plot from a results.json")
     args = parser.parse_args(argv)
@@ -311,18 +340,20 @@ def main(argv: list[str] | None = None) -> int:
             make_models.make(make_models.SHAPES[name])  # skipped when already there
     plan = Plan.quick() if args.quick else Plan()
     out = args.out or report_format.run_folder(OUT, "-quick" if args.quick else "")
-    binary = llama_server.binary()
+    binary = args.llama_server or llama_server.binary(newest=args.newest)
     data = {"command": "python -m bench.anchor " + shlex.join(sys.argv[1:] if argv is None
                                                                else argv),
             "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
             "machine": report.machine_info(), "load_start": report.load_average(),
-            "llama_server": {**llama_server.build_info(binary), "path": str(binary)},
+            "llama_server": {**llama_server.build_info(binary), "path": str(binary),
+                             "version_line": llama_server.version_line(binary)},
             "plan": asdict(plan), "models": []}
     work = args.work or Path(tempfile.mkdtemp(prefix="reame-anchor-"))
     try:
         for name in names:
             log.info("=== %s ===", name)
-            data["models"].append(run_model(name, MODELS[name], binary, plan, work))
+            data["models"].append(run_model(name, MODELS[name], binary, plan, work,
+                                            chats_only=args.chats_only))
             data["load_end"] = report.load_average()
             print(report_anchor.write(data, out))
     finally:

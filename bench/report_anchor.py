@@ -15,7 +15,7 @@ from .anchor_servers import LLAMA, REAME, SYSTEMS
 from .users import percentile
 
 MB = 2**20
-CHAT_SCENARIOS = ("first contact", "hot", "switching", "after a restart")
+CHAT_SCENARIOS = ("first contact", "hot", "another question", "switching", "after a restart")
 
 
 def summary(model: dict, plan) -> list[dict]:
@@ -26,6 +26,8 @@ def summary(model: dict, plan) -> list[dict]:
         ok = {s: [r for r in requests if r["scenario"] == scenario and r["system"] == s
                   and r.get("counted", True) and "error" not in r] for s in SYSTEMS}
         n = len(ok[REAME])
+        if not n:
+            continue  # a scenario this run left out (--chats-only, or a run from before it)
         rows.append(row(scenario, f"first token, s, sum of {n} turns", "lower",
                         {s: sum(r["ttft_s"] for r in ok[s]) for s in SYSTEMS},
                         reused={s: _reused(ok[s]) for s in SYSTEMS},
