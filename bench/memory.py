@@ -217,7 +217,8 @@ def measure(name: str, model: Path, n_ctx: int, kv_type: str, *, slots: int, kv_
     if "error" in answer:
         raise RuntimeError(f"{name}: the request failed: {answer['error']}")
     if used is None:  # the log line changed: reckon them as the engine does
-        used = slots_that_fit(slots, n_ctx, info.kv_bytes_per_token(kv_type), kv_ram_mb * MB)
+        used = slots_that_fit(slots, n_ctx, info.kv_bytes_per_slot(n_ctx, kv_type),
+                              kv_ram_mb * MB)
         log.warning("%s: no \"loaded\" line in %s; %d slots reckoned", name, server.log_path,
                     used)
     row = {"model": name, "label": LABELS.get(name, name), "file": model.name,
@@ -335,7 +336,7 @@ def with_estimates(rows: list[dict], features: dict) -> list[dict]:
 def server_part(row: dict, features: dict) -> int:
     """Idle RSS less the weights as held (the file, its matrices repacked) and the slots' KV."""
     info = info_from(row)
-    kv = (info.kv_bytes_per_token(row["kv_type"]) or 0) * row["n_ctx"] * row["slots"]
+    kv = (info.kv_bytes_per_slot(row["n_ctx"], row["kv_type"]) or 0) * row["slots"]
     return row["idle"]["rss"] - weights_of(row, features).resident(info.size) - kv
 
 
@@ -347,7 +348,7 @@ def table(rows: list[dict], features: dict) -> str:
         info, held = info_from(r), weights_of(r, features)
         repacked = held.resident(info.size) - info.size
         weights = f"{info.size / MB:,.0f}" + (f" + {repacked / MB:,.0f}" if repacked else "")
-        kv = (info.kv_bytes_per_token(r["kv_type"]) or 0) * r["n_ctx"] * r["slots"]
+        kv = (info.kv_bytes_per_slot(r["n_ctx"], r["kv_type"]) or 0) * r["slots"]
         lines.append("| " + " | ".join([
             r["label"], f"{r['n_ctx']:,}", r["kv_type"], f"{r['slots']} of {r['slots_wanted']}",
             f"{weights} MB", f"{kv / MB:,.0f} MB", f"{r['idle']['rss'] / MB:,.0f} MB",

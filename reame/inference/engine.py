@@ -38,7 +38,7 @@ from reame.inference.llama_params import (
 )
 from reame.inference.sampling import Pending, Sampler
 from reame.inference.vocab import Vocabulary
-from reame.models.gguf_info import GGUFInfo, read_gguf_info
+from reame.models.gguf_info import N_UBATCH, GGUFInfo, read_gguf_info
 from reame.models.kv_budget import slots_that_fit
 from reame.models.model_file import ModelLoadError, check_model_file, model_fingerprint
 from reame.models.repack import Weights, plan_weights
@@ -69,7 +69,7 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
 
     def __init__(self, model_path: Path, *, n_ctx: int, n_threads: int = 0,
                  kv_type: str = setting("cache", "kv_type").default,
-                 models_dir: Path | None = None, n_batch: int = 512, slots: int = 1,
+                 models_dir: Path | None = None, n_batch: int = N_UBATCH, slots: int = 1,
                  kv_budget_bytes: int | None = None,
                  exact_under_load: bool = setting("model", "exact_under_load").default,
                  exact_reuse: bool = setting("cache", "exact").default,
@@ -87,7 +87,11 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
         self.weights = (plan_weights(info, mmap) if info else
                         Weights(mmap != "false", 0, 0, "its header is unreadable"))
         self.slots_wanted = slots
-        slots = slots_that_fit(slots, n_ctx, self.kv_bytes_per_token, kv_budget_bytes)
+        # The KV the context below takes per slot (swa_full None: swa_full_for decides, off on
+        # a sliding window)
+        per_slot = info.kv_bytes_per_slot(n_ctx, kv_type, swa_full=bool(swa_full),
+                                          n_ubatch=n_batch) if info else None
+        slots = slots_that_fit(slots, n_ctx, per_slot, kv_budget_bytes)
         self.kv_type = kv_type
         self.flash_attn, flash_reason = flash_attention(flash_attn, kv_type,
                                                         info.head_dim if info else None)
@@ -97,7 +101,10 @@ class Engine(SequenceMemory, Vocabulary, Sampler):
             self._model = LlamaModel(path_model=str(model_path),
                                      params=model_params(self.weights), verbose=False)
             if swa_full is None:  # from the model's window (swa_full_for)
-                swa_full = swa_full_for(llama_cpp.llama_model_n_swa(self._model.model))
+                model = self._model.model
+                swa_full = swa_full_for(llama_cpp.llama_model_n_swa(model), bool(
+                    llama_cpp.llama_model_is_recurrent(model)
+                    or llama_cpp.llama_model_is_hybrid(model)))
             self.swa_full = swa_full
             self._ctx = LlamaContext(model=self._model, params=context_params(
                 n_ctx, slots, n_batch, threads, kv_type, self.flash_attn, swa_full),

@@ -93,13 +93,14 @@ def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str, slots: int = 1, *,
 
     The weights as loaded (weights: default as the engine loads them here, repack.py): the
     model file, read in whole at load, and the matrices llama.cpp repacks a second time where
-    the file stays mapped; the slots' KV, n_ctx tokens each; one full window's KV copied out
-    of llama.cpp to be written to its file after a reply; and the server itself (BASE_BYTES).
+    the file stays mapped; the slots' KV, n_ctx tokens each (a sliding window's layers the
+    window's: GGUFInfo.kv_bytes_per_slot); one full window's KV copied out of llama.cpp to be
+    written to its file after a reply; and the server itself (BASE_BYTES).
     Checked against measured servers by tests/inference/test_memory_estimate.py (within 15 %).
     """
-    per_token = info.kv_bytes_per_token(kv_type) or 0
+    per_slot = info.kv_bytes_per_slot(n_ctx, kv_type) or 0
     weights = weights or plan_weights(info)
-    return BASE_BYTES + weights.resident(info.size) + per_token * n_ctx * (slots + 1)
+    return BASE_BYTES + weights.resident(info.size) + per_slot * (slots + 1)
 
 
 def _supported(path: Path) -> bool:
@@ -144,7 +145,8 @@ def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
         log.info("n_ctx %d is above %s's trained context of %d", n_ctx, path.name,
                  info.context_length)
     try:
-        slots = slots_that_fit(slots, n_ctx, info.kv_bytes_per_token(kv_type), kv_budget_bytes)
+        slots = slots_that_fit(slots, n_ctx, info.kv_bytes_per_slot(n_ctx, kv_type),
+                               kv_budget_bytes)
     except ModelLoadError as exc:
         raise ModelCheckError(str(exc)) from None
     weights = plan_weights(info, mmap)

@@ -38,6 +38,17 @@ _BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 2
            41: (128, 18)}
 
 
+# The tokens of one llama.cpp decode (its ubatch): the engine's n_batch. A sliding window's
+# layers keep the window and one decode's worth of cells (kv_bytes_per_slot).
+N_UBATCH = 512
+
+# Layers in a window's cache, by architecture, as llama.cpp's loader makes them (its
+# load_swa_pattern; llama-hparams.cpp set_swa_pattern): of each `pattern` layers, all but the
+# last; 0: every layer. The default pattern, and the window where the header has none.
+# <arch>.attention.sliding_window_pattern, a number or a flag per layer, overrides it.
+WINDOW_PATTERNS = {"gemma2": (2, 4096), "gemma3": (6, None)}
+
+
 class NotGGUF(ValueError):
     """The file is not a readable GGUF file."""
 
@@ -63,6 +74,9 @@ class GGUFInfo:
     # The token embedding, likewise, when it is the output matrix too (no output.weight):
     # llama.cpp then multiplies by it as well, and a repacked copy of it is an extra copy.
     tied_output: tuple[int, int, int] | None = None
+    # Of its layers, those whose KV llama.cpp keeps in a sliding window's cache (an
+    # architecture of WINDOW_PATTERNS only; 0: none, or not known here).
+    window_layers: int = 0
 
     def kv_bytes_per_token(self, kv_type: str) -> int | None:
         """K and V for every layer, at 2 bytes (f16) or 34/32 bytes (q8_0) per value."""
@@ -70,6 +84,25 @@ class GGUFInfo:
             return None
         values = 2 * self.layers * self.kv_heads * self.head_dim
         return values * 2 if kv_type == "f16" else values * 34 // 32
+
+    def kv_bytes_per_slot(self, n_ctx: int, kv_type: str, *, swa_full: bool = False,
+                          n_ubatch: int = N_UBATCH) -> int | None:
+        """The KV llama.cpp allocates for one sequence of n_ctx tokens (its cells kept apart:
+        kv_unified off, n_ctx rounded up to 256 cells as llama.cpp does). Every layer at
+        n_ctx cells, but a window layer (window_layers) without swa_full (as the engine
+        loads a sliding-window model, llama_params.swa_full_for): llama.cpp's
+        llama_kv_cache_iswa gives it the window and one decode, rounded up to 256 cells,
+        at most n_ctx."""
+        per_token = self.kv_bytes_per_token(kv_type)
+        if per_token is None:
+            return None
+        cells = -(-n_ctx // 256) * 256
+        if swa_full or not (self.window_layers and self.sliding_window):
+            return per_token * cells
+        window = min(cells, -(-(self.sliding_window + n_ubatch) // 256) * 256)
+        per_layer = per_token // self.layers
+        return per_layer * ((self.layers - self.window_layers) * cells
+                            + self.window_layers * window)
 
 
 def _read(f: BinaryIO, fmt: str):
@@ -108,6 +141,27 @@ def _skip_string(f: BinaryIO) -> None:
     f.seek(_read(f, "<Q"), 1)
 
 
+def _flags(f: BinaryIO) -> list[bool] | None:
+    """An array of numbers or booleans, as flags (None: of anything else, skipped)."""
+    item, count = _read(f, "<I"), _read(f, "<Q")
+    if item not in _SCALARS:
+        for _ in range(count):
+            _value(f, item, False)
+        return None
+    return [bool(_read(f, _SCALARS[item])) for _ in range(count)]
+
+
+def _window_layers(arch: str, layers: int | None, window: int | None, pattern) -> int:
+    """How many of the layers llama.cpp keeps in a sliding window's cache (WINDOW_PATTERNS):
+    0 for an architecture not there, or a model without a window."""
+    if arch not in WINDOW_PATTERNS or not layers or not window:
+        return 0
+    if isinstance(pattern, list):
+        return sum(pattern[:layers])
+    n = int(pattern) if isinstance(pattern, (int, float)) else WINDOW_PATTERNS[arch][0]
+    return layers if n == 0 else sum(1 for il in range(layers) if il % n < n - 1)
+
+
 def read_gguf_info(path: Path) -> GGUFInfo:
     """Describe a GGUF file; NotGGUF if it is not one."""
     path = Path(path)
@@ -122,6 +176,9 @@ def read_gguf_info(path: Path) -> GGUFInfo:
         for _ in range(n_kv):
             key = _string(f)
             kind = _read(f, "<I")
+            if key.endswith(".attention.sliding_window_pattern") and kind == _ARRAY:
+                meta[key] = _flags(f)
+                continue
             meta[key] = _value(f, kind, keep=key != "tokenizer.chat_template")
             if key == "tokenizer.chat_template":
                 meta[key] = True
@@ -154,6 +211,9 @@ def read_gguf_info(path: Path) -> GGUFInfo:
     embd = arch_int("embedding_length")
     head_dim = arch_int("attention.key_length") or (embd // heads if embd and heads else None)
     file_type = meta.get("general.file_type")
+    layers, window = arch_int("block_count"), arch_int("attention.sliding_window")
+    if window is None and arch in WINDOW_PATTERNS:
+        window = WINDOW_PATTERNS[arch][1]  # llama.cpp's default window for it
     return GGUFInfo(
         path=path, size=path.stat().st_size, architecture=arch,
         name=str(meta.get("general.name", path.stem)), parameters=parameters,
@@ -161,8 +221,10 @@ def read_gguf_info(path: Path) -> GGUFInfo:
         else "unknown",
         context_length=arch_int("context_length"),
         has_chat_template=bool(meta.get("tokenizer.chat_template")),
-        layers=arch_int("block_count"), kv_heads=kv_heads or heads, head_dim=head_dim,
-        sliding_window=arch_int("attention.sliding_window"),
+        layers=layers, kv_heads=kv_heads or heads, head_dim=head_dim,
+        sliding_window=window,
         matrices=tuple((*key, size) for key, size in sorted(matrices.items())),
         tied_output=embedding if "output.weight" not in names else None,
+        window_layers=_window_layers(arch, layers, window,
+                                     meta.get(f"{arch}.attention.sliding_window_pattern")),
     )

@@ -10,13 +10,13 @@ from reame.models.model_file import ModelLoadError
 log = logging.getLogger(__name__)
 
 
-def slots_that_fit(wanted: int, n_ctx: int, per_token: int | None,
+def slots_that_fit(wanted: int, n_ctx: int, per_slot: int | None,
                    budget: int | None) -> int:
-    """How many of the wanted slots' KV (n_ctx tokens each) fit in budget bytes; ModelLoadError
-    if not even one does. Without a budget or a known size per token: all of them."""
-    if budget is None or not per_token:
+    """How many of the wanted slots' KV (per_slot bytes each: n_ctx tokens, GGUFInfo.
+    kv_bytes_per_slot) fit in budget bytes; ModelLoadError if not even one does. Without a
+    budget or a known size per slot: all of them."""
+    if budget is None or not per_slot:
         return wanted
-    per_slot = n_ctx * per_token
     fit = budget // per_slot
     if fit < 1:
         raise ModelLoadError(

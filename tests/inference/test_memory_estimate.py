@@ -58,13 +58,68 @@ def test_the_estimate_is_near_each_measured_server(row):
     for folder in MODEL_FOLDERS:
         if (folder / row["file"]).exists():  # the file here is the one measured
             info = read_gguf_info(folder / row["file"])
-            assert header_facts(info) == row["header"], (
+            facts = header_facts(info)  # of those recorded (a newer field: its default)
+            assert {k: facts[k] for k in row["header"]} == row["header"], (
                 f"{folder / row['file']} is not the file measured: run python -m bench.memory")
     # The weights as that server held them: its [model] mmap, on the CPU that measured it.
     weights = plan_weights(info, row["mmap"], MEASURED["machine"]["cpu_features"])
     needed = memory_needed(info, row["n_ctx"], row["kv_type"], row["slots"], weights=weights)
     peak = row["peak_rss"]
     assert abs(needed - peak) <= TOLERANCE * peak, (needed / MB, peak / MB)
+
+
+# the KV llama.cpp allocates, against GGUFInfo.kv_bytes_per_slot
+
+
+def allocated_kv(path: Path, **engine_args) -> tuple[int, bool]:
+    """The bytes of the KV buffers llama.cpp reports allocating for an engine (its log lines
+    "... KV buffer size = X MiB"), and whether it kept the window layers full-size."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp._logger import llama_log_callback
+
+    from reame.inference.engine import Engine
+
+    lines: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def collect(level, text, user_data):
+        lines.append(text.decode("utf-8", "replace"))
+
+    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+    try:
+        engine = Engine(path, n_threads=1, **engine_args)
+        swa_full = engine.swa_full
+        engine.close()
+    finally:
+        llama_cpp.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
+    mib = re.findall(r"KV buffer size\s*=\s*([\d.]+) MiB", "".join(lines))
+    assert mib, "no KV buffer size in llama.cpp's log"
+    return round(sum(float(m) for m in mib) * MB), swa_full
+
+
+@pytest.mark.parametrize("n_ctx, slots, swa_full", [
+    (4096, 1, None),  # as the engine loads it: 27 MiB, not 72
+    (4096, 1, True),  # llama.cpp's default: every layer at n_ctx
+    (2048, 2, None),  # two slots, each its own window cells
+    (768, 1, None),  # a context under the window and a decode: every layer at n_ctx
+])
+def test_the_kv_estimate_is_what_llama_cpp_allocates_for_gemma3(gemma_path, n_ctx, slots,
+                                                                 swa_full):
+    info = read_gguf_info(gemma_path)
+    assert info.window_layers == 15 and info.layers == 18  # 5 of every 6 layers
+    real, kept_full = allocated_kv(gemma_path, n_ctx=n_ctx, slots=slots, swa_full=swa_full)
+    assert kept_full is bool(swa_full)  # a sliding window's layers: not full-size by default
+    estimate = slots * info.kv_bytes_per_slot(n_ctx, "f16", swa_full=kept_full)
+    assert abs(estimate - real) <= 0.02 * real, (estimate / MB, real / MB)
+
+
+def test_the_kv_estimate_is_what_llama_cpp_allocates_for_a_dense_model(model_path):
+    real, kept_full = allocated_kv(model_path, n_ctx=2048)
+    assert kept_full  # no window: llama.cpp's default, which changes nothing
+    estimate = read_gguf_info(model_path).kv_bytes_per_slot(2048, "f16")
+    assert abs(estimate - real) <= 0.02 * real, (estimate / MB, real / MB)
 
 
 # live: a server of the default model on this machine

@@ -41,7 +41,7 @@ def grown(model_path, slots: int, budget: int = 0) -> dict:
 
 
 def test_the_slots_kv_stays_within_its_budget(model_path):
-    per_slot = N_CTX * read_gguf_info(model_path).kv_bytes_per_token("f16")  # 90 MB here
+    per_slot = read_gguf_info(model_path).kv_bytes_per_slot(N_CTX, "f16")  # 90 MB here
     budget = int(2.5 * per_slot)  # room for 2 of the 4 slots asked for
     one = grown(model_path, 1)
     limited = grown(model_path, 4, budget)
@@ -55,8 +55,8 @@ def test_the_slots_kv_stays_within_its_budget(model_path):
 
 
 def test_slots_that_do_not_fit_are_refused_or_reduced_with_a_reason():
-    per_token = 23_040  # SmolLM2-135M, f16
-    assert slots_that_fit(4, 4096, per_token, None) == 4
-    assert slots_that_fit(4, 4096, per_token, 3 * 4096 * per_token) == 3
+    per_slot = 4096 * 23_040  # SmolLM2-135M, f16
+    assert slots_that_fit(4, 4096, per_slot, None) == 4
+    assert slots_that_fit(4, 4096, per_slot, 3 * per_slot) == 3
     with pytest.raises(ModelLoadError, match=r"n_ctx 4,096 takes 90 MB.*kv_ram_mb"):
-        slots_that_fit(4, 4096, per_token, 50 * MB)
+        slots_that_fit(4, 4096, per_slot, 50 * MB)
