@@ -95,9 +95,10 @@ def reused(engine: Engine, prompt: list[int], other: list[int], cut: int, n: int
     cut instead (its prefix evaluated in its own plan: what a checkpoint at the cut holds)."""
     engine.clear()
     engine.extend(prompt[:cut] + other)
-    if not engine.truncate(cut):
+    if not engine.truncate(cut) or len(engine.tokens) != cut:
         engine.clear()
         engine.extend(prompt[:cut])
+    assert engine.tokens == prompt[:cut]
     engine.extend(prompt[cut:])
     return greedy(engine, n)
 
@@ -107,7 +108,9 @@ def run_model(name: str, path: Path, label: str, args, rng: random.Random) -> di
         from . import make_models
 
         make_models.make(make_models.SHAPES[name])
-    engine = Engine(path, n_ctx=N_CTX, n_threads=args.threads)
+    # exact_reuse=False: truncate() cuts at the very token (an exact engine goes down to the
+    # start of the decode the cut falls in).
+    engine = Engine(path, n_ctx=N_CTX, n_threads=args.threads, exact_reuse=False)
     cases, started = [], time.perf_counter()
     try:
         for p in range(args.prompts):
