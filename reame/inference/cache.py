@@ -124,37 +124,39 @@ class KVCache(CacheFigures):
         usable = len(prompt) - 1  # the last token is always evaluated, for its logits
         live = engine.resume_point(prompt)
         state = self.live
-        live_chat, state.chat = state.chat, chat_id
+        state.chat = chat_id
         ahead, state.ahead = state.ahead, None
         missed, state.missed = state.missed, None
+        kept, state.kept = state.kept, None
         if ahead is not None and ahead.chat_id == chat_id and (
                 live or engine.ready_for(prompt)):  # (a typed prompt of one decode: ready)
             # Restored when the chat was opened or while the turn built its prompt, or typed
-            # ahead: this turn's own work (up to where the prompt differs, after an edit).
+            # ahead: this turn's own work (up to where the prompt differs, after an edit),
+            # unless the prompt left that work early and a file gives more (a draft typed
+            # before a document was attached: another chat's file of that document).
+            if self.files is not None and live < usable and not engine.ready_for(prompt):
+                better, _ = self._look_up(chat_id, prompt, live, missed, parent)
+                if better is not None:
+                    return self._found(better)
             if not ahead.counted:
                 counts = self._count()
                 counts.lookups += 1
                 counts.hits += 1
                 self.count_saved(counts, live)
             return Restored(live, ahead.source, ahead.restore_ms, typed=ahead.typed)
-        # The live KV is this chat's own (its file holds the same tokens), or the same prompt
-        # again with its logits kept (Engine.recallable): nothing to look up.
+        # The live KV is what this chat's last turn left and saved (its file holds the same
+        # tokens), or the same prompt again with its logits kept (Engine.recallable): nothing
+        # to look up. (Its KV made otherwise since, e.g. a draft typed ahead before a document
+        # was attached, may give less than another chat's file.)
         recalled = engine.recallable(prompt)  # all of it, evaluated by prefill (none cut)
         if self.files is None or live >= usable or recalled or (
-                live and chat_id is not None and live_chat == chat_id):
+                live and chat_id is not None and kept == chat_id):
             return Restored(live, "live" if live or recalled else "none")
+        restored, ms = self._look_up(chat_id, prompt, live, missed, parent)
+        if restored is not None:
+            return self._found(restored)
         counts = self._count()
         counts.lookups += 1
-        started = time.perf_counter()
-        # The chat's own file, if restore_ahead() just found it unusable, is not read (nor
-        # logged) twice.
-        restored = self._restore(chat_id, prompt, live, own=missed != chat_id, parent=parent)
-        ms = (time.perf_counter() - started) * 1000
-        if restored is not None:
-            counts.hits += 1
-            self.count_saved(counts, restored.reused)
-            restored.restore_ms = ms
-            return restored
         # Nothing better on disk: whatever still matches in the context is reused (another
         # chat's opening). It counts as a hit as a file would: which of the two a turn finds
         # depends on what other users did last, and the figures a user reads must not.
@@ -163,6 +165,27 @@ class KVCache(CacheFigures):
             counts.hits += 1
             self.count_saved(counts, live)
         return Restored(live, "live" if live else "none", ms)
+
+    def _look_up(self, chat_id: int | None, prompt: list[int], live: int, missed: int | None,
+                 parent: int | None) -> tuple[Restored | None, float]:
+        """The file that gives more of prompt than the live KV (live tokens), restored (None:
+        none), and the ms the lookup took."""
+        started = time.perf_counter()
+        # The chat's own file, if restore_ahead() just found it unusable, is not read (nor
+        # logged) twice.
+        restored = self._restore(chat_id, prompt, live, own=missed != chat_id, parent=parent)
+        ms = (time.perf_counter() - started) * 1000
+        if restored is not None:
+            restored.restore_ms = ms
+        return restored, ms
+
+    def _found(self, restored: Restored) -> Restored:
+        """A file's restore, counted as a lookup and a hit."""
+        counts = self._count()
+        counts.lookups += 1
+        counts.hits += 1
+        self.count_saved(counts, restored.reused)
+        return restored
 
     def holds(self, chat_id: int) -> bool:
         """Whether the live KV is this chat's (its last turn, or its restore on opening)."""
@@ -337,6 +360,7 @@ class KVCache(CacheFigures):
         if self.files is None or not self.engine.tokens:
             return 0.0
         self.live.missed = None
+        self.live.kept = chat_id
         return self._save_live(self.files.chat_key(chat_id))
 
     def _save_conversation(self) -> float:

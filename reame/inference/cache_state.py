@@ -59,6 +59,9 @@ class Live:
     chat: int | None = None
     ahead: Ahead | None = None
     missed: int | None = None
+    # The chat whose file holds what this KV holds: saved at the end of its turn, and not
+    # changed since (a draft typed ahead, another turn's prompt change it).
+    kept: int | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import pytest
 from playwright.sync_api import expect
 
 from reame.chats.documents import Document, compose
+from reame.inference.batches import whole_chunks
 from reame.inference.prompt import PromptMessage
 
 from tests.browser_helpers import browser  # noqa: F401 - the Chromium fixture, shared
@@ -491,11 +492,14 @@ def test_a_new_user_with_a_removed_users_name_starts_empty(bank):
     assert new_erin.predict(api_name="/list_chats") == []
     with pytest.raises(Exception, match="does not exist"):
         new_erin.predict(chat, api_name="/get_chat")
-    # Nor the old erin's KV: the same conversation reuses only the shared system prompt, as
-    # much as the first time it was sent (then from her live KV, now from the shared file).
+    # Nor the old erin's KV (her file of this very conversation would give all of it): only
+    # the shared system prompt's file, the whole chunks of the opening every user shares. The
+    # first time it was sent, her own live KV gave that much or a few template tokens more.
     again = ask(server, new_key, DIARY)
-    counts = [observed(answer)[:3] + observed(answer)[4:] for answer in (again, opening)]
-    assert counts[0] == counts[1] and again["reame"]["source"] == "prefix", (again, opening)
+    prompt, cached, reused, source, prefilled = observed(again)
+    assert source == "prefix" and prompt == observed(opening)[0] and cached == reused
+    assert reused == whole_chunks(reused) <= observed(opening)[2] < prompt - 8, (again, opening)
+    assert prefilled == prompt - reused
     # The old chats can be given to someone on purpose.
     assert cli(server.config, "adopt", "alice", "--from", old_id).returncode == 0
     titles = [c["title"] for c in login(server, "alice").predict(api_name="/list_chats")]
