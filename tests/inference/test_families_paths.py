@@ -11,18 +11,19 @@ memory is the real architectures'.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from reame.chats.documents import Document, compose
 from reame.chats.window import turns_of
 from reame.config.reame_conf import GenerationConfig
 from reame.inference.batches import CHUNK
-from reame.inference.engine import Engine, common_prefix
+from reame.inference.engine import common_prefix
 from reame.inference.prompt import PromptMessage
-from reame.runtime import service_over
 from reame.web.page.render import stats_text
 
-from tests.conftest import THREADS
+from tests.inference.test_families_restore import Node as FamilyNode
 
 HYBRIDS = ("lfm2", "qwen35")
 LONG_SYSTEM = ("You are a meticulous assistant for a public library. " * 30).strip()
@@ -32,27 +33,8 @@ TEXT = ("The library keeps old maps of the river valley, letters from the mill o
         "and photographs of the bridge before the flood of that year. ")
 
 
-class Node:
-    """One 'process' over a folder: an engine with an empty context, its service."""
-
-    def __init__(self, folder, path, *, cache: bool = True, n_ctx: int = 2048):
-        self.engine = Engine(path, n_ctx=n_ctx, n_threads=THREADS)
-        self.service = service_over(folder, self.engine, SETTINGS, cache=cache)
-        self.store = self.service.store
-
-    def finish(self, updates):
-        before = self.engine.evaluated
-        last = list(updates)[-1]
-        assert last.done
-        last.evaluated = self.engine.evaluated - before
-        return last
-
-    def say(self, chat_id, text):
-        return self.finish(self.service.send(chat_id, text))
-
-    def flush(self):
-        if self.service.cache.enabled:
-            self.service.cache.flush()
+# Its turns: the restore tests' Node, with this file's long system prompt.
+Node = partial(FamilyNode, settings=SETTINGS)
 
 
 def cold_twin(folder, path, messages, text):

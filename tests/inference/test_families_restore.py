@@ -134,11 +134,14 @@ def test_a_v1_conversation_continues_after_a_restart_as_if_uninterrupted(
 
 
 class Node:
-    """One 'process': an engine with an empty context and a service over folder."""
+    """One 'process': an engine with an empty context and a service over folder (also
+    tests/inference/test_families_paths.py's, with its own settings)."""
 
-    def __init__(self, folder, path, *, cache: bool = True):
-        self.engine = Engine(path, n_ctx=2048, n_threads=THREADS)
-        self.service = service_over(folder, self.engine, GREEDY, cache=cache)
+    def __init__(self, folder, path, *, cache: bool = True, n_ctx: int = 2048,
+                 settings: GenerationConfig = GREEDY):
+        self.engine = Engine(path, n_ctx=n_ctx, n_threads=THREADS)
+        self.service = service_over(folder, self.engine, settings, cache=cache)
+        self.store = self.service.store
 
     def finish(self, updates):
         before = self.engine.evaluated
