@@ -64,6 +64,7 @@ class Uploads:
         self.keep_s = keep_s
         self.max_waiting = max_waiting
         self._kept: dict[str, _Kept] = {}  # resolved path -> who may take it
+        self._emptied: set[Path] = set()  # digest folders a deletion may have left empty
         self._lock = threading.Lock()
 
     # The middleware.
@@ -85,6 +86,7 @@ class Uploads:
                    for k, v in scope["headers"]}
         key = session_key(headers.get("cookie", ""))
         self.expire()
+        self._sweep()
         if self.waiting(key) >= self.max_waiting:
             await refuse(scope, send, 429, "too_many_uploads",
                          f"{self.max_waiting} uploaded files wait to be imported; import them "
@@ -166,7 +168,7 @@ class Uploads:
             raise UploadRefused("the uploaded file is gone: upload it again") from None
         finally:
             if last:
-                _delete(Path(resolved))
+                self._delete(Path(resolved))
 
     def waiting(self, key: str) -> int:
         with self._lock:
@@ -180,21 +182,33 @@ class Uploads:
             for path in old:
                 del self._kept[path]
         for path in old:
-            _delete(Path(path))
+            self._delete(Path(path))
 
     def _discard(self, path: Path) -> None:
         """A refused upload: deleted, unless the same content is kept for someone."""
         with self._lock:
             if str(path) in self._kept:
                 return
-        _delete(path)
+        self._delete(path)
 
+    def _delete(self, path: Path) -> None:
+        """The file; its folder (Gradio gives each upload a folder named by its content's
+        digest) is removed later by _sweep, not here: a take runs on an event's thread, and
+        another upload of the same content may be between making that folder and moving its
+        file in (which failed with a 500 when the folder went in between)."""
+        path.unlink(missing_ok=True)
+        with self._lock:
+            self._emptied.add(path.parent)
 
-def _delete(path: Path) -> None:
-    """The file and its folder (Gradio gives each upload a folder named by its digest)."""
-    path.unlink(missing_ok=True)
-    try:
-        path.parent.rmdir()
-    except OSError:
-        pass  # not empty: another file of the same content under another name
+    def _sweep(self) -> None:
+        """Remove the digest folders deletions left empty. Only on the event loop, before
+        an upload is handed to Gradio: Gradio makes a folder and moves a file into it with no
+        await in between, so no upload is ever between the two while this runs."""
+        with self._lock:
+            folders, self._emptied = self._emptied, set()
+        for folder in folders:
+            try:
+                folder.rmdir()
+            except OSError:
+                pass  # gone already, or not empty: another file of the same content
 
