@@ -33,13 +33,11 @@ from reame.web.v1.chat_request import CompletionRequest, parse_request
 from reame.web.v1.chat_stream import chat_events
 from reame.web.v1.common import (
     CHAT_HEADER,
-    client_gone,
     cut_short,
     ended,
     figures_of,
     last_update,
-    read_json,
-    refused,
+    open_turn,
     started,
     system_fingerprint,
     turn_refusal,
@@ -58,15 +56,7 @@ def add_chat_completions(router: APIRouter, service: ChatService,
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request):
-        try:
-            user = caller(request)
-            body = await read_json(request)
-        except ApiError as exc:
-            return exc.response()
-        # From here the request has nothing more to read: the next message is its end.
-        gone = asyncio.ensure_future(client_gone(request))
-        try:
-            ready()
+        async def prepare(user, body):
             # A schema's conversion and the grammar's check take milliseconds to a second:
             # off the event loop, which answers every other request meanwhile.
             parsed = await asyncio.to_thread(_parsed, service, body, model_ids())
@@ -74,23 +64,17 @@ def add_chat_completions(router: APIRouter, service: ChatService,
             _check_choices(service, parsed, chat_id)
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
-            start = _starter(service, parsed, chat_id, user)
-            fingerprint, vocab = system_fingerprint(service), service.engine
-            updates = await started(start, gone)
-            # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
-            # (too long, empty, no model, full) raise here, before any byte is sent.
-            first = await updates.next()
-        except (ApiError, ChatError, ChatNotFound) as exc:
-            return refused(gone, turn_refusal(exc, "messages"))
-        except BaseException:
-            gone.cancel()
-            raise
-        if first is None:  # the client hung up: nobody reads an answer
-            gone.cancel()
-            return Response(status_code=499)
+            return (_starter(service, parsed, chat_id, user),
+                    (parsed, system_fingerprint(service), service.engine))
+
+        opened = await open_turn(request, caller, ready, prepare, "messages")
+        if isinstance(opened, Response):
+            return opened
+        updates, first, gone = opened.updates, opened.first, opened.gone
+        parsed, fingerprint, vocab = opened.context
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         # Choices after the first start once it has ended: its KV file holds their prompt.
-        more = [_starter(service, parsed, None, user, k) for k in range(1, parsed.n)]
+        more = [_starter(service, parsed, None, opened.user, k) for k in range(1, parsed.n)]
         if parsed.stream:
             return StreamingResponse(chat_events(updates, first, gone, completion_id, parsed,
                                                  fingerprint, vocab, more),

@@ -1,13 +1,15 @@
-"""What the /v1 routes share (chat_completions.py: chat completions; completions.py: text
-completions): reading a JSON body, noticing a client that hangs up, a request refused or a
-turn ended in OpenAI's shape and status, the usage and Reame's own figures of an answer."""
+"""What the /v1 routes share (chat completions, text completions, Messages, Responses): a
+turn's opening (open_turn: who asks, the JSON body, readiness, the turn started and its first
+update, or the refusal), noticing a client that hangs up, a request refused or a turn ended in
+OpenAI's shape and status, the usage and Reame's own figures of an answer."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import xxhash
 from fastapi import Request
@@ -46,6 +48,54 @@ def system_fingerprint(service: ChatService) -> str:
     build (what a reply's bits depend on besides the request and the CPU)."""
     engine = service.engine
     return "fp_" + xxhash.xxh3_64_hexdigest((engine.kv_fingerprint if engine else "").encode())[:10]
+
+
+Context = TypeVar("Context")
+
+
+@dataclass
+class Opened(Generic[Context]):
+    """A turn under way: who asked, its updates (the first in hand), the future that ends
+    when the client hangs up, and what the route's prepare returned beside the start."""
+    user: str | None
+    updates: UpdateFeed
+    first: TurnUpdate
+    gone: asyncio.Future
+    context: Context
+
+
+Prepare = Callable[[str | None, Any], Awaitable[tuple[Callable[[], TurnStream], Context]]]
+
+
+async def open_turn(request: Request, caller: Callable[[Request], str | None],
+                    ready: Callable[[], None], prepare: Prepare,
+                    prompt_param: str) -> Opened | Response:
+    """The opening every /v1 turn shares: the caller (its key), the JSON body, the server
+    ready, then prepare(user, body) (the route's own reading of the body: a start for the turn
+    and any context); the turn started and its first update, which waits for a slot and the
+    prompt. A refusal (a bad body, too long, empty, no model, full) is the response, before any
+    byte of an answer is sent; 499 when the client hung up meanwhile."""
+    try:
+        user = caller(request)
+        body = await read_json(request)
+    except ApiError as exc:
+        return exc.response()
+    # From here the request has nothing more to read: the next message is its end.
+    gone = asyncio.ensure_future(client_gone(request))
+    try:
+        ready()
+        start, context = await prepare(user, body)
+        updates = await started(start, gone)
+        first = await updates.next()
+    except (ApiError, ChatError, ChatNotFound) as exc:
+        return refused(gone, turn_refusal(exc, prompt_param))
+    except BaseException:
+        gone.cancel()
+        raise
+    if first is None:  # the client hung up: nobody reads an answer
+        gone.cancel()
+        return Response(status_code=499)
+    return Opened(user, updates, first, gone, context)
 
 
 STOPPED_BY_SERVER = ("the reply was stopped by the server (a model switch or a shutdown) before "

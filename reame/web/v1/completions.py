@@ -21,24 +21,19 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from reame.chats.service import ChatError, ChatNotFound, ChatService, TurnUpdate
+from reame.chats.service import ChatError, ChatService, TurnUpdate
 from reame.web.http.turn_updates import UpdateFeed
 from reame.web.v1.common import (
     INTERNAL_ERROR,
     STOPPED_BY_SERVER,
-    client_gone,
     figures_of,
     last_update,
-    read_json,
-    refused,
+    open_turn,
     sse_error,
-    started,
     system_fingerprint,
-    turn_refusal,
     usage_of,
 )
 from reame.web.v1.completions_request import TextRequest, parse_completions
-from reame.web.v1.errors import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -51,34 +46,21 @@ def add_completions(router: APIRouter, service: ChatService,
 
     @router.post("/completions")
     async def completions(request: Request):
-        try:
-            user = caller(request)
-            body = await read_json(request)
-        except ApiError as exc:
-            return exc.response()
-        # From here the request has nothing more to read: the next message is its end.
-        gone = asyncio.ensure_future(client_gone(request))
-        try:
-            ready()
+        async def prepare(user, body):
             parsed = parse_completions(body, model_ids())
-            fingerprint, vocab = system_fingerprint(service), service.engine
-            updates = await started(lambda: service.complete_text(
+            start = lambda: service.complete_text(  # noqa: E731
                 parsed.prompt, max_tokens=parsed.max_tokens, temperature=parsed.temperature,
                 top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
                 logit_bias=parsed.logit_bias, frequency_penalty=parsed.frequency_penalty,
                 presence_penalty=parsed.presence_penalty, top_logprobs=parsed.logprobs,
-                user=user), gone)
-            # Tokenizing and the first update (it waits for a slot, and the prompt): refusals
-            # (too long, empty, no model, full) raise here, before any byte is sent.
-            first = await updates.next()
-        except (ApiError, ChatError, ChatNotFound) as exc:
-            return refused(gone, turn_refusal(exc, "prompt"))
-        except BaseException:
-            gone.cancel()
-            raise
-        if first is None:  # the client hung up: nobody reads an answer
-            gone.cancel()
-            return Response(status_code=499)
+                user=user)
+            return start, (parsed, system_fingerprint(service), service.engine)
+
+        opened = await open_turn(request, caller, ready, prepare, "prompt")
+        if isinstance(opened, Response):
+            return opened
+        updates, first, gone = opened.updates, opened.first, opened.gone
+        parsed, fingerprint, vocab = opened.context
         answer = Answer(f"cmpl-{uuid.uuid4().hex}", parsed, fingerprint, vocab)
         if parsed.stream:
             return StreamingResponse(_sse(updates, first, gone, answer),

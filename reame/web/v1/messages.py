@@ -18,17 +18,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from reame.chats.service import ChatError, ChatNotFound, ChatService, TurnUpdate
+from reame.chats.service import ChatError, ChatService, TurnUpdate
 from reame.inference.scope import user_scope
 from reame.web.http.turn_updates import UpdateFeed
 from reame.web.v1.common import (
     INTERNAL_ERROR,
     STOPPED_BY_SERVER,
-    client_gone,
     last_update,
+    open_turn,
     read_json,
-    refused,
-    started,
     turn_refusal,
 )
 from reame.web.v1.errors import ApiError
@@ -79,31 +77,20 @@ def add_messages(router: APIRouter, service: ChatService,
 
     @router.post("/messages")
     async def messages(request: Request):
-        try:
-            user = caller(request)
-            body = await read_json(request)
-        except ApiError as exc:
-            return anthropic_error(exc.response())
-        gone = asyncio.ensure_future(client_gone(request))
-        try:
-            ready()
+        async def prepare(user, body):
             parsed = parse_body(MessagesRequest, body)
             turn = await asyncio.to_thread(read_turn, parsed)
-            model = service.engine.name
             start = lambda: service.complete(  # noqa: E731
                 turn.system_prompt, turn.turns, max_tokens=parsed.max_tokens,
                 grammar=turn.grammar, grammar_trigger=turn.trigger, tools=turn.tools,
                 user=user, **sampling_of(parsed))
-            updates = await started(start, gone)
-            first = await updates.next()
-        except (ApiError, ChatError, ChatNotFound) as exc:
-            return anthropic_error(refused(gone, turn_refusal(exc, "messages")))
-        except BaseException:
-            gone.cancel()
-            raise
-        if first is None:
-            gone.cancel()
-            return Response(status_code=499)
+            return start, (parsed, turn, service.engine.name)
+
+        opened = await open_turn(request, caller, ready, prepare, "messages")
+        if isinstance(opened, Response):
+            return anthropic_error(opened)
+        updates, first, gone = opened.updates, opened.first, opened.gone
+        parsed, turn, model = opened.context
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         shape = ReplyShape(turn.calls_tools)
         if parsed.stream:

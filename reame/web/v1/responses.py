@@ -20,14 +20,12 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from reame.chats.service import (
-    ChatError,
-    ChatNotFound,
     ChatService,
     ResponseNotFound,
     StoredResponses,
     TurnUpdate,
 )
-from reame.web.v1.common import client_gone, last_update, read_json, refused, started, turn_refusal
+from reame.web.v1.common import last_update, open_turn
 from reame.web.v1.errors import ApiError, check_model
 from reame.web.v1.reply_shape import ReplyShape
 from reame.web.v1.responses_request import ResponsesRequest, new_items, parse, read_turn
@@ -75,14 +73,7 @@ def add_responses(router: APIRouter, service: ChatService,
 
     @router.post("/responses")
     async def create_response(request: Request):
-        try:
-            user = caller(request)
-            body = await read_json(request)
-        except ApiError as exc:
-            return exc.response()
-        gone = asyncio.ensure_future(client_gone(request))
-        try:
-            ready()
+        async def prepare(user, body):
             parsed = await asyncio.to_thread(parse, body)
             check_model(parsed.model, model_ids())
             chain = []
@@ -97,16 +88,13 @@ def add_responses(router: APIRouter, service: ChatService,
                 user=user, **({} if parsed.temperature is None
                               else {"temperature": parsed.temperature}),
                 **({} if parsed.top_p is None else {"top_p": parsed.top_p}))
-            updates = await started(start, gone)
-            first = await updates.next()
-        except (ApiError, ChatError, ChatNotFound) as exc:
-            return refused(gone, turn_refusal(exc, "input"))
-        except BaseException:
-            gone.cancel()
-            raise
-        if first is None:
-            gone.cancel()
-            return Response(status_code=499)
+            return start, (parsed, items, turn)
+
+        opened = await open_turn(request, caller, ready, prepare, "input")
+        if isinstance(opened, Response):
+            return opened
+        user, updates, first, gone = opened.user, opened.updates, opened.first, opened.gone
+        parsed, items, turn = opened.context
         shape = ReplyShape(turn.calls_tools)
         made = Made(f"resp_{uuid.uuid4().hex}", int(time.time()), parsed, shape)
 
