@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from reame.accounts.users import Accounts
 from reame.chats.service import ChatService
 from reame.chats.store import Store
 from reame.config.reame_conf import GenerationConfig
@@ -220,6 +221,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.process: subprocess.Popen | server_process.Forked | None = None
+        self.keys: dict[str, str] = {}  # user -> API key, when start_server made them
 
     def start(self, timeout: float = 90) -> "Server":
         # Each server keeps its uploads in a folder of its own (tests look at what is left).
@@ -258,10 +260,26 @@ class Server:
         return self.start()
 
 
-def start_server(folder: Path, **config) -> Server:
-    """A server started on a reame.conf written into folder (made if missing), its log beside."""
+def start_server(folder: Path, *, users: dict[str, str] | None = None,
+                 admins: tuple[str, ...] | None = None, keys: bool = False,
+                 start: bool = True, **config) -> Server:
+    """The tests' one way to a server: a reame.conf written into folder (made if missing) from
+    config (write_config's keywords), its log beside, started unless start is False (to put
+    chats or users in its folder first; then call .start()). users ({name: password}) turns
+    accounts on (users.json), admins among them (the first user when None); keys: an API key
+    each, in server.keys."""
     folder.mkdir(parents=True, exist_ok=True)
-    return Server(write_config(folder, **config), folder / "server.log").start()
+    if users:
+        config.setdefault("users_file", "users.json")
+    server = Server(write_config(folder, **config), folder / "server.log")
+    if users:
+        accounts = Accounts(folder / config["users_file"])
+        for n, (name, password) in enumerate(users.items()):
+            admin = name in admins if admins is not None else n == 0
+            accounts.add_user(name, password, admin=admin)
+            if keys:
+                server.keys[name] = accounts.add_key(name)
+    return server.start() if start else server
 
 
 @pytest.fixture(scope="session")

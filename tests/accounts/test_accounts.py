@@ -16,8 +16,7 @@ import pytest
 from reame.accounts import manage
 from reame.accounts.users import AccountError, Accounts
 from reame.chats.store import Store
-
-from tests.conftest import ROOT, Server, write_config
+from tests.conftest import ROOT, Server, start_server, write_config
 from tests.gradio_api import ApiClient
 from tests.reference import assert_answers, model_answer
 
@@ -81,7 +80,8 @@ def test_passwords_are_scrypt_hashes_and_keys_are_stored_hashed(tmp_path):
 def guarded(tmp_path_factory, model_path):
     """A server with accounts: alice (admin, first user) and bob, each with an API key."""
     folder = tmp_path_factory.mktemp("accounts")
-    config = write_config(folder, model_path=model_path, max_tokens=16)
+    server = start_server(folder, model_path=model_path, max_tokens=16, start=False)
+    config = server.config
     keys = {}
     for name in ("alice", "bob"):
         made = cli(config, "adduser", name, "--key", password=PASSWORDS[name])
@@ -91,7 +91,7 @@ def guarded(tmp_path_factory, model_path):
     # A chat from before accounts were turned on: it has no owner.
     Store(folder / "sessions" / "reame.db").create_chat(
         title=OLD_TITLE, system_prompt="", temperature=0.0, top_p=1.0, max_tokens=16)
-    server = Server(config, folder / "server.log").start()
+    server.start()
     yield server, keys
     server.stop()
 

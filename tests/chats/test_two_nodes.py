@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import ROOT, Server, write_config
+from tests.conftest import ROOT, Server, start_server
 from tests.gradio_api import ApiClient
 from tests.nginx import Nginx
 from tests.postgres import postgres  # noqa: F401 - fixture
@@ -192,11 +192,9 @@ def cluster(tmp_path, postgres, model_path):  # noqa: F811
     nginx = None
     try:
         for name in ("a", "b"):
-            folder = tmp_path / name
-            folder.mkdir()
-            config = write_config(folder, model_path=model_path, max_tokens=24,
-                                  extra=f"database_url = {database}\n\n[cache]\ndir = {kv}\n")
-            nodes.append(Server(config, folder / "server.log").start())
+            nodes.append(start_server(
+                tmp_path / name, model_path=model_path, max_tokens=24,
+                extra=f"database_url = {database}\n\n[cache]\ndir = {kv}\n"))
         nginx = TwoNodes(tmp_path / "nginx", [node.port for node in nodes])
         yield SimpleNamespace(nodes=nodes, nginx=nginx, kv=kv, url=nginx.url)
     finally:

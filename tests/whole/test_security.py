@@ -28,13 +28,12 @@ from playwright.sync_api import expect
 from reame.chats.documents import Document, compose
 from reame.inference.batches import whole_chunks
 from reame.inference.prompt import PromptMessage
-
+from tests.accounts.test_accounts import cli, v1
 from tests.browser_helpers import browser  # noqa: F401 - the Chromium fixture, shared
-from tests.conftest import Server, start_server, write_config
+from tests.conftest import Server, start_server
 from tests.gradio_api import ApiClient
 from tests.page_events import PageSession, file_data
 from tests.server_metrics import metric, settle
-from tests.accounts.test_accounts import cli, v1
 
 USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22", "carol": "carol-secret-333"}
 # A default system prompt of more than one block (64 tokens): a whole shared block is what
@@ -53,16 +52,10 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 @pytest.fixture(scope="module")
 def bank(tmp_path_factory, model_path):
     """A server with accounts: alice (admin), bob and carol, each with an API key."""
-    folder = tmp_path_factory.mktemp("security")
-    config = write_config(folder, model_path=model_path, max_tokens=8, system_prompt=SYSTEM,
-                          server_extra="max_upload_mb = 1")
-    keys = {}
-    for name, password in USERS.items():
-        made = cli(config, "adduser", name, "--key", password=password)
-        assert made.returncode == 0, made.stderr
-        keys[name] = made.stdout.split("API key (shown once): ")[1].split()[0]
-    server = Server(config, folder / "server.log").start()
-    yield server, keys
+    server = start_server(tmp_path_factory.mktemp("security"), model_path=model_path,
+                          max_tokens=8, system_prompt=SYSTEM, server_extra="max_upload_mb = 1",
+                          users=USERS, keys=True)
+    yield server, server.keys
     server.stop()
 
 
@@ -511,10 +504,9 @@ def test_failed_logins_slow_a_guesser_down_but_never_lock_the_person_out(tmp_pat
     behind nginx, everyone: one address); X-Forwarded-For was believed from loopback. Now an
     address is limited, a name only spaced by a growing delay that gina's own browser skips,
     and a proxy's headers are believed from [server] trusted_proxies alone."""
-    config = write_config(tmp_path, model_path=model_path, max_tokens=8,
-                          server_extra="trusted_proxies = 127.0.0.1")
-    assert cli(config, "adduser", "gina", password="gina-secret-8").returncode == 0
-    server = Server(config, tmp_path / "server.log").start()
+    server = start_server(tmp_path, model_path=model_path, max_tokens=8,
+                          server_extra="trusted_proxies = 127.0.0.1",
+                          users={"gina": "gina-secret-8"})
 
     def attempt(password: str, forwarded_for: str | None = None, *, cookie: str = "",
                 source: str = "127.0.0.1", proto: str | None = None):
@@ -571,11 +563,9 @@ def test_failed_logins_slow_a_guesser_down_but_never_lock_the_person_out(tmp_pat
 
 
 def test_chats_per_user_are_limited_each_user_counting_their_own(tmp_path, model_path):
-    config = write_config(tmp_path, model_path=model_path, max_tokens=8,
-                          extra="max_chats_per_user = 2\n")
-    for name in ("gina", "hugo"):
-        assert cli(config, "adduser", name, password=f"{name}-secret-8").returncode == 0
-    server = Server(config, tmp_path / "server.log").start()
+    server = start_server(tmp_path, model_path=model_path, max_tokens=8,
+                          extra="max_chats_per_user = 2\n",
+                          users={name: f"{name}-secret-8" for name in ("gina", "hugo")})
     try:
         gina, hugo = (ApiClient(server.url, auth=(name, f"{name}-secret-8"), verbose=False)
                       for name in ("gina", "hugo"))
@@ -883,7 +873,6 @@ def test_an_untrusted_backup_writes_nothing_outside_its_folder_and_links_are_not
     import stat
 
     from reame.admin.backup import MANIFEST_NAME
-
     from tests.admin.test_backup import filled_site
 
     site = filled_site(tmp_path / "site")

@@ -11,10 +11,9 @@ from openai import BadRequestError, NotFoundError, OpenAI
 
 from reame.chats.store import Store
 from reame.chats.store.stored_responses import ResponseNotFound, StoredResponses
-
-from tests.conftest import Server, write_config
+from tests.accounts.test_accounts import v1
+from tests.conftest import Server, start_server
 from tests.whole.test_security import MODEL
-from tests.accounts.test_accounts import cli, v1
 
 USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22"}
 
@@ -22,15 +21,9 @@ USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22"}
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory, model_path):
     """A server with accounts: alice and bob, each with an API key."""
-    folder = tmp_path_factory.mktemp("agents")
-    config = write_config(folder, model_path=model_path, max_tokens=8)
-    keys = {}
-    for name, password in USERS.items():
-        made = cli(config, "adduser", name, "--key", password=password)
-        assert made.returncode == 0, made.stderr
-        keys[name] = made.stdout.split("API key (shown once): ")[1].split()[0]
-    server = Server(config, folder / "server.log").start()
-    yield server, keys
+    server = start_server(tmp_path_factory.mktemp("agents"), model_path=model_path,
+                          max_tokens=8, users=USERS, keys=True)
+    yield server, server.keys
     server.stop()
 
 

@@ -21,7 +21,7 @@ from tests.browser_helpers import (  # noqa: F401 - browser and page are fixture
     page,
     send,
 )
-from tests.conftest import ROOT, Server, write_config
+from tests.conftest import ROOT, start_server
 from tests.gradio_api import ApiClient
 from tests.nginx import Nginx
 
@@ -50,9 +50,8 @@ class ProxyUnderPath(Nginx):
 def proxied(tmp_path_factory, model_path):
     """A Reame with root_path /reame, and nginx serving it at /reame/."""
     folder = tmp_path_factory.mktemp("proxy")
-    config = write_config(folder, model_path=model_path, max_tokens=48,
+    server = start_server(folder, model_path=model_path, max_tokens=48,
                           server_extra=f"root_path = {PREFIX}\n")
-    server = Server(config, folder / "server.log").start()
     nginx = ProxyUnderPath(folder / "nginx", server.port)
     yield nginx
     nginx.stop()

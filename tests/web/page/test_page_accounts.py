@@ -14,8 +14,6 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from reame.accounts.users import Accounts
-
 from tests.browser_helpers import (  # noqa: F401 - browser is a fixture
     CHATS,
     CURRENT,
@@ -30,7 +28,7 @@ from tests.browser_helpers import (  # noqa: F401 - browser is a fixture
     selected_title,
     shown_as_loaded,
 )
-from tests.conftest import Server, write_config
+from tests.conftest import Server, start_server
 from tests.gradio_api import ApiClient
 from tests.web.page.test_page_access import PHONE
 
@@ -43,12 +41,8 @@ DESKTOP = {"width": 1280, "height": 900}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_path):
     """Accounts on: alice (admin), bob, dora and emil."""
-    folder = tmp_path_factory.mktemp("accounts-page")
-    config = write_config(folder, model_path=model_path, max_tokens=8, users_file="users.json")
-    accounts = Accounts(folder / "users.json")
-    for name, password in PASSWORDS.items():
-        accounts.add_user(name, password, admin=name == "alice")
-    server = Server(config, folder / "server.log").start()
+    server = start_server(tmp_path_factory.mktemp("accounts-page"), model_path=model_path,
+                          max_tokens=8, users=PASSWORDS, admins=("alice",))
     yield server
     server.stop()
 

@@ -19,7 +19,6 @@ import pytest
 from playwright.sync_api import expect
 
 from reame.chats.service import title_from
-
 from tests.browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
     BOT,
     BOX,
@@ -52,7 +51,7 @@ from tests.browser_helpers import (  # noqa: F401 - browser, page and server are
     without_stats,
     words,
 )
-from tests.conftest import Server, write_config
+from tests.conftest import start_server
 from tests.reference import assert_answers, model_answer
 
 
@@ -190,12 +189,10 @@ def test_new_chat_twice_makes_one_empty_chat_and_shortcuts_work(page, server):
 
 def test_with_accounts_the_page_asks_for_a_login_and_shows_only_your_chats(
         browser, tmp_path, model_path):
-    from tests.accounts.test_accounts import PASSWORDS, cli
+    from tests.accounts.test_accounts import PASSWORDS
 
-    config = write_config(tmp_path, model_path=model_path, max_tokens=16)
-    for name in ("alice", "bob"):
-        assert cli(config, "adduser", name, password=PASSWORDS[name]).returncode == 0
-    server = Server(config, tmp_path / "server.log").start()
+    server = start_server(tmp_path, model_path=model_path, max_tokens=16,
+                          users={name: PASSWORDS[name] for name in ("alice", "bob")})
     try:
         pages = {}
         for name in ("alice", "bob"):

@@ -21,9 +21,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from reame.accounts.users import Accounts
 from reame.chats.documents import Document, compose
-
 from tests.browser_helpers import (  # noqa: F401 - browser, page and server are fixtures
     BOT,
     BOX,
@@ -45,7 +43,7 @@ from tests.browser_helpers import (  # noqa: F401 - browser, page and server are
     shown_as_loaded,
     wait_for_reply_done,
 )
-from tests.conftest import FULL, Server, start_server, write_config
+from tests.conftest import FULL, Server, start_server
 from tests.page_events import PageSession, file_data
 from tests.pdf_files import shared_stream_pdf
 
@@ -180,12 +178,8 @@ def test_a_pdf_is_read_and_what_cannot_be_attached_is_named(page, server, tmp_pa
 def accounts_server(tmp_path, model_path) -> Server:
     """A server of its own with accounts (alice, bob): stopped at the end with whatever it
     is still reading."""
-    config = write_config(tmp_path, model_path=model_path, max_tokens=8,
-                          users_file="users.json")
-    accounts = Accounts(tmp_path / "users.json")
-    for name, password in PASSWORDS.items():
-        accounts.add_user(name, password)
-    server = Server(config, tmp_path / "server.log").start()
+    server = start_server(tmp_path, model_path=model_path, max_tokens=8, users=PASSWORDS,
+                          admins=())
     yield server
     server.stop()
 

@@ -12,13 +12,10 @@ tests/conftest.py; tests that need another set-up start their own).
 
 from __future__ import annotations
 
-
 from playwright.sync_api import expect
 
-from reame.accounts.users import Accounts
 from reame.chats.documents import Document, compose
 from reame.chats.store import Store
-
 from tests.browser_helpers import (  # noqa: F401 - browser, page, server are fixtures
     BOT,
     BOX,
@@ -45,7 +42,7 @@ from tests.browser_helpers import (  # noqa: F401 - browser, page, server are fi
     wait_for_reply_done,
     wait_until,
 )
-from tests.conftest import Server, write_config
+from tests.conftest import start_server
 from tests.inference.test_long_chat import FILLER, QUESTIONS
 
 # About 3,000 characters, as the message of the report.
@@ -182,9 +179,8 @@ def test_on_a_phone_the_sidebar_button_leaves_the_chat_tab_readable(page, server
 
 
 def test_on_a_phone_the_login_card_fits_the_screen(browser, tmp_path, model_path):
-    config = write_config(tmp_path, model_path=model_path, users_file="users.json")
-    Accounts(tmp_path / "users.json").add_user("alice", "alice-secret-1", admin=True)
-    with_accounts = Server(config, tmp_path / "server.log").start()
+    with_accounts = start_server(tmp_path, model_path=model_path,
+                                 users={"alice": "alice-secret-1"})
     phone = browser.new_page(viewport=PHONE)
     try:
         phone.goto(with_accounts.url)
@@ -201,11 +197,11 @@ def test_an_admin_logging_in_on_a_chat_from_before_accounts_is_told_where_it_wen
         browser, tmp_path, model_path):
     """The admin's page, open on a chat before accounts were turned on, after the login: not
     "That chat is not here." beside "No chats yet" and the server's chats ready."""
-    config = write_config(tmp_path, model_path=model_path, users_file="users.json")
-    Accounts(tmp_path / "users.json").add_user("alice", "alice-secret-1", admin=True)
+    with_accounts = start_server(tmp_path, model_path=model_path, start=False,
+                                 users={"alice": "alice-secret-1"})
     old = Store(tmp_path / "sessions" / "reame.db").create_chat(
         title="Old recipe", system_prompt="", temperature=0.0, top_p=1.0, max_tokens=8)
-    with_accounts = Server(config, tmp_path / "server.log").start()
+    with_accounts.start()
     admin = browser.new_page(viewport=VIEWPORT)
     try:
         admin.goto(f"{with_accounts.url}?chat={old.id}")

@@ -19,7 +19,6 @@ from playwright.sync_api import Page, expect
 
 from reame.accounts.users import Accounts
 from reame.chats.store import Store
-
 from tests.browser_helpers import (  # noqa: F401 - browser and page are fixtures
     CHATS,
     browser,
@@ -27,7 +26,7 @@ from tests.browser_helpers import (  # noqa: F401 - browser and page are fixture
     page_load,
     shown_as_loaded,
 )
-from tests.conftest import Server, write_config
+from tests.conftest import Server, start_server
 from tests.gradio_api import ApiClient
 from tests.page_events import PageSession
 from tests.web.page.test_page_access import serious_violations
@@ -44,15 +43,13 @@ NOT_ADMIN = "Only an admin can manage users."
 def server(tmp_path_factory, model_path):
     """Accounts on: alice (admin) and carol; three chats made before accounts (nobody's)."""
     folder = tmp_path_factory.mktemp("users")
-    config = write_config(folder, model_path=model_path, max_tokens=8, users_file="users.json")
-    accounts = Accounts(folder / "users.json")
-    accounts.add_user("alice", PASSWORDS["alice"], admin=True)
-    accounts.add_user("carol", PASSWORDS["carol"])
+    server = start_server(folder, model_path=model_path, max_tokens=8, start=False,
+                          users={name: PASSWORDS[name] for name in ("alice", "carol")})
     store = Store(folder / "sessions" / "reame.db")
     for title in OLD_TITLES:
         store.create_chat(title=title, system_prompt="", temperature=0.0, top_p=1.0,
                           max_tokens=8)
-    server = Server(config, folder / "server.log").start()
+    server.start()
     yield server
     server.stop()
 
@@ -250,8 +247,7 @@ def test_accounts_are_turned_on_old_chats_adopted_and_a_user_added_without_a_ter
         browser, page, tmp_path, model_path):
     """A server started without accounts (on this machine, open to whoever reaches it): its
     Users tab makes the first admin, and accounts are on at once, by every route."""
-    config = write_config(tmp_path, model_path=model_path, max_tokens=8)
-    server = Server(config, tmp_path / "server.log").start()
+    server = start_server(tmp_path, model_path=model_path, max_tokens=8)
     try:
         anyone = ApiClient(server.url, verbose=False)
         for title in OLD_TITLES[:2]:
@@ -266,7 +262,7 @@ def test_accounts_are_turned_on_old_chats_adopted_and_a_user_added_without_a_ter
         page.fill("#first-admin-again input", PASSWORDS["alice"] + "x")
         page.click("#turn-accounts-on")
         expect(page.locator("#accounts-off-status")).to_contain_text("the passwords differ")
-        assert "users_file = \n" in config.read_text(), "nothing written"
+        assert "users_file = \n" in server.config.read_text(), "nothing written"
         page.fill("#first-admin-password input", PASSWORDS["alice"])
         page.fill("#first-admin-again input", PASSWORDS["alice"])
         # The page opens the event stream that carries its answer after its request, and here
@@ -292,7 +288,7 @@ def test_accounts_are_turned_on_old_chats_adopted_and_a_user_added_without_a_ter
             assert refused.value.code == 401, path
 
         # On at once, by every route, and in reame.conf for the next start.
-        assert "users_file = users.json" in config.read_text()
+        assert "users_file = users.json" in server.config.read_text()
         assert Accounts(tmp_path / "users.json").is_admin("alice")
         with pytest.raises(Exception):
             ApiClient(server.url, verbose=False)
