@@ -1,5 +1,5 @@
-"""What a new user ran into on the page (Chromium, desktop and phone), each kept fixed: a Stop
-while a message is read leaves it retriable;
+"""What a new user ran into on the page (Chromium, desktop and phone), each kept fixed: Esc
+right after Enter keeps the message; a Stop while a message is read leaves it retriable;
 turning accounts on sends the open page to the login; a document that left the model's window
 is named; an unsupported file, a missing model, search snippets, a one-line document, the
 phone's tabs and login card, and an admin's chat from before accounts are said in the page's
@@ -11,6 +11,8 @@ tests/conftest.py; tests that need another set-up start their own).
 """
 
 from __future__ import annotations
+
+import time
 
 from playwright.sync_api import expect
 
@@ -49,6 +51,37 @@ from tests.inference.test_long_chat import FILLER, QUESTIONS
 LONG = ("Here are my notes from the harbour. " + " ".join(
     f"Note {i}: boat {i} came back at {i % 12 + 1} o'clock with {i * 3} crates of fish."
     for i in range(45)) + " Summarize the notes.")
+
+
+def test_esc_right_after_sending_keeps_the_message(page, browser, server_factory):
+    """Esc 1.5 s after Enter, while the message still waits for the model (here behind another
+    chat's reply, on a server of one slot): the message is kept in its chat, with no reply,
+    as the Stop button keeps it (it was lost: the chat back to "Start a conversation.")."""
+    assert len(LONG) > 2900
+    busy = server_factory(slots=1, max_tokens=2000, n_ctx=4096)
+    other = browser.new_page(viewport=VIEWPORT)
+    try:
+        open_app(other, busy)
+        new_chat(other)
+        other.locator(BOX).fill(LONG + " Then write a long story about each boat.")
+        other.locator(BOX).press("Enter")
+        expect(other.locator(STOP)).to_be_visible()
+        open_app(page, busy)
+        new_chat(page)
+        box = page.locator(BOX)
+        box.fill(LONG)
+        box.press("Enter")
+        expect(page.locator("#chatbot .reame-queued")).to_be_visible()
+        time.sleep(1.5)
+        box.press("Escape")
+        expect(page.locator(STOP)).to_have_count(0, timeout=REPLY_TIMEOUT)
+        # The message stays: stored in its chat and shown, as the Stop button keeps it.
+        expect(page.locator(USER)).to_have_count(1)
+        expect(page.locator(BOX)).to_have_value("")
+        kept = api(busy).predict(current_id(page), api_name="/get_chat")["messages"]
+        assert [m["role"] for m in kept] == ["user"] and kept[0]["content"] == LONG
+    finally:
+        other.close()
 
 
 def test_a_stop_while_the_message_is_read_leaves_it_retriable(page, server):
