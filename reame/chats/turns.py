@@ -321,7 +321,8 @@ class Turns:
         for item in results:
             if isinstance(item, Waiting):
                 yield TurnUpdate("", queued=item.position, chat_id=job.chat_id,
-                                 user_message_id=job.user_message_id)
+                                 user_message_id=job.user_message_id,
+                                 prompt_tokens=len(job.prompt))
             else:
                 yield item
 

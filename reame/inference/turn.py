@@ -87,6 +87,13 @@ class TurnUpdate:
     message_id: int | None = None
     user_message_id: int | None = None
     finish_reason: str | None = None  # on the last update: "stop" or "length"
+    # On the last update: the stop string the reply ended at (the request's or the chat
+    # template's end), None when it ended otherwise.
+    stop_sequence: str | None = None
+    # The prompt's tokens, and those whose KV was reused, once known (from the first token
+    # on; 0 while the turn waits in line): what an API says at a stream's start.
+    prompt_tokens: int = 0
+    reused: int = 0
     chat_id: int | None = None
     queued: int = 0  # waiting for a free slot: its place in line (1: next), no text yet
     # On a stored chat's last update: its messages (a MessageTree) as the turn left them
@@ -156,6 +163,7 @@ class Decoding:
         self._ends: list[int] = []  # the text's length after each generated token
         self.text = ""
         self.cut = False  # ended by a stop string: the tokens run past the text
+        self.stop_sequence: str | None = None  # which one (None: cut by `ends`, or not cut)
         self.first_logits = ""
         self.finished = False  # ran to its end (not stopped by the caller)
         self.choices: list = []  # TokenChoice per sampled token, when asked (sampling.py)
@@ -177,13 +185,15 @@ class Decoding:
             self.generated.append(token)
             self.text += stream.push(token)
             self._ends.append(len(self.text))
-            stop_at = _find_stop(self.text, self.stops)
+            stop_at, self.stop_sequence = _find_stop(self.text, self.stops)
             if stop_at is None and self.ends is not None:
                 stop_at = self.ends(self.text)
             if stop_at is not None:
                 self.text, self.cut = self.text[:stop_at], True
                 break
-            yield self.text
+            # A tail that may be the start of a stop string waits for the next token: a stop
+            # written over several tokens ("color" + "s") must not stream its first part.
+            yield self.text[:len(self.text) - _partial_stop(self.text, self.stops)]
         else:
             self.text += stream.flush()
         self.finished = True
@@ -272,7 +282,8 @@ class TurnRunner:
             for text in decoding:
                 yield None if text is None else TurnUpdate(
                     text, user_message_id=job.user_message_id, chat_id=job.chat_id,
-                    logprobs=decoding.logprobs)
+                    logprobs=decoding.logprobs, prompt_tokens=stats.prompt_tokens,
+                    reused=stats.reused)
         finally:
             decoding.record(stats)
             if job.arrived is not None and decoding.first_at:
@@ -293,7 +304,9 @@ class TurnRunner:
         text = decoding.text if job.plain else decoding.text.strip()
         yield TurnUpdate(text, done=True, stats=stats, message_id=message_id,
                          user_message_id=job.user_message_id, chat_id=job.chat_id,
-                         finish_reason=decoding.finish_reason, logprobs=decoding.logprobs)
+                         finish_reason=decoding.finish_reason, logprobs=decoding.logprobs,
+                         stop_sequence=decoding.stop_sequence if decoding.cut else None,
+                         prompt_tokens=stats.prompt_tokens, reused=stats.reused)
 
     def _tell(self, stats: TurnStats, decoding: Decoding | None, stored: bool) -> None:
         if self.observe is None:
@@ -383,6 +396,21 @@ def _log_line(stats: TurnStats) -> str:
             + (", stopped" if stats.stopped else ""))
 
 
-def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    found = [text.find(s) for s in stops if s in text]
-    return min(found) if found else None
+def _partial_stop(text: str, stops: tuple[str, ...]) -> int:
+    """The length of the longest end of text that begins one of stops (0: none)."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> tuple[int | None, str | None]:
+    """Where the text ends at the first of stops it holds, and which stop; (None, None)."""
+    found = [(text.find(s), n, s) for n, s in enumerate(stops) if s in text]
+    if not found:
+        return None, None
+    at, _, stop = min(found)
+    return at, stop

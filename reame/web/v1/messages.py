@@ -93,9 +93,10 @@ def add_messages(router: APIRouter, service: ChatService,
         parsed, turn, model = opened.context
         message_id = f"msg_{uuid.uuid4().hex[:24]}"
         shape = ReplyShape(turn.calls_tools)
+        stops = tuple(parsed.stop_sequences or ())
         if parsed.stream:
             return StreamingResponse(
-                _events(updates, first, gone, message_id, model, shape),
+                _events(updates, first, gone, message_id, model, shape, stops),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         done = await last_update(updates, first, gone, "messages")
@@ -105,8 +106,8 @@ def add_messages(router: APIRouter, service: ChatService,
         blocks = ([{"type": "text", "text": content}] if content else []) + [
             _tool_use(shape, n, call) for n, call in enumerate(calls)]
         return {"id": message_id, "type": "message", "role": "assistant", "model": model,
-                "content": blocks, "stop_reason": _stop_reason(done, calls),
-                "stop_sequence": None, "usage": usage_of(done)}
+                "content": blocks, "stop_reason": _stop_reason(done, calls, stops),
+                "stop_sequence": _stop_sequence(done, stops), "usage": usage_of(done)}
 
 
 def _count(service: ChatService, turn, user: str | None) -> int:
@@ -131,10 +132,17 @@ def _tool_use(shape: ReplyShape, n: int, call) -> dict:
             "input": json.loads(call.arguments)}
 
 
-def _stop_reason(done: TurnUpdate, calls: list) -> str:
+def _stop_sequence(done: TurnUpdate, stops: tuple[str, ...]) -> str | None:
+    """The request's stop sequence the reply ended at (not the chat template's end)."""
+    return done.stop_sequence if done.stop_sequence in stops else None
+
+
+def _stop_reason(done: TurnUpdate, calls: list, stops: tuple[str, ...]) -> str:
     if done.finish_reason == "length":
         return "max_tokens"
-    return "tool_use" if calls else "end_turn"
+    if calls:
+        return "tool_use"
+    return "stop_sequence" if _stop_sequence(done, stops) else "end_turn"
 
 
 def _event(kind: str, data: dict) -> str:
@@ -142,7 +150,8 @@ def _event(kind: str, data: dict) -> str:
 
 
 async def _events(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
-                  message_id: str, model: str, shape: ReplyShape) -> AsyncIterator[str]:
+                  message_id: str, model: str, shape: ReplyShape,
+                  stops: tuple[str, ...]) -> AsyncIterator[str]:
     """The turn as Anthropic's server-sent events: a text block as the words come, each tool
     call a tool_use block once it is whole (its input in one input_json_delta)."""
     blocks, sent, called, text_open = 0, "", 0, False
@@ -150,7 +159,11 @@ async def _events(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
         yield _event("message_start", {"message": {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0}}})
+            # The prompt's tokens not read from the cache, as far as known now (a turn still
+            # waiting in line: all of them); message_delta's usage has the final counts.
+            "usage": {"input_tokens": first.prompt_tokens - first.reused,
+                      "cache_read_input_tokens": first.reused,
+                      "cache_creation_input_tokens": 0, "output_tokens": 0}}})
         update = first
         while update is not None:
             content, calls = shape.shown(update.text, update.done)
@@ -178,8 +191,9 @@ async def _events(updates: UpdateFeed, first: TurnUpdate, gone: asyncio.Future,
                 if text_open:
                     yield _event("content_block_stop", {"index": blocks})
                 yield _event("message_delta", {
-                    "delta": {"stop_reason": _stop_reason(update, calls),
-                              "stop_sequence": None}, "usage": usage_of(update)})
+                    "delta": {"stop_reason": _stop_reason(update, calls, stops),
+                              "stop_sequence": _stop_sequence(update, stops)},
+                    "usage": usage_of(update)})
                 yield _event("message_stop", {})
                 return
             update = await updates.next()

@@ -182,3 +182,30 @@ def test_the_docs_table_names_every_field_the_server_reads():
     named = {name for row in table.splitlines() if row.startswith("|")
              for name in row.split("|")[1].split("`")[1::2]}
     assert set(MessagesRequest.model_fields) <= named, set(MessagesRequest.model_fields) - named
+
+
+def test_a_stop_sequence_is_named_and_the_stream_starts_with_the_prompt_s_tokens(server):
+    """A reply ended by one of the request's stop_sequences says so (stop_reason
+    "stop_sequence", and which one), streamed or not; message_start's usage counts the prompt
+    (input and cache-read tokens add up to count_tokens'), not 0."""
+    sdk = client(server)
+    ask = [{"role": "user", "content": "Name three colours of the rainbow, in one sentence."}]
+    whole = sdk.messages.create(model="m", max_tokens=32, extra_body=GREEDY, messages=ask)
+    words = whole.content[0].text.split()
+    assert len(words) >= 4, whole.content[0].text
+    stop = words[len(words) // 2]  # a word from the middle of the model's own reply
+    before = whole.content[0].text[:whole.content[0].text.index(stop)].strip()
+    cut = sdk.messages.create(model="m", max_tokens=32, extra_body=GREEDY, messages=ask,
+                              stop_sequences=[stop, "never-in-this-reply"])
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
+    assert cut.content[0].text == before
+    assert (whole.stop_reason, whole.stop_sequence) in (("end_turn", None), ("max_tokens", None))
+    prompt = sdk.messages.count_tokens(model="m", messages=ask).input_tokens
+    with sdk.messages.stream(model="m", max_tokens=32, extra_body=GREEDY, messages=ask,
+                             stop_sequences=[stop]) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    start = next(e for e in events if e.type == "message_start").message.usage
+    assert start.input_tokens + start.cache_read_input_tokens == prompt
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
+    assert final.content[0].text == before

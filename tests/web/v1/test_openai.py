@@ -170,6 +170,14 @@ def test_max_tokens_stop_and_seed_are_honoured(server):
         max_tokens=32, stop=[word])
     assert stopped.choices[0].message.content == whole[:whole.index(word)].strip()
     assert stopped.choices[0].finish_reason == "stop"
+    # Streamed, a stop of several tokens (two words): none of its tokens is sent before the
+    # stop is seen whole (its first word once streamed and was never taken back).
+    two = " ".join(whole.split()[1:3])
+    streamed = "".join(
+        chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+            model=model, temperature=0, messages=[{"role": "user", "content": STORY}],
+            max_tokens=32, stop=[two], stream=True) if chunk.choices)
+    assert streamed == whole[:whole.index(two)].strip()
     a, b = (client.chat.completions.create(model=model, messages=story, temperature=1.0,
                                            max_tokens=16, seed=42).choices[0].message.content
             for _ in range(2))
