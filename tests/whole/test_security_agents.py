@@ -1,9 +1,12 @@
 """The agents' APIs on a server with accounts, over HTTP: Anthropic's /v1/messages takes the key
 as x-api-key (a wrong or missing one is a 401 in Anthropic's shape); a stored response of
 /v1/responses is its user's (another user's id is a 404 to GET and DELETE, and cannot be
-continued), and the responses kept per user are bounded and expire."""
+continued), and the responses kept per user are bounded and expire; another website's page
+can send neither a request nor a form to them."""
 
 from __future__ import annotations
+
+import json
 
 import anthropic
 import pytest
@@ -13,7 +16,7 @@ from reame.chats.store import Store
 from reame.chats.store.stored_responses import ResponseNotFound, StoredResponses
 from tests.accounts.test_accounts import v1
 from tests.conftest import Server, start_server
-from tests.whole.test_security import MODEL
+from tests.whole.test_security import MODEL, raw
 
 USERS = {"alice": "alice-secret-1", "bob": "bob-secret-22"}
 
@@ -102,3 +105,29 @@ def test_the_responses_kept_per_user_are_bounded_and_expire(tmp_path):
     expired.save("resp_new", "carol", None, {})  # a write removes what has expired
     with pytest.raises(ResponseNotFound):
         stored.get("resp_bob", "bob")
+
+
+def test_another_site_cannot_post_to_the_agents_apis(guarded):
+    """A page of another origin, with the victim's key in hand or not: its JSON POST is refused
+    before it is read (403, no CORS header), so is its preflight; a form or text/plain body,
+    which a page can send without a preflight, is not JSON (415). Keyed clients (no Origin)
+    are served."""
+    server, keys = guarded
+    bodies = {"v1/messages": {"model": "m", "max_tokens": 8,
+                              "messages": [{"role": "user", "content": "Hi"}]},
+              "v1/responses": {"model": MODEL, "max_output_tokens": 8, "input": "Hi"}}
+    for path, body in bodies.items():
+        url, data = server.url + path, json.dumps(body).encode()
+        key = {"Authorization": f"Bearer {keys['alice']}"}
+        json_type = {**key, "Content-Type": "application/json"}
+        status, headers, text = raw(url, method="POST", body=data,
+                                    headers={**json_type, "Origin": "https://evil.example"})
+        assert status == 403 and headers.get("Access-Control-Allow-Origin") is None, (
+            path, status, text)
+        status, _, _ = raw(url, method="OPTIONS", headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert status == 403, path
+        status, _, text = raw(url, method="POST", body=data,
+                              headers={**key, "Content-Type": "text/plain"})
+        assert status == 415, (path, status, text)
+        assert raw(url, method="POST", body=data, headers=json_type)[0] == 200, path

@@ -135,6 +135,34 @@ def test_a_v1_stream_closed_mid_reply_frees_the_slot(server, no_end, tokens_read
     assert counted["stopped"] <= 1, counted
 
 
+# Anthropic's Messages and OpenAI's Responses, streamed: their own bodies and events, the same
+# turns underneath. Neither API has logit_bias: the story prompt writes hundreds of tokens and
+# the client hangs up after a few events, long before any CPU's reply could end.
+AGENT_APIS = {
+    "/v1/messages": {"model": "m", "max_tokens": 400, "temperature": 0, "stream": True,
+                     "messages": [{"role": "user", "content": LONG}]},
+    "/v1/responses": {"model": MODEL_NAME, "max_output_tokens": 400, "temperature": 0,
+                      "stream": True, "input": LONG},
+}
+
+
+@pytest.mark.parametrize("path", sorted(AGENT_APIS))
+def test_an_agent_api_stream_closed_mid_reply_frees_the_slot(server, path):
+    before = outcomes(server)
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    body = json.dumps(AGENT_APIS[path]).encode()
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+                 + b"Content-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    seen = b""
+    for _ in range(4):  # the stream's opening events and the first words
+        seen += read_until(sock, b"\n\n")
+    assert b"delta" in seen, seen[-300:]
+    sock.close()
+    next_answer_s(server)
+    assert ended(server, before) == {"done": 1, "stopped": 1}
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_hangs_up_during_a_long_prompt_stops_it(server, stream):
     before = outcomes(server)
