@@ -20,7 +20,8 @@ from dataclasses import asdict
 from reame.chats.messages import Role
 from reame.chats.store import Chat, Message, MessageTree, Store
 from reame.config.refusals import ChatNotFound
-from reame.inference.turn import Decoding, TurnStats, TurnUpdate
+from reame.inference.decoding import Decoding
+from reame.inference.turn import TurnStats, TurnUpdate
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from reame.inference.kv.blobs import TMP_PREFIX
 from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.scope import Scope
 from reame.inference.tools import Tool, canonical
-from reame.inference.turn import Decoding, TurnStats
+from reame.inference.decoding import Decoding
+from reame.inference.turn import TurnStats
 
 log = logging.getLogger(__name__)
 

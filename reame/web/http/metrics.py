@@ -33,7 +33,8 @@ from reame.accounts.users import Accounts
 from reame.chats.service import ChatService
 from reame.config.reame_conf import LOOPBACK_NAMES
 from reame.inference.cache_state import FROM_FILES
-from reame.inference.turn import Decoding, TurnStats
+from reame.inference.decoding import Decoding
+from reame.inference.turn import TurnStats
 from reame.web.http.app_path import app_path
 
 log = logging.getLogger(__name__)
