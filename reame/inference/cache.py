@@ -243,9 +243,9 @@ class KVCache(CacheFigures):
                 continue
             reach = self._reach(head, prompt)
             if reach > live:
-                ranked.append((reach, -order, source, key))
+                ranked.append((reach, -order, source, key, common_prefix(head.tokens, prompt)))
                 farthest = max(farthest, reach)
-        for reach, _, source, key in sorted(ranked, reverse=True):
+        for reach, _, source, key, shared in sorted(ranked, reverse=True):
             entry = self.files.read(key)
             if entry is None:
                 continue
@@ -264,7 +264,7 @@ class KVCache(CacheFigures):
                 log.warning("KV of %s cannot be cut at %d tokens (%s memory): recomputing",
                             key, reach, engine.kind)
                 continue
-            return Restored(reach, source)
+            return Restored(reach, source, shared=shared)
         return None
 
     def _reach(self, head: Head, prompt: list[int]) -> int:

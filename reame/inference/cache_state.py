@@ -31,6 +31,9 @@ class Restored:
     shifted: int = 0  # tokens dropped from the KV by a context shift (nothing recomputed)
     recomputed: bool = False  # a drop the KV could not follow: the kept window is re-evaluated
     typed: tuple[int, int] | None = None  # prompt tokens [start, end) evaluated while typed
+    # Prompt tokens the KV it came from held (the live KV, or the file restored), from the
+    # start: more than reused where that memory could only go back to a checkpoint.
+    shared: int = 0
 
     def typed_ahead(self, reused: int) -> int:
         """How many of the reused tokens were evaluated while the message was typed."""

@@ -320,6 +320,8 @@ def test_edit_reuses_the_kv_up_to_the_edited_message(folder, model_path):
     assert edited.stats.source == "disk"
     assert edited.stats.reused >= prompt_before - 1
     assert_only_new_tokens_evaluated(edited)
+    # A dense model cuts its KV where the chat changed: nothing is read again.
+    assert edited.stats.read_again == 0
     after = [(m.role, m.content) for m in later.store.messages(chat.id)]
     assert after[:3] == [(m.role, m.content) for m in messages[:2]] + [("user", "Say goodbye.")]
     assert len(after) == 4

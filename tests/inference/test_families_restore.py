@@ -24,7 +24,7 @@ from reame.inference.kv.blobs import FolderBlobs
 from reame.inference.kv.kvstore import REPLIES_NAME
 from reame.inference.prompt import PromptMessage
 from reame.runtime import service_over
-
+from reame.web.page.render import stats_words
 from tests.conftest import FULL, SYSTEM_PROMPT, THREADS, start_server
 from tests.kv_blobs import kv_blobs  # noqa: F401  (the fixture)
 
@@ -201,6 +201,12 @@ def test_a_stored_chat_continues_regenerates_and_edits_after_a_restart(
     assert edited.stats.source == "disk"
     assert edited.stats.reused >= s.reused, (edited.stats.reused, s.reused)
     assert edited.stats.prefilled == edited.stats.prompt_tokens - edited.stats.reused
+    # The file held the history and the edited message's opening (its role's template
+    # tokens): a memory that cannot be cut back went back to the checkpoint at the turn's end
+    # and says how much it read again; the page's stats line words it.
+    print(f"\nedit: reused {edited.stats.reused}, read again {edited.stats.read_again}")
+    assert 0 < edited.stats.read_again < 40, edited.stats.read_again
+    assert "read again" in stats_words(edited.stats)
 
 
 # what must never happen: a damaged file used, another user's KV reused

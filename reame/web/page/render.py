@@ -158,6 +158,9 @@ def stats_words(stats: TurnStats, text: str = "") -> str:
                                  f"{seconds(stats.restore_ms / 1000)}{saved}")
         else:
             sentences.append(f"Continued instantly: {earlier} still in memory{saved}")
+    if stats.read_again:
+        sentences.append(f"{counted(stats.read_again, 'earlier token')} read again: this "
+                         "model's memory can go back only to a saved checkpoint")
     wait = stats.waited_s or stats.first_token_s
     written = len(text[stats.continued_chars:].split()) if text else stats.generated
     what = "word" if text else "token"
@@ -205,6 +208,8 @@ def stats_text(stats: TurnStats) -> str:
         head = "no cached history"
     parts = [head] + ([f"{stats.typed_ahead:,} evaluated while typing"]
                       if stats.typed_ahead else []) + [
+             *([f"back to a checkpoint: {stats.read_again:,} read again"]
+               if stats.read_again else []),
              f"prefilled {stats.prefilled:,} in {stats.prefill_ms:,.0f} ms",
              # What the person waited: from the message's arrival, when known.
              f"first token {stats.waited_s or stats.first_token_s:.2f} s",
