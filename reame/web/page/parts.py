@@ -18,10 +18,11 @@ CSS = (Path(__file__).parent / "page.css").read_text(encoding="utf-8")
 
 # Runs once when the page loads (mount_gradio_app's js): the chat list's grouping and keys,
 # the buttons inside messages, the keyboard shortcuts, copying without the stats line
-# (page.js); then the page's edges: a login that ended, a file not taken (page_edges.js).
+# (page.js); then the page's edges: a login that ended, a file not taken (page_edges.js);
+# the shortcuts' help (shortcuts.js); files dropped on the box attached (drop_files.js).
 PAGE_JS = "() => {\n" + "".join(
     f"    ({(Path(__file__).parent / name).read_text(encoding='utf-8').strip()})();\n"
-    for name in ("page.js", "page_edges.js")) + "}"
+    for name in ("page.js", "page_edges.js", "shortcuts.js", "drop_files.js")) + "}"
 # Saves what an export returned ({"name", "type", "text"}) as a file in the browser.
 DOWNLOAD_JS = """(payload) => {
     if (!payload) return;

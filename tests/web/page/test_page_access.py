@@ -214,3 +214,29 @@ def test_tab_from_the_message_box_goes_round_the_page_never_to_the_footer_links(
         link = page.locator("footer").get_by_text(name)
         expect(link).to_be_visible()
         link.click(trial=True)  # nothing over it: a click would reach it
+
+
+def test_ctrl_slash_and_a_question_mark_list_every_shortcut(page, server):
+    """Ctrl+/ anywhere, or ? outside a text field, opens the list of the page's shortcuts (a
+    modal dialog, no serious accessibility fault); Esc closes it and the focus goes back. A ?
+    typed in the message box is a question mark."""
+    open_app(page, server)
+    box = page.locator(BOX)
+    box.click()
+    box.press("Control+/")
+    help_ = page.get_by_role("dialog", name="Keyboard shortcuts")
+    expect(help_).to_be_visible()
+    for keys in ("Enter", "Shift+Enter", "Esc", "Ctrl+Shift+O", "Ctrl+K", "Ctrl+/"):
+        expect(help_.locator("kbd", has_text=re.compile(rf"^{re.escape(keys)}$"))).to_have_count(1)
+    assert serious_violations(page) == []
+    page.keyboard.press("Escape")
+    expect(help_).to_be_hidden()
+    expect(box).to_be_focused()
+    box.press_sequentially("Why?")
+    expect(box).to_have_value("Why?")
+    expect(help_).to_be_hidden()
+    page.locator("#chatbot").click()  # the focus out of every text field
+    page.keyboard.press("?")
+    expect(help_).to_be_visible()
+    help_.get_by_role("button", name="Close").click()
+    expect(help_).to_be_hidden()

@@ -152,6 +152,28 @@ def test_a_document_is_attached_shown_removed_and_sent_folded(page, server, tmp_
     page.emulate_media(color_scheme="light")
 
 
+def test_a_file_dropped_on_the_message_box_is_attached(page, server):
+    """Dragging a file onto the message box attaches it as the attach button does; a file of
+    a kind not taken, dropped, is named as not attached."""
+    open_app(page, server)
+    new_chat(page)
+
+    def drop(name: str, text: str) -> None:
+        files = page.evaluate_handle(
+            """([name, text]) => { const data = new DataTransfer();
+                data.items.add(new File([text], name, {type: "text/plain"})); return data; }""",
+            [name, text])
+        page.dispatch_event(f"{BOX}", "dragover", {"dataTransfer": files})
+        page.dispatch_event(f"{BOX}", "drop", {"dataTransfer": files})
+
+    drop("fog.txt", "Fog came at nine.\n")
+    expect(page.locator(ATTACHED)).to_have_count(1)
+    assert strip_names(page) == ["fog.txt"]
+    drop("tool.exe", "MZ")
+    expect(page.locator("#reame-hint")).to_contain_text("Not attached: tool.exe")
+    assert strip_names(page) == ["fog.txt"]
+
+
 def test_a_pdf_is_read_and_what_cannot_be_attached_is_named(page, server, tmp_path):
     paper = tmp_path / "paper.pdf"
     paper.write_bytes(pdf_with("The keeper logged forty ships in March."))
