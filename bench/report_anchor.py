@@ -119,6 +119,8 @@ def table(model: dict) -> str:
     lines = ["| scenario | measure | reame | llama-server | ratio (>1: Reame better) | "
              "prompt tokens reused (reame / llama-server) |", "|---|---|---:|---:|---:|---|"]
     for r in model["rows"]:
+        if r[REAME] is None and r[LLAMA] is None and not r["errors"]:
+            continue  # a scenario the run left out (--chats-only)
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "n/a"
         if r["errors"]:
             ratio += f" ({r['errors']} failed)"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -53,16 +54,17 @@ def _values(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.n
     return rng.standard_normal(shape, dtype=np.float32) * WEIGHT_STD
 
 
-def _common(writer, name: str, layers: int, ffn: int = FFN) -> None:
-    writer.add_name(f"tiny {name}, random weights (Reame tests)")
+def _common(writer, name: str, layers: int, ffn: int = FFN, *, hidden: int = HIDDEN,
+            heads: int = HEADS, title: str | None = None, file_type: int = 0) -> None:
+    writer.add_name(title or f"tiny {name}, random weights (Reame tests)")
     writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(HIDDEN)
+    writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
     writer.add_feed_forward_length(ffn)
-    writer.add_head_count(HEADS)
+    writer.add_head_count(heads)
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_rope_freq_base(1_000_000.0)
-    writer.add_file_type(0)  # ALL_F32
+    writer.add_file_type(file_type)  # 0: ALL_F32, 1: MOSTLY_F16
 
 
 def _ffn(b: str) -> list[Tensor]:
@@ -75,31 +77,54 @@ LFM2_LAYERS = ("conv", "attn", "conv", "attn")
 LFM2_L_CACHE = 3
 
 
-def write_lfm2(path: Path) -> Path:
-    layers = LFM2_LAYERS
+@dataclass(frozen=True)
+class LFM2Shape:
+    """An LFM2 model's dimensions: the tiny one of the tests by default; bench/make_models.py
+    writes LFM2-1.2B's (F16 weights, then quantized)."""
+    layers: tuple[str, ...] = LFM2_LAYERS
+    hidden: int = HIDDEN
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    ffn: int = FFN
+    vocab: int = VOCAB
+    l_cache: int = LFM2_L_CACHE
+    weights: type = np.float32  # the 2-D tensors' type in the file (norms stay F32)
+    name: str = "tiny lfm2, random weights (Reame tests)"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def write_lfm2(path: Path, shape: LFM2Shape = LFM2Shape()) -> Path:
+    layers, h, d, ffn = shape.layers, shape.hidden, shape.head_dim, shape.ffn
+    kv = shape.kv_heads * d
 
     def metadata(writer) -> None:
-        _common(writer, "lfm2", len(layers))
+        _common(writer, "lfm2", len(layers), ffn, hidden=h, heads=shape.heads,
+                title=shape.name, file_type=0 if shape.weights == np.float32 else 1)
         # A layer without KV heads is a convolution layer (lfm2.cpp: is_recr).
-        writer.add_head_count_kv([KV_HEADS if kind == "attn" else 0 for kind in layers])
-        writer.add_shortconv_l_cache(LFM2_L_CACHE)
+        writer.add_head_count_kv([shape.kv_heads if kind == "attn" else 0 for kind in layers])
+        writer.add_shortconv_l_cache(shape.l_cache)
 
-    kv = KV_HEADS * HEAD_DIM
-    tensors = [_t("token_embd.weight", HIDDEN, VOCAB), _t("token_embd_norm.weight", HIDDEN)]
+    def w(name: str, *llama_dims: int) -> Tensor:  # a weight matrix, in the shape's type
+        return (name, tuple(reversed(llama_dims)), shape.weights)
+
+    tensors = [w("token_embd.weight", h, shape.vocab), _t("token_embd_norm.weight", h)]
     for i, kind in enumerate(layers):
         b = f"blk.{i}."
-        tensors += [_t(b + "attn_norm.weight", HIDDEN), _t(b + "ffn_norm.weight", HIDDEN)]
+        tensors += [_t(b + "attn_norm.weight", h), _t(b + "ffn_norm.weight", h)]
         if kind == "attn":
-            tensors += [_t(b + "attn_q_norm.weight", HEAD_DIM),
-                        _t(b + "attn_k_norm.weight", HEAD_DIM),
-                        _t(b + "attn_q.weight", HIDDEN, HIDDEN), _t(b + "attn_k.weight", HIDDEN, kv),
-                        _t(b + "attn_v.weight", HIDDEN, kv),
-                        _t(b + "attn_output.weight", HIDDEN, HIDDEN)]
+            tensors += [_t(b + "attn_q_norm.weight", d), _t(b + "attn_k_norm.weight", d),
+                        w(b + "attn_q.weight", h, h), w(b + "attn_k.weight", h, kv),
+                        w(b + "attn_v.weight", h, kv), w(b + "attn_output.weight", h, h)]
         else:
-            tensors += [_t(b + "shortconv.conv.weight", LFM2_L_CACHE, HIDDEN),
-                        _t(b + "shortconv.in_proj.weight", HIDDEN, 3 * HIDDEN),
-                        _t(b + "shortconv.out_proj.weight", HIDDEN, HIDDEN)]
-        tensors += _ffn(b)
+            # The convolution's own weights stay F32 (llama.cpp's ssm_conv takes no other).
+            tensors += [_t(b + "shortconv.conv.weight", shape.l_cache, h),
+                        w(b + "shortconv.in_proj.weight", h, 3 * h),
+                        w(b + "shortconv.out_proj.weight", h, h)]
+        tensors += [w(b + "ffn_gate.weight", h, ffn), w(b + "ffn_up.weight", h, ffn),
+                    w(b + "ffn_down.weight", ffn, h)]
     write_gguf(path, "lfm2", metadata, tensors, values=_values)
     return path
 

@@ -1,0 +1,76 @@
+"""Random-weight GGUFs with the real shapes of hybrid models (attention beside recurrent
+layers), for the benchmark's timings: what bench/make_models.py does for dense shapes.
+
+    python -m bench.hybrid_shapes            # every shape into bench/cache/ (gitignored)
+
+LFM2-1.2B (LiquidAI/LFM2-1.2B's config: 16 layers, 10 short-convolution and 6 attention at
+2, 5, 8, 10, 12 and 14; hidden 2,048; 32 heads, 8 KV heads; FFN 8,192 after its auto-adjust;
+vocabulary 65,536; a convolution cache of 3), written with tests/tiny_models.py's LFM2 writer
+at these dimensions as F16, quantized to Q4_K_M with llama.cpp's quantizer, the F16 deleted.
+The tokenizer is SmolLM2's padded to the vocabulary's size. Its text is noise; its prefill
+speed, KV and recurrent state are the real shape's. A JSON file beside it describes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.make_models import CACHE, quantize
+from tests.tiny_models import LFM2Shape, write_lfm2
+
+log = logging.getLogger("bench.hybrid_shapes")
+
+LFM2_1_2B = LFM2Shape(
+    layers=tuple("attn" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)),
+    hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=65536, weights=np.float16,
+    name="LFM2-1.2B shape, random weights (Reame benchmark)")
+SHAPES = {"lfm2-1.2b": LFM2_1_2B}
+
+
+def output_path(name: str) -> Path:
+    return CACHE / f"{name}-shape-random.Q4_K_M.gguf"
+
+
+def make(name: str, *, force: bool = False) -> Path:
+    """Write, quantize and describe one shape; skip it when it is already there."""
+    shape, out = SHAPES[name], output_path(name)
+    if out.exists() and out.with_suffix(".json").exists() and not force:
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    f16, part = out.with_name(out.name + ".f16.tmp"), out.with_name(out.name + ".part")
+    started = time.perf_counter()
+    try:
+        log.info("%s: writing F16 to %s", name, f16)
+        write_lfm2(f16, shape)
+        log.info("%s: F16 written (%.0f MB) in %.0f s; quantizing to Q4_K_M", name,
+                 f16.stat().st_size / 2**20, time.perf_counter() - started)
+        quantize(f16, part)
+        os.replace(part, out)
+    finally:
+        f16.unlink(missing_ok=True)
+        part.unlink(missing_ok=True)
+    attention = [i for i, kind in enumerate(shape.layers) if kind == "attn"]
+    out.with_suffix(".json").write_text(json.dumps({
+        "description": (f"Random weights with the shape of {name} ({len(shape.layers)} layers, "
+                        f"attention at {attention}, the others short convolutions; hidden "
+                        f"{shape.hidden}, {shape.heads} heads, {shape.kv_heads} KV heads, FFN "
+                        f"{shape.ffn}, vocabulary {shape.vocab:,}; SmolLM2's tokenizer padded), "
+                        "Q4_K_M: its timings and state sizes are real, its text is not."),
+        "bytes": out.stat().st_size}, indent=1))
+    log.info("%s: %s (%.0f MB) in %.0f s", name, out, out.stat().st_size / 2**20,
+             time.perf_counter() - started)
+    return out
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for shape_name in sys.argv[1:] or SHAPES:
+        print(make(shape_name))
