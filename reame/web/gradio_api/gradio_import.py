@@ -29,7 +29,13 @@ the backend it switches back to, pyplot: 0.5 s of the first call and 13 MB held 
 (measured idle, SmolLM2, 4 slots: 641 MB with it imported, 628 without). Reame draws no plot,
 so a third finder replaces that switch, when gradio.utils is loaded, by one that does nothing.
 
-`lighten_gradio_import()` installs the three; reame/web/__init__.py calls it before anything in
+The MCP SDK: gradio/mcp.py imports the `mcp` package in the body of its GradioMCPServer class
+(so at Gradio's import, in a try that passes on ImportError), for an MCP server Reame never
+turns on: 0.4 s of every start (`python -X importtime`, 2 cores). A fourth finder runs
+gradio.mcp with `mcp` not found while it runs, unless something imported `mcp` before
+(the OpenAI Agents SDK, in the same process as a client: then it is there, at no cost).
+
+`lighten_gradio_import()` installs the four; reame/web/__init__.py calls it before anything in
 Reame imports Gradio.
 """
 
@@ -100,6 +106,37 @@ def _load_when_used(spec: importlib.machinery.ModuleSpec) -> None:
 
 
 LAZY = "pandas"
+GRADIO_MCP, MCP = "gradio.mcp", "mcp"
+
+
+class _NoMcpWhile(importlib.abc.MetaPathFinder):
+    """`mcp` (and its submodules) not found while gradio.mcp's module runs."""
+
+    name = MCP
+    active = False
+
+    def find_spec(self, fullname, path, target=None):
+        if self.active and (fullname == MCP or fullname.startswith(MCP + ".")):
+            raise ModuleNotFoundError(f"No module named {fullname!r} (not for Gradio's import)",
+                                      name=fullname)
+        return None
+
+
+_NO_MCP = _NoMcpWhile()
+
+
+def _without_mcp(spec: importlib.machinery.ModuleSpec) -> None:
+    """gradio.mcp run with `mcp` not found (_NO_MCP active) unless it is imported already."""
+    run = spec.loader.exec_module
+
+    def run_without(module: ModuleType) -> None:
+        _NO_MCP.active = MCP not in sys.modules
+        try:
+            run(module)
+        finally:
+            _NO_MCP.active = False
+
+    spec.loader.exec_module = run_without
 
 
 def lighten_gradio_import() -> bool:
@@ -109,7 +146,10 @@ def lighten_gradio_import() -> bool:
     installed = {f.name for f in sys.meta_path if isinstance(f, _Adapted)}
     for name, adapt in ((MODULE, _replacing(FUNCTION, _no_stub)),
                         (UTILS, _replacing(SWITCH, _NoBackendSwitch)),
-                        (LAZY, _load_when_used)):
+                        (LAZY, _load_when_used),
+                        (GRADIO_MCP, _without_mcp)):
         if name not in installed and name not in sys.modules:
             sys.meta_path.insert(0, _Adapted(name, adapt))
+    if _NO_MCP not in sys.meta_path:
+        sys.meta_path.insert(0, _NO_MCP)
     return True

@@ -52,3 +52,25 @@ def test_a_server_that_answered_gradio_events_never_loaded_pandas_or_matplotlib(
     maps = Path(f"/proc/{page_server.process.pid}/maps").read_text()
     assert "pandas" not in maps, "the server loaded pandas"
     assert "matplotlib" not in maps, "the server loaded matplotlib"
+
+
+def test_the_web_layer_imports_without_the_mcp_sdk_and_leaves_it_whole_for_others():
+    """Gradio's MCP server class imported the `mcp` SDK at Gradio's import (0.4 s of every
+    start) for an MCP server Reame never runs: the web layer now imports without it. A process
+    that imported `mcp` first (the OpenAI Agents SDK does) keeps it, and Gradio's class has it."""
+    check = textwrap.dedent("""
+        import sys
+        {first}
+        import reame.web.server
+        import gradio.mcp
+        print("mcp" in sys.modules, hasattr(gradio.mcp.GradioMCPServer, "Server"))
+    """)
+    answers = []
+    for first in ("", "import mcp"):
+        run = subprocess.run([sys.executable, "-c", check.format(first=first)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120,
+                             env={"PYTHONPATH": str(ROOT), "GRADIO_ANALYTICS_ENABLED": "False",
+                                  "PATH": "/usr/bin:/bin"})
+        assert run.returncode == 0, run.stderr[-2000:]
+        answers.append(run.stdout.split())
+    assert answers == [["False", "False"], ["True", "True"]]
