@@ -316,7 +316,7 @@ FIRST_WORDS_JS = """() => {
             const bots = document.querySelectorAll('#chatbot [data-testid=bot]');
             const last = bots[bots.length - 1];
             if (started !== null && last && last.innerText.trim()
-                    && !last.querySelector('.reame-queued')) {
+                    && !last.querySelector('.reame-queued, .reame-reading')) {
                 observer.disconnect();
                 resolve((performance.now() - started) / 1000);
             }

@@ -230,7 +230,7 @@ class Turns:
         results = runtime.scheduler.results(place, lambda: runner.run(job, keeper))
         try:
             for update in self._updates(results, job):
-                if before and not update.queued:  # the whole reply so far, as it is kept
+                if before and not update.queued and update.reading is None:  # the reply so far
                     update = replace(update, text=keeper.text if update.done and keeper.kept
                                      else before + update.text)
                 if update.done:  # the chat as the faces see it, once the reply is kept

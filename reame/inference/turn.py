@@ -100,6 +100,10 @@ class TurnUpdate:
     reused: int = 0
     chat_id: int | None = None
     queued: int = 0  # waiting for a free slot: its place in line (1: next), no text yet
+    # While a long prompt is read (a stored chat's turn): its tokens evaluated or reused so far
+    # and in all, and the seconds left at this turn's own pace so far (0: not known yet).
+    reading: tuple[int, int] | None = None
+    reading_left_s: float = 0.0
     # On a stored chat's last update: its messages (a MessageTree) as the turn left them
     # (turns.py), for its caller to show without reading them back.
     kept: object | None = None
@@ -150,6 +154,10 @@ class Keeper(Protocol):
         """Keep the reply; the stored message's id, if any."""
 
 
+# A prompt with at least this many tokens to evaluate says how far its reading is (a few
+# seconds on 2 cores): a shorter one is read before anyone would look.
+READING_SHOWN_FROM = 512
+
 # Told of every turn once it ends, however it ends (metrics): its stats, its decoding (the
 # tokens' times; None if it was stopped before its reply began), and whether it was a stored
 # chat's.
@@ -176,7 +184,7 @@ class TurnRunner:
                           earlier_messages=job.outside + sum(
                               t.role in ("user", "assistant") for t in job.turns[:-1]))
         try:
-            yield from self.prefill_steps(job, stats)
+            yield from self.prefill_steps(job, stats, progress=job.chat_id is not None)
         except GeneratorExit:  # stopped mid-prompt: what was evaluated stays live, and counts
             stats.stopped = True
             stats.total_s = time.perf_counter() - started
@@ -225,10 +233,13 @@ class TurnRunner:
         except Exception:  # counting must never break a turn
             log.exception("the turn observer failed")
 
-    def prefill_steps(self, job: Job, stats: TurnStats) -> Generator[None, None, Restored]:
+    def prefill_steps(self, job: Job, stats: TurnStats, *, progress: bool = False
+                      ) -> Generator[TurnUpdate | None, None, Restored]:
         """Restore what the cache has for the prompt, snapshot its opening if that is new,
         evaluate the rest; the restore as the cache reported it. A step after the restore and
-        between two decodes; none after the last decode (its logits are to be sampled)."""
+        between two decodes; none after the last decode (its logits are to be sampled).
+        progress: between the decodes of a long prompt, a TurnUpdate that says how far the
+        reading is (the page shows it), rather than None."""
         engine, cache, prompt = self.engine, self.cache, job.prompt
         restored = cache.prepare(job.chat_id, prompt, job.drop, scope=job.scope,
                                  parent=job.branched_from)
@@ -249,7 +260,10 @@ class TurnRunner:
         started, busy, before = time.perf_counter(), seq.decode_s, seq.evaluated
         try:
             yield from self._snapshot_opening(job, restored)
-            if (yield from engine.prefill_steps(prompt)) == len(prompt):  # typed ahead: live
+            steps = engine.prefill_steps(prompt)
+            if progress and len(prompt) - restored.reused >= READING_SHOWN_FROM:
+                steps = self._reading(steps, job, seq, before, restored.reused, started)
+            if (yield from steps) == len(prompt):  # typed ahead: live
                 stats.reused = len(prompt)
             stats.typed_ahead = restored.typed_ahead(stats.reused)
         finally:  # also when stopped mid-prompt: what it evaluated
@@ -257,6 +271,24 @@ class TurnRunner:
             stats.prefill_ms = (time.perf_counter() - started) * 1000  # others' steps too
             cache.record_prefill(stats.prefilled, seq.decode_s - busy)  # its own decodes
         return restored
+
+    @staticmethod
+    def _reading(steps: Generator[None, None, int], job: Job, seq, before: int, reused: int,
+                 started: float) -> Generator[TurnUpdate, None, int]:
+        """steps, each step between two decodes a TurnUpdate of how far the prompt is read."""
+        total = len(job.prompt)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as end:
+                return end.value
+            evaluated = seq.evaluated - before
+            pace = evaluated / max(time.perf_counter() - started, 1e-6)  # others' steps too
+            left = (total - reused - evaluated) / pace if evaluated else 0.0
+            yield TurnUpdate("", chat_id=job.chat_id, user_message_id=job.user_message_id,
+                             prompt_tokens=total, reused=reused,
+                             reading=(min(total, reused + evaluated), total),
+                             reading_left_s=round(max(left, 0.0), 1))
 
     def _snapshot_opening(self, job: Job, restored: Restored) -> Iterator[None]:
         """Save the KV of the prompt's opening (its system prompt, whole chunks) as a prefix

@@ -295,7 +295,7 @@
     const replyWithWords = () => {
         const all = bubbles(), last = all[all.length - 1];
         return last?.dataset.testid === "bot" && last.innerText.trim()
-            && !last.querySelector(".reame-queued") ? last : null;
+            && !last.querySelector(".reame-queued, .reame-reading") ? last : null;
     };
     const press = (event) => {
         if (writing() || !$("#message textarea")?.value.trim()) return;

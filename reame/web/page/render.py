@@ -75,10 +75,17 @@ def reply_markdown(text: str, stats: dict | TurnStats | None = None, *,
 
 def shown_reply(update: TurnUpdate) -> str:
     """A streamed update as the page shows it: the reply so far (with its stats line once
-    done), or, while the turn waits for a free slot, its place in line."""
+    done), or, while the turn waits for a free slot, its place in line, or, while a long
+    message is read, how far."""
     if update.queued:
         return (f'<span class="reame-queued">Waiting for a free slot: '
                 f"{ordinal(update.queued)} in line…</span>")
+    if update.reading is not None:
+        done, total = update.reading
+        left = (f", about {seconds(update.reading_left_s)} left"
+                if update.reading_left_s >= 1 else "")
+        return (f'<span class="reame-reading" role="status">Reading your message: {done:,} of '
+                f"{total:,} tokens{left}…</span>")
     return reply_markdown(update.text, update.stats if update.done else None)
 
 

@@ -291,6 +291,17 @@ def wide_server(tmp_path_factory, model_path) -> Server:
     server.stop()
 
 
+# Every text a reply's place showed while its message was read (render.shown_reply).
+READING_SEEN_JS = """() => {
+    window.__reading = [];
+    new MutationObserver(() => {
+        for (const note of document.querySelectorAll('#chatbot .reame-reading')) {
+            if (!window.__reading.includes(note.innerText)) window.__reading.push(note.innerText);
+        }
+    }).observe(document.querySelector('#chatbot'),
+               {subtree: true, childList: true, characterData: true});
+}"""
+
 # The document's size: docs/page.md's 3,000 tokens under make test-full; 1,000 in make test, where
 # reading 3,000 tokens on one core of a busy machine took 42 s and checked nothing more.
 DOC_WORDS, DOC_TOKENS = (2500, (2700, 3300)) if FULL else (830, (900, 1100))
@@ -302,16 +313,27 @@ def test_the_same_document_in_a_second_chat_answers_5x_sooner(page, wide_server,
     report = tmp_path / "report.md"
     report.write_text(prose(DOC_WORDS, 11), encoding="utf-8")
     open_app(page, wide_server)
-    seconds, tokens = [], None
+    seconds, tokens, reading = [], None, []
     for question in ("Who is the keeper?", "What is the weather like?"):
         new_chat(page)
         attach(page, report)
         expect(page.locator(ATTACHED)).to_have_count(1)
         tokens = int(re.search(r"([\d,]+) tokens", page.locator(
             f"{ATTACHED} summary").inner_text()).group(1).replace(",", ""))
+        page.evaluate(READING_SEEN_JS)
         seconds.append(first_words_after_enter(page, question))
         wait_for_reply_done(page, 1)
         expect(page.locator(BOT)).to_have_count(1, timeout=REPLY_TIMEOUT)
+        reading.append(page.evaluate("window.__reading"))
+    # While the first chat read the document, its reply's place said how far; the second
+    # chat, with the document's KV reused, read only the question: nothing to say.
+    assert reading[0] and all(re.fullmatch(
+        r"Reading your message: [\d,]+ of [\d,]+ tokens(, about .+ left)?…", text)
+        for text in reading[0]), reading[0]
+    done, total = (int(n.replace(",", "")) for n in re.findall(r"[\d,]+", reading[0][0])[:2])
+    assert 0 < done < total and total >= tokens, reading[0]
+    assert reading[1] == [], reading[1]
+    expect(page.locator("#chatbot .reame-reading")).to_have_count(0)
     low, high = DOC_TOKENS
     assert low <= tokens <= high, f"the document is {tokens} tokens, not {low:,}-{high:,}"
     first, second = seconds
