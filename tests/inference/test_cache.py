@@ -11,7 +11,7 @@ import time
 import pytest
 
 from reame.chats.window import turns_of
-from reame.inference.batches import CHUNK, KEPT_CHUNK, whole_chunks
+from reame.inference.batches import KEPT_CHUNK, whole_chunks
 from reame.inference.engine import Engine, common_prefix
 from reame.inference.kv.kvstore import BLOCK, TOTALS_NAME, KVStore
 from reame.inference.prompt import PromptMessage
