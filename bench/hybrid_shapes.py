@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.make_models import CACHE, quantize
+from bench.make_models import CACHE, write_quantized
 from tests.tiny_models import LFM2Shape, write_lfm2
 
 log = logging.getLogger("bench.hybrid_shapes")
@@ -43,19 +42,8 @@ def make(name: str, *, force: bool = False) -> Path:
     shape, out = SHAPES[name], output_path(name)
     if out.exists() and out.with_suffix(".json").exists() and not force:
         return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    f16, part = out.with_name(out.name + ".f16.tmp"), out.with_name(out.name + ".part")
     started = time.perf_counter()
-    try:
-        log.info("%s: writing F16 to %s", name, f16)
-        write_lfm2(f16, shape)
-        log.info("%s: F16 written (%.0f MB) in %.0f s; quantizing to Q4_K_M", name,
-                 f16.stat().st_size / 2**20, time.perf_counter() - started)
-        quantize(f16, part)
-        os.replace(part, out)
-    finally:
-        f16.unlink(missing_ok=True)
-        part.unlink(missing_ok=True)
+    write_quantized(name, out, lambda f16: write_lfm2(f16, shape))
     attention = [i for i, kind in enumerate(shape.layers) if kind == "attn"]
     out.with_suffix(".json").write_text(json.dumps({
         "description": (f"Random weights with the shape of {name} ({len(shape.layers)} layers, "

@@ -214,27 +214,34 @@ def quantize(src: Path, dst: Path) -> None:
         raise RuntimeError(f"llama_model_quantize failed with status {status}")
 
 
-def make(shape: Shape, *, force: bool = False) -> Path:
-    """Write, quantize and describe one shape; skip it when it is already there."""
-    out = output_path(shape)
-    if out.exists() and out.with_suffix(".json").exists() and not force:
-        log.info("%s: already there (%s)", shape.name, out)
-        return out
+def write_quantized(name: str, out: Path, write: Callable[[Path], None]) -> None:
+    """write(path) an F16 GGUF beside out, quantize it to Q4_K_M into out, the F16 deleted
+    (out appears only once whole)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    f16 = out.with_name(out.name.replace(".Q4_K_M.gguf", ".f16.tmp"))
+    f16 = out.with_name(out.name + ".f16.tmp")
     part = out.with_name(out.name + ".part")
     try:
         started = time.perf_counter()
-        log.info("%s: writing F16 (%.2f B parameters) to %s", shape.name, shape.parameters() / 1e9,
-                 f16)
-        write_f16(shape, f16)
-        log.info("%s: F16 written (%.0f MB) in %.0f s; quantizing to Q4_K_M", shape.name,
+        log.info("%s: writing F16 to %s", name, f16)
+        write(f16)
+        log.info("%s: F16 written (%.0f MB) in %.0f s; quantizing to Q4_K_M", name,
                  f16.stat().st_size / 2**20, time.perf_counter() - started)
         quantize(f16, part)
         os.replace(part, out)
     finally:
         f16.unlink(missing_ok=True)
         part.unlink(missing_ok=True)
+
+
+def make(shape: Shape, *, force: bool = False) -> Path:
+    """Write, quantize and describe one shape; skip it when it is already there."""
+    out = output_path(shape)
+    if out.exists() and out.with_suffix(".json").exists() and not force:
+        log.info("%s: already there (%s)", shape.name, out)
+        return out
+    started = time.perf_counter()
+    log.info("%s: %.2f B parameters", shape.name, shape.parameters() / 1e9)
+    write_quantized(shape.name, out, lambda f16: write_f16(shape, f16))
     description = (f"Random weights with the shape of {shape.name.replace('qwen', 'Qwen')} "
                    f"({shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads, "
                    f"{shape.kv_heads} KV heads, FFN {shape.ffn}, vocabulary {shape.vocab:,}; "
