@@ -16,11 +16,13 @@ from reame.web.v1.errors import ApiError, body_refusal, check_model, refuse_unsu
 from reame.web.v1.parameters import EXPECTED as CHAT_EXPECTED
 from reame.web.v1.parameters import llama_seed
 from reame.web.v1.request_models import (
+    MAX_STOP_CHARS,
     MAX_STOPS,
     NonEmpty,
     Penalty,
     Positive,
     Seed,
+    StopString,
     StreamOptions,
     StrictBody,
     Temperature,
@@ -61,7 +63,7 @@ class CompletionsBody(StrictBody):
     max_tokens: Positive | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     seed: Seed | None = None
     logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
                      Annotated[float, Field(ge=-100, le=100)]] | None = None
@@ -98,7 +100,8 @@ EXPECTED = {
     "max_tokens": "a positive integer",
     "temperature": f"a number {FIELD['temperature'].allowed()}",
     "top_p": f"a number {FIELD['top_p'].allowed()}",
-    "stop": f"a non-empty string or up to {MAX_STOPS} of them",
+    "stop": (f"a non-empty string of at most {MAX_STOP_CHARS} characters, or up to "
+             f"{MAX_STOPS} of them"),
     "seed": "an integer of 64 bits",
     "logit_bias": CHAT_EXPECTED["logit_bias"],
     "stream": "true or false",

@@ -24,11 +24,13 @@ from reame.web.v1.chat_request import response_grammar
 from reame.web.v1.errors import ApiError, body_refusal, refuse_unsupported
 from reame.web.v1.request_models import (
     MAX_MESSAGES,
+    MAX_STOP_CHARS,
     MAX_STOPS,
     MAX_TOOLS,
     FunctionName,
     NonEmpty,
     Positive,
+    StopString,
     StrictBody,
     TopP,
 )
@@ -96,7 +98,7 @@ class MessagesRequest(StrictBody):
     messages: Annotated[list[AnthropicMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: Positive
     system: str | list[TextBlock] | None = None
-    stop_sequences: Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = None
+    stop_sequences: Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     temperature: Temperature01 | None = None
     top_p: TopP | None = None
@@ -149,7 +151,8 @@ EXPECTED = {
     "messages[].content": "a string or an array of text, tool_use and tool_result blocks",
     "max_tokens": "a positive integer (required)",
     "system": "a string or an array of text blocks",
-    "stop_sequences": f"an array of up to {MAX_STOPS} non-empty strings",
+    "stop_sequences": (f"an array of up to {MAX_STOPS} non-empty strings of at most "
+                       f"{MAX_STOP_CHARS} characters"),
     "stream": "true or false",
     "temperature": "a number from 0 to 1",
     "top_p": "a number from 0 to 1",

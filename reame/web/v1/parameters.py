@@ -12,6 +12,7 @@ from reame.config.refusals import MAX_SEED
 from reame.web.v1.request_models import (
     MAX_CHOICES,
     MAX_MESSAGES,
+    MAX_STOP_CHARS,
     MAX_STOPS,
     MAX_TOOL_CALLS,
     MAX_TOOLS,
@@ -71,7 +72,8 @@ EXPECTED = {
     "max_completion_tokens": "a positive integer",
     "temperature": f"a number {FIELD['temperature'].allowed()}",
     "top_p": f"a number {FIELD['top_p'].allowed()}",
-    "stop": f"a non-empty string or up to {MAX_STOPS} of them",
+    "stop": (f"a non-empty string of at most {MAX_STOP_CHARS} characters, or up to "
+             f"{MAX_STOPS} of them"),
     "seed": "an integer of 64 bits",
     "logit_bias": "an object of token ids (strings of digits) to numbers from -100 to 100",
     "n": f"an integer from 1 to {MAX_CHOICES}",

@@ -14,6 +14,9 @@ from reame.config.chat_settings import FIELD
 from reame.config.setting import field_type
 
 MAX_STOPS = 4
+# A stop string's characters: a reply's text is checked against each stop at every token, and
+# a tail that may begin one is held back (decoding.py), at a cost that grows with its length.
+MAX_STOP_CHARS = 256
 MAX_CHOICES = 16  # n: also at most the server's slots (chat_completions.py)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_MESSAGES = 2048  # messages in one request (each costs a template render and a lookup)
@@ -31,6 +34,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 Positive = Annotated[int, Field(ge=1)]
 NonEmpty = Annotated[str, Field(min_length=1)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Seed = Annotated[int, Field(ge=-2**63, le=2**64 - 1)]  # any 64-bit integer (OpenAI's int64)
 
 
@@ -102,7 +106,7 @@ class ChatRequest(StrictBody):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     # An empty stop string would end every reply before its first word.
-    stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     seed: Seed | None = None
     logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
                      Annotated[float, Field(ge=-100, le=100)]] | None = None

@@ -209,3 +209,5 @@ def test_a_stop_sequence_is_named_and_the_stream_starts_with_the_prompt_s_tokens
     assert start.input_tokens + start.cache_read_input_tokens == prompt
     assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
     assert final.content[0].text == before
+    with pytest.raises(anthropic.BadRequestError):  # a stop sequence is at most 256 characters
+        sdk.messages.create(model="m", max_tokens=8, messages=ask, stop_sequences=["x" * 257])

@@ -178,6 +178,13 @@ def test_max_tokens_stop_and_seed_are_honoured(server):
             model=model, temperature=0, messages=[{"role": "user", "content": STORY}],
             max_tokens=32, stop=[two], stream=True) if chunk.choices)
     assert streamed == whole[:whole.index(two)].strip()
+    # A stop string is bounded (each is checked at every token): 256 characters, not 257.
+    client.chat.completions.create(model=model, messages=story, max_tokens=2, stop=["x" * 256])
+    with pytest.raises(APIStatusError) as refused:
+        client.chat.completions.create(model=model, messages=story, max_tokens=2,
+                                       stop=["x" * 257])
+    assert refused.value.status_code == 400 and refused.value.body["param"].startswith("stop"), (
+        refused.value.body)
     a, b = (client.chat.completions.create(model=model, messages=story, temperature=1.0,
                                            max_tokens=16, seed=42).choices[0].message.content
             for _ in range(2))
