@@ -61,9 +61,9 @@ run: venv model ## Start the chat server (app.py)
 test: venv model browser tools ## Run the test suite
 	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS)
 
-check: venv model ## The fast lane while editing: no browser, no second model, no Debian tools
+check: venv model ## The fast lane while editing: no browser, no second model, no Debian tools, no slow test
 	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 \
-		-m "not browser and not second_model and not tools" $(PYTEST_ARGS)
+		-m "not browser and not second_model and not tools and not slow" $(PYTEST_ARGS)
 
 test-full: venv model browser tools ## The suite with more samples (prompts, fuzz examples, chaos)
 	REAME_TEST_FULL=1 $(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -46,10 +46,14 @@ GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.
 
 
 # Markers given by the fixtures a test uses, for `make check` (the fast lane: -m "not browser
-# and not second_model and not tools"): a browser (Chromium), a model beside the default one,
-# or Debian's PostgreSQL, nginx or systemd tools.
+# and not second_model and not tools and not slow"): a browser (Chromium), a model beside the
+# default one, or Debian's PostgreSQL, nginx or systemd tools. `slow` is written on the tests
+# themselves: those that took 3 s or more (their file's shared server included) in a
+# `make test` run.
 SECOND_MODELS = {"gemma_path", "lfm2_path", "qwen35_path", "granitehybrid_path"}
+SECOND_MODEL_PARAMS = {"gemma", "gemma3", "lfm2", "qwen35", "granitehybrid"}
 TOOLS = {"postgres", "postgres_url", "pg_store", "nginx", "two_nodes"}
+TOOL_PARAMS = {"postgresql"}
 
 
 def pytest_configure(config):
@@ -61,7 +65,8 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
     for name, what in (("browser", "drives Chromium"),
                        ("second_model", "loads a model beside the default one"),
-                       ("tools", "needs Debian's PostgreSQL, nginx or systemd tools")):
+                       ("tools", "needs Debian's PostgreSQL, nginx or systemd tools"),
+                       ("slow", "took 3 s or more of a worker under `make test`")):
         config.addinivalue_line("markers", f"{name}: the test {what} (make check skips it)")
 
 
@@ -83,11 +88,16 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -per_file[item.path]))
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
+        # A parameter that names a model or a database picks its fixture by that name
+        # (request.getfixturevalue), which fixturenames does not show.
+        callspec = getattr(item, "callspec", None)
+        params = {str(v) for v in callspec.params.values()} if callspec is not None else set()
         if "browser" in used:
             item.add_marker(pytest.mark.browser)
-        if used & SECOND_MODELS or item.path.name in SECOND_MODEL_FILES:
+        if (used & SECOND_MODELS or params & SECOND_MODEL_PARAMS
+                or item.path.name in SECOND_MODEL_FILES):
             item.add_marker(pytest.mark.second_model)
-        if used & TOOLS or item.path.name in TOOL_FILES:
+        if used & TOOLS or params & TOOL_PARAMS or item.path.name in TOOL_FILES:
             item.add_marker(pytest.mark.tools)
 
 

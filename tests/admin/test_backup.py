@@ -422,6 +422,7 @@ def test_the_commands_exit_codes_and_messages(tmp_path, capsys):
 # With the real model, on real servers: not run by the model-free selection above.
 
 
+@pytest.mark.slow
 def test_a_chat_backed_up_while_the_server_answers_continues_from_disk(tmp_path, model_path):
     old = start_server(tmp_path / "old", model_path=model_path)
     busy = None

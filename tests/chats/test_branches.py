@@ -45,6 +45,7 @@ def test_a_retry_keeps_the_old_reply_as_a_version(node):
         "Tell me a short story about a cat.", first.text]
 
 
+@pytest.mark.slow
 def test_a_retry_stopped_before_its_reply_began_shows_the_reply_it_was_to_replace(
         node, tmp_path, model_path):
     """A retry stopped while it still reads the chat is not made: the chat shows the reply it
@@ -100,6 +101,7 @@ def test_an_edit_keeps_the_later_turns_in_the_old_version(node):
     assert (tree.branch[2].version, tree.branch[2].versions) == (1, 2)
 
 
+@pytest.mark.slow
 def test_a_branch_restores_the_shared_history_from_its_parent_file(node, tmp_path,
                                                                      model_path):
     service = node.service

@@ -101,6 +101,7 @@ def test_a_stopped_reply_keeps_its_partial_text(service):
     assert reply(service, chat.id, "Go on.")[-1].text
 
 
+@pytest.mark.slow
 def test_oldest_messages_are_left_out_when_the_history_outgrows_the_context(store, model_path):
     from reame.inference.engine import Engine
     small = Engine(model_path, n_ctx=256, n_threads=THREADS)

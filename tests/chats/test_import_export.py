@@ -98,6 +98,7 @@ def test_a_bad_file_imports_nothing_and_says_why(node):
     assert service.list_chats() == before
 
 
+@pytest.mark.slow
 def test_export_search_and_import_through_the_api(server_factory):
     from tests.browser_helpers import api
 

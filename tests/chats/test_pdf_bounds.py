@@ -258,6 +258,7 @@ def test_a_user_cannot_queue_more_than_max_waiting():
     turns.done("a4")
 
 
+@pytest.mark.slow
 def test_another_users_pdf_is_read_while_one_user_has_slow_ones():
     readers = PdfReaders(slots=2, limits=Limits(cpu_s=3, wall_s=20))
     slow, results = shared_stream_pdf(4), {}

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from reame.chats.conversation import ReplyMemory
 from reame.inference.kv.kvstore import REPLIES_NAME
 from reame.inference.prompt import PromptBuilder, PromptMessage
 from reame.inference.scope import NO_ACCOUNTS
-
 from tests.conftest import SYSTEM_PROMPT
 from tests.inference.test_cache import Node
 
@@ -23,6 +24,7 @@ def lo_token(node: Node) -> int:
     return token
 
 
+@pytest.mark.slow
 def test_a_reply_that_does_not_retokenize_the_same_is_found_whole_after_a_restart(
         tmp_path, model_path):
     node = Node(tmp_path, model_path)

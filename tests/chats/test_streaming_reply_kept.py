@@ -250,6 +250,7 @@ class Reader(threading.Thread):
             return self.seen[-1][0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_reply_survives_the_server_killed_mid_reply_and_continue_goes_on(
         tmp_path, model_path):

@@ -121,6 +121,7 @@ def family(request):
                                     "gemma3": "gemma_path"}[request.param])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["smollm2", "qwen35", "gemma3"], indirect=True)
 def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, family):
     model_path = family
@@ -153,6 +154,7 @@ def test_after_a_restart_only_the_new_tokens_are_evaluated(folder, family):
     assert close_to_cold(third, chat.id, "Thank you!", model_path).source == "disk"
 
 
+@pytest.mark.slow
 def test_with_flash_attention_a_restored_chat_answers_as_the_uninterrupted_one(folder,
                                                                               model_path):
     """[model] flash_attn = true on the default model (auto leaves it off for its 64-wide
@@ -178,6 +180,7 @@ def test_with_flash_attention_a_restored_chat_answers_as_the_uninterrupted_one(f
     assert last.text == sitting(folder / "ref", model_path, script, flash_attn="true")[-1]
 
 
+@pytest.mark.slow
 def test_switching_between_three_chats_restores_each(folder, model_path):
     node = Node(folder, model_path)
     questions = ["Which planet do we live on?", "Say hello.",
@@ -196,6 +199,7 @@ def test_switching_between_three_chats_restores_each(folder, model_path):
         assert last.text == reference
 
 
+@pytest.mark.slow
 def test_opening_a_chat_restores_its_kv_before_the_next_message(folder, model_path):
     node = Node(folder, model_path)
     chat = node.service.new_chat()
@@ -223,6 +227,7 @@ def test_opening_a_chat_restores_its_kv_before_the_next_message(folder, model_pa
 
 
 
+@pytest.mark.slow
 def test_a_turn_restores_its_file_while_it_tokenizes_the_prompt(folder, model_path,
                                                                 monkeypatch):
     first = Node(folder, model_path)
@@ -304,6 +309,7 @@ def test_regenerate_recomputes_only_the_reply(folder, model_path):
     assert third.text == again.text
 
 
+@pytest.mark.slow
 def test_edit_reuses_the_kv_up_to_the_edited_message(folder, model_path):
     node = Node(folder, model_path)
     chat = node.service.new_chat()
@@ -329,6 +335,7 @@ def test_edit_reuses_the_kv_up_to_the_edited_message(folder, model_path):
                                   ["Which planet do we live on?", "Say goodbye."])[-1]
 
 
+@pytest.mark.slow
 def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
     node = Node(folder, model_path)
     one = node.service.new_chat(system_prompt=LONG_SYSTEM)
@@ -371,6 +378,7 @@ def test_a_new_chat_restores_a_shared_system_prompt(folder, model_path):
                          model_path).source == "prefix"
 
 
+@pytest.mark.slow
 def test_a_lookup_opens_only_files_that_could_give_more(folder, model_path, monkeypatch):
     node = Node(folder, model_path)
     questions = [f"Count to {n}." for n in range(2, 7)]
@@ -414,6 +422,7 @@ def _corrupt_garbage(blobs, key):
     blobs.put(key, [os.urandom(5000)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [_corrupt_truncate, _corrupt_flip, _corrupt_old_format,
                                     _corrupt_garbage], ids=["truncated", "flipped-byte",
                                                             "older-format", "garbage"])
@@ -480,6 +489,7 @@ def test_a_failed_write_delivers_the_reply_and_leaves_no_partial_file(folder, mo
     assert node.store.messages(chat.id)[-1].content == last.text
 
 
+@pytest.mark.slow
 def test_eviction_keeps_the_disk_budget(folder, model_path):
     node = Node(folder, model_path, max_mb=10)  # four chats' files (~3.5 MB each) overflow it
     chats = [node.service.new_chat(system_prompt=f"You are assistant {n}. " + "Be kind. " * 40)
@@ -494,6 +504,7 @@ def test_eviction_keeps_the_disk_budget(folder, model_path):
         "the least recently used went first")
 
 
+@pytest.mark.slow
 def test_files_reame_did_not_write_are_left_alone(folder, model_path, kv_blobs):
     """[cache] dir may be any folder: only Reame's own files (name and magic) are deleted."""
     if kv_blobs.name != "folder":
@@ -590,6 +601,7 @@ def test_a_chat_deleted_while_it_answers_leaves_no_file(folder, model_path):
     assert node.service.scheduler.busy == 0
 
 
+@pytest.mark.slow
 def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_path):
     first = Node(folder, model_path)
     chat = first.service.new_chat()
@@ -640,6 +652,7 @@ def test_a_message_typed_ahead_leaves_only_its_end_to_evaluate(folder, model_pat
     stream.close()
 
 
+@pytest.mark.slow
 def test_the_cache_s_totals_and_prefill_speed_outlive_a_restart(folder, model_path,
                                                                   kv_blobs):
     node = Node(folder, model_path)
@@ -663,6 +676,7 @@ def test_the_cache_s_totals_and_prefill_speed_outlive_a_restart(folder, model_pa
     assert Node(folder, model_path).service.cache_stats()["tokens_restored"] == 0
 
 
+@pytest.mark.slow
 def test_the_time_saved_is_counted_once_per_hit_and_only_grows(folder, model_path):
     """It was the tokens restored over today's prefill rate: as the rate's estimate rose, the
     sidebar's "time saved" fell (3 min, 2 min, 51 s). Each hit now adds its own seconds, at

@@ -87,6 +87,7 @@ def answer_together(service, questions, seed=None):
     return dict(zip(questions, replies))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 1234)])
 def test_with_exact_under_load_replies_under_load_equal_replies_alone(services, engine4_exact,
                                                                       temperature, seed):
@@ -99,6 +100,7 @@ def test_with_exact_under_load_replies_under_load_equal_replies_alone(services, 
     assert engine4_exact.decoded_together == before, "each reply's tokens decoded alone"
 
 
+@pytest.mark.slow
 def test_replies_written_at_once_are_decoded_together_and_each_is_its_own(services, engine4):
     """By default the replies' next tokens go in one llama_decode (as llama-server batches
     them). A reply alone is the same as ever; under load each reply still answers its own
@@ -122,6 +124,7 @@ def test_replies_written_at_once_are_decoded_together_and_each_is_its_own(servic
         assert under_load.text.split()[:1] == by_itself.text.split()[:1]
 
 
+@pytest.mark.slow
 def test_replies_that_start_in_different_rounds_stay_in_step(services, engine4):
     """Prompts end their evaluation in different rounds of the engine's thread; from then on
     each reply queues its next token in every round (the one its caller was given is decoded
@@ -149,6 +152,7 @@ def test_replies_that_start_in_different_rounds_stay_in_step(services, engine4):
     assert min(rounds) >= 0.85, rounds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["engine4", "engine4_exact"])
 def test_no_reply_holds_another_chats_words(services, request, mode):
     engine = request.getfixturevalue(mode)
@@ -163,6 +167,7 @@ def test_no_reply_holds_another_chats_words(services, request, mode):
     assert sum(word in replies[ask].upper() for ask, word in zip(asks, words)) >= 4
 
 
+@pytest.mark.slow
 def test_a_short_question_does_not_wait_for_a_long_reply(services, engine4):
     service = services(engine4, GREEDY.changed(max_tokens=200))
     # The long reply has a system prompt of its own: it must run long, whatever answers the
@@ -236,6 +241,7 @@ def test_a_stopped_reply_keeps_its_text_and_frees_its_slot(services, engine2):
     assert last(waiting).done
 
 
+@pytest.mark.slow
 def test_recent_chats_stay_live_in_their_slots(services, engine4):
     service = services(engine4, GREEDY.changed(max_tokens=16))
     chats = [service.new_chat() for _ in range(4)]
@@ -252,6 +258,7 @@ def test_recent_chats_stay_live_in_their_slots(services, engine4):
     assert last(service.send(chats[0].id, "One more.")).stats.source == "live"
 
 
+@pytest.mark.slow
 def test_replies_written_at_once_take_slots_side_by_side(services, engine4):
     """llama.cpp decodes replies of slots that are not side by side in separate passes (a KV
     per sequence: a pass takes consecutive sequences only): 26 ms a step for slots 0 and 2
@@ -294,6 +301,7 @@ def test_type_ahead_gives_way_to_replies(services, engine4):
     assert service.type_ahead(typing.id, "What is the capital of") > 0  # idle: it runs
 
 
+@pytest.mark.slow
 def test_a_slot_never_gives_one_users_kv_to_another(services, engine2):
     """Bob asks what alice just asked, in the slot that still holds alice's KV (the least
     recently used of the two): he reuses what anyone new would (carol), nothing of hers."""
@@ -368,6 +376,7 @@ def test_a_turn_that_comes_during_a_round_takes_its_first_step_in_it(services, e
     assert steps.index(("late", 0)) < steps.index(("first", 1)), steps
 
 
+@pytest.mark.slow
 def test_a_stateless_reply_evaluates_the_next_head_only_when_nobody_else_is_talking(
         services, engine4, engine4_exact):
     """After a stateless reply, the next turn's fixed head ("<|im_end|>\\n<|im_start|>user\\n")

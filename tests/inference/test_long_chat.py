@@ -70,6 +70,7 @@ def assert_only_new_tokens(last):
     assert last.evaluated <= s.prefilled + s.generated + s.ahead
 
 
+@pytest.mark.slow
 def test_a_long_chat_shifts_its_kv_at_each_overflow_and_survives_a_restart(tmp_path,
                                                                            model_path):
     node = Node(tmp_path, model_path, n_ctx=SHIFT_N_CTX)
@@ -137,6 +138,7 @@ def test_gemma3_cannot_shift_and_re_evaluates_the_kept_window(tmp_path, gemma_pa
     node.close()
 
 
+@pytest.mark.slow
 def test_an_edit_before_the_window_starts_the_window_over(tmp_path, model_path):
     node = Node(tmp_path, model_path, n_ctx=SMALL_N_CTX)  # the window moves in fewer turns
     chat = node.service.new_chat()

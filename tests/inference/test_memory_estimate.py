@@ -163,6 +163,7 @@ def get(url: str) -> tuple[int, bytes]:
         return refused.code, b""
 
 
+@pytest.mark.slow
 def test_a_live_server_of_the_default_model_stays_near_its_estimate(tmp_path, model_path):
     n_ctx = 2048
     server = start_server(tmp_path / "server", model_path=model_path, n_ctx=n_ctx,

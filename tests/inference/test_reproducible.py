@@ -109,6 +109,7 @@ def model(request):
 
 # Under make test-full, 47 s alone on this 2-core machine, 157 s inside the whole suite
 # (2026-12-03): more than the default 300 s would leave no margin on a slower CPU.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("model", "sampling"), CASES, indirect=["model"])
 def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
@@ -160,6 +161,7 @@ def test_the_same_request_gives_the_same_reply_whatever_the_cache_holds(
     node.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS, indirect=True)
 def test_a_continued_conversation_gives_the_uninterrupted_reply(
         tmp_path, model):

@@ -43,6 +43,7 @@ class Node:
         self.engine.close()
 
 
+@pytest.mark.slow
 def test_another_question_on_the_same_history_evaluates_only_what_differs(tmp_path, model_path):
     node = Node(tmp_path, model_path)
     first, _ = node.ask(QUESTIONS[0])
@@ -64,6 +65,7 @@ def test_another_question_on_the_same_history_evaluates_only_what_differs(tmp_pa
     node.close()
 
 
+@pytest.mark.slow
 def test_the_same_request_again_after_a_restart_evaluates_nothing_and_gives_the_same_reply(
         tmp_path, model_path):
     node = Node(tmp_path, model_path)
@@ -79,6 +81,7 @@ def test_the_same_request_again_after_a_restart_evaluates_nothing_and_gives_the_
     node.close()
 
 
+@pytest.mark.slow
 def test_with_exact_a_prompt_reuses_only_whole_chunks_of_another_one(tmp_path, model_path):
     node = Node(tmp_path, model_path, exact=True)
     first, _ = node.ask(QUESTIONS[0])

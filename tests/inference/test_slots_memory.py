@@ -40,6 +40,7 @@ def grown(model_path, slots: int, budget: int = 0) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_slots_kv_stays_within_its_budget(model_path):
     per_slot = read_gguf_info(model_path).kv_bytes_per_slot(N_CTX, "f16")  # 90 MB here
     budget = int(2.5 * per_slot)  # room for 2 of the 4 slots asked for

@@ -92,6 +92,7 @@ def streamed_calls(stream) -> tuple[str, list[dict], str, list]:
     return content, [calls[n] for n in sorted(calls)], finish, chunks
 
 
+@pytest.mark.slow
 def test_a_call_its_result_and_the_answer_streamed_or_not_reusing_the_kv(server):
     assert_round_trip(server)
 
@@ -159,6 +160,7 @@ def test_tool_choice_named_and_parallel_calls_off(server):
     assert single.choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.slow
 def test_auto_lets_the_model_choose_and_holds_a_call_it_begins_to_the_schema(server, model_path):
     """tool_choice auto: the reply is free text until the model writes "<tool_call>"; from
     there the grammar holds it to an offered function's schema (llama.cpp's lazy grammar).

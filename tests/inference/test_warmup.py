@@ -12,10 +12,11 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from reame.inference.engine import Engine
 from reame.inference.warmup import warm_model
 from reame.runtime import service_over
-
 from tests.conftest import GREEDY, ROOT, THREADS, free_port, write_config
 
 QUESTION = "Name three colours of the rainbow."
@@ -27,6 +28,7 @@ def reply_of(service) -> tuple[str, str]:
     return done.text, done.stats.source
 
 
+@pytest.mark.slow
 def test_the_warm_up_runs_the_model_and_leaves_nothing_behind(tmp_path, model_path):
     engine = Engine(model_path, n_ctx=1024, slots=2, n_threads=THREADS)
     try:
@@ -60,6 +62,7 @@ def health(url: str) -> int | None:
         return None  # not listening yet
 
 
+@pytest.mark.slow
 def test_health_says_ok_only_once_the_warm_up_is_done(tmp_path, model_path):
     config = write_config(tmp_path, model_path=model_path, warm_up=True)
     port = free_port()

@@ -204,6 +204,7 @@ def chats_are_whole(database: Path) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_chaos_leaves_the_server_whole(tmp_path, model_path, gemma_path, browser):
     seed = int(os.environ.get("REAME_CHAOS_SEED", random.randrange(1 << 30)))

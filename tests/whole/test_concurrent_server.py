@@ -60,6 +60,7 @@ def ask_named(server: Server, text: str) -> str:
     return client.predict(chat, text, api_name="/send")
 
 
+@pytest.mark.slow
 def test_eight_people_on_the_api_and_v1_each_get_their_own_reply(server):
     asks = [f"Repeat this word exactly once: {w}" for w in WORDS]
     routes = [ask_v1, ask_named] * 4  # half through /v1, half through the named API
@@ -70,6 +71,7 @@ def test_eight_people_on_the_api_and_v1_each_get_their_own_reply(server):
         assert [w for w in WORDS if w != word and w in reply.upper()] == [], reply
 
 
+@pytest.mark.slow
 def test_a_short_question_is_answered_while_a_long_reply_streams(server):
     stream = sdk(server).chat.completions.create(
         model=model_id(server), messages=[{"role": "user", "content": LONG}], temperature=0,
@@ -111,6 +113,7 @@ def test_beyond_the_line_v1_answers_429_and_the_api_says_full(tmp_path, model_pa
         server.stop()
 
 
+@pytest.mark.slow
 def test_the_page_shows_a_turn_its_place_in_line(browser, tmp_path, model_path):
     # The first reply must outlast the second page's opening however busy the machine: a
     # story can end in 300 tokens (it did, beside another test worker), a count to 500 runs

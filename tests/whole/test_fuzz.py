@@ -145,6 +145,7 @@ def _body(value) -> bytes:
     return json.dumps(value).encode()
 
 
+@pytest.mark.slow
 @FUZZ
 @given(body=completion, raw=st.none() | st.none() | st.binary(max_size=64))
 def test_v1_answers_any_body_without_a_500(server, body, raw):

@@ -189,6 +189,7 @@ def test_a_grammar_too_deep_for_llama_cpps_stack_never_reaches_its_parser(engine
     engine.check_grammar(chain[:chain.index("r1000 ::=")] + 'r1000 ::= "a"')  # 1,000: fine
 
 
+@pytest.mark.slow
 def test_a_long_reply_under_a_lazy_tool_grammar_costs_what_one_without_tools_costs(
         server, engine):
     """llama.cpp matched the tool call's trigger regex against the whole reply at every
@@ -306,6 +307,7 @@ def held_request(draw, engine):
     return body
 
 
+@pytest.mark.slow
 def test_grammars_schemas_tools_and_biases_never_crash_or_stall_the_server(server, engine):
     @FUZZ
     @given(body=held_request(engine))

@@ -22,6 +22,7 @@ def client_for(server) -> ApiClient:
     return ApiClient(server.url, verbose=False)
 
 
+@pytest.mark.slow
 def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server_factory):
     server = server_factory()
     client = client_for(server)
@@ -81,6 +82,7 @@ def test_every_chat_action_by_name_and_the_chats_survive_a_restart(server_factor
     assert cache["tokens_restored"] - base["tokens_restored"] == stats["reused"]
 
 
+@pytest.mark.slow
 def test_regenerate_and_edit_through_the_api(server):
     client = client_for(server)
     chat_id, before = two_turns(client, "t")
@@ -193,6 +195,7 @@ def two_turns(client, title: str, first: str = "Say hello.") -> tuple[int, list[
     return chat_id, client.predict(chat_id, api_name="/get_chat")["messages"]
 
 
+@pytest.mark.slow
 def test_versions_and_branches_through_the_api(server):
     client = client_for(server)
     # Another opening than the other tests' chats: the branch's KV can come only from its own.
@@ -220,6 +223,7 @@ def test_versions_and_branches_through_the_api(server):
         client.predict(branch_id, before[3]["id"], api_name="/show_version")
 
 
+@pytest.mark.slow
 def test_an_idle_server_leaves_the_cpu_to_the_model(server):
     """Gradio's queue alone looked for new events every millisecond: 9 % of a core here while
     nothing happened, taken from llama.cpp's threads while they decoded

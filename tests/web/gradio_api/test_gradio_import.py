@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 SUBCLASS = textwrap.dedent("""
@@ -30,6 +32,7 @@ def define_component(tmp_path, *, reame_first: bool) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".py", ".pyi"))
 
 
+@pytest.mark.slow
 def test_no_type_stub_is_written_once_reames_web_layer_is_imported(tmp_path):
     (tmp_path / "plain").mkdir()
     assert define_component(tmp_path / "plain", reame_first=False) == [
@@ -54,6 +57,7 @@ def test_a_server_that_answered_gradio_events_never_loaded_pandas_or_matplotlib(
     assert "matplotlib" not in maps, "the server loaded matplotlib"
 
 
+@pytest.mark.slow
 def test_the_web_layer_imports_without_the_mcp_sdk_and_leaves_it_whole_for_others():
     """Gradio's MCP server class imported the `mcp` SDK at Gradio's import (0.4 s of every
     start) for an MCP server Reame never runs: the web layer now imports without it. A process

@@ -173,6 +173,7 @@ def test_a_client_that_hangs_up_during_a_long_prompt_stops_it(server, stream):
     assert ended(server, before) == {"done": 1, "stopped": 1}
 
 
+@pytest.mark.slow
 def test_a_client_that_stops_reading_does_not_keep_the_slot(server, no_end):
     # A tiny receive window, and the client reads nothing after the first event, nor closes.
     # Over loopback the kernel's send buffer grows to megabytes, so the whole reply usually

@@ -8,9 +8,11 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
+from tests.accounts.test_accounts import guarded  # noqa: F401 - a fixture: a server with accounts
 from tests.conftest import start_server
 from tests.gradio_api import ApiClient
-from tests.accounts.test_accounts import guarded  # noqa: F401 - a fixture: a server with accounts
 
 
 def health(server) -> tuple[int, dict, object]:
@@ -38,6 +40,7 @@ def test_health_says_no_model_without_naming_the_file(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_health_says_loading_while_a_model_switch_loads(tmp_path, model_path, gemma_path):
     server = start_server(tmp_path, model_path=model_path, max_tokens=400)
     try:

@@ -8,12 +8,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.accounts.test_accounts import guarded  # noqa: F401 - a fixture: a server with accounts
 from tests.conftest import start_server
 from tests.gradio_api import ApiClient
-from tests.accounts.test_accounts import guarded  # noqa: F401 - a fixture: a server with accounts
 
 
 def scrape(server, headers: dict | None = None) -> dict[tuple[str, tuple], float]:
@@ -43,6 +44,7 @@ def kv_files(folder: Path) -> list[Path]:
     return sorted((folder / "sessions" / "kv").glob("*.kv"))
 
 
+@pytest.mark.slow
 def test_metrics_count_turns_tokens_latency_cache_and_files(tmp_path, model_path):
     server = start_server(tmp_path, model_path=model_path, max_tokens=16)
     try:

@@ -8,14 +8,16 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from reame.inference.kv.blobs import FolderBlobs
 from reame.inference.kv.kvstore import KVStore
-
 from tests.conftest import ROOT, free_port
 
 STATE_BYTES = 300 << 20  # a write that takes a while, so that an early end would cut it
 
 
+@pytest.mark.slow
 def test_sigterm_ends_the_server_after_the_queued_kv_writes(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys, threading, time

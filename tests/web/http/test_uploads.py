@@ -42,6 +42,7 @@ def upload_and_attach(server: Server, tab: int, failures: list[str]) -> None:
         session.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_same_document_uploaded_and_attached_in_many_tabs_at_once_is_never_refused(
         quick_server):

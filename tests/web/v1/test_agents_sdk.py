@@ -30,6 +30,7 @@ def server(tmp_path_factory, model_path) -> Server:
     server.stop()
 
 
+@pytest.mark.slow
 def test_an_agent_with_a_function_tool_runs_against_reame(server):
     model = OpenAI(base_url=server.url + "v1", api_key="unused").models.list().data[0].id
     asked: list[str] = []

@@ -145,6 +145,7 @@ def test_control_tokens_in_the_text_are_parsed_no_chat_template_added(server, re
     assert reply.choices[0].text == reference(prompt, 12).split("<|im_end|>")[0]
 
 
+@pytest.mark.slow
 def test_a_resent_growing_text_evaluates_only_its_new_tokens(server, reference):
     client, model = sdk(server), model_id(server)
     first = client.completions.create(model=model, prompt=STORY, temperature=0, max_tokens=12)
@@ -170,6 +171,7 @@ def test_a_resent_growing_text_evaluates_only_its_new_tokens(server, reference):
     assert third.usage.prompt_tokens_details.cached_tokens == extra["reused"]
 
 
+@pytest.mark.slow
 def test_max_tokens_stop_seed_bias_and_penalties_are_honoured(server, reference):
     client, model = sdk(server), model_id(server)
     default = client.completions.create(model=model, prompt=STORY, logit_bias=no_end(reference))

@@ -61,6 +61,7 @@ def test_a_reply_as_the_model_gives_it_streamed_or_not(server):
     assert final.usage.cache_read_input_tokens > 0, "the same prompt: its KV reused"
 
 
+@pytest.mark.slow
 def test_a_tool_use_and_its_result_reusing_the_first_turn_s_kv(server):
     sdk = client(server)
     called = sdk.messages.create(model="m", max_tokens=160, extra_body=GREEDY, tools=[WEATHER],

@@ -84,6 +84,7 @@ def declared_too_big(server: Server, size: int):
     return int(head.split()[1]), json.loads(body[:length])
 
 
+@pytest.mark.slow
 def test_models_and_a_completion_with_the_openai_sdk(server):
     client = sdk(server)
     models = client.models.list().data
@@ -96,6 +97,7 @@ def test_models_and_a_completion_with_the_openai_sdk(server):
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
 
+@pytest.mark.slow
 def test_streaming_with_the_sdk_and_as_raw_server_sent_events(server):
     client = sdk(server)
     chunks = list(client.chat.completions.create(
@@ -119,6 +121,7 @@ def test_streaming_with_the_sdk_and_as_raw_server_sent_events(server):
     assert "".join(deltas).strip() == text.strip()
 
 
+@pytest.mark.slow
 def test_a_resent_conversation_evaluates_only_its_new_tokens(server):
     client = sdk(server)
     model = model_id(server)
@@ -155,6 +158,7 @@ def test_a_resent_conversation_evaluates_only_its_new_tokens(server):
     assert third.model_extra["reame"]["reused"] > first.usage.prompt_tokens
 
 
+@pytest.mark.slow
 def test_max_tokens_stop_and_seed_are_honoured(server):
     client, model = sdk(server), model_id(server)
     story = [{"role": "user", "content": "Write a long story about a dragon."}]
@@ -268,6 +272,7 @@ def test_bad_requests_get_openai_shaped_errors_and_the_server_keeps_serving(
 HI = {"role": "user", "content": "hi"}
 
 
+@pytest.mark.slow
 def test_n_choices_each_as_its_own_seed_gives_sharing_the_prompt_s_kv(server):
     """n choices: choice k is what the same request with seed + k answers (each its own
     reply, reproducible), written in a slot of its own from the first choice's prompt KV;
@@ -395,6 +400,7 @@ NEUTRAL = {
 }
 
 
+@pytest.mark.slow
 def test_every_openai_parameter_is_honoured_or_refused_by_name(server):
     """Silently ignoring a parameter is the worst answer: a client believes it got JSON, a
     tool call or log-probabilities. Each of OpenAI's parameters, asking for something, is
@@ -429,6 +435,7 @@ def test_every_openai_parameter_is_honoured_or_refused_by_name(server):
         assert status == 400 and answer["error"]["param"] == "response_format", (bad, answer)
 
 
+@pytest.mark.slow
 def test_structured_output_parses_and_follows_the_schema_streamed_or_not(server):
     """The SDK's parse() with three pydantic models (JSON schemas, strict), and JSON mode
     (structured.py; Gemma 3's run is in test_openai_gemma.py)."""
@@ -558,6 +565,7 @@ def test_a_request_can_be_a_turn_of_a_stored_chat(server):
 INTERNALS = ("Traceback", "File \"", ".py", "sqlite", "sqlalchemy", "INSERT", "locked")
 
 
+@pytest.mark.slow
 def test_an_unexpected_error_says_so_without_internals_and_the_server_keeps_serving(server):
     """A real fault from outside: another process holds SQLite's write lock (a backup tool,
     say), so the server's writes fail after its 5 s busy timeout."""
@@ -589,6 +597,7 @@ def test_an_unexpected_error_says_so_without_internals_and_the_server_keeps_serv
     assert isinstance(gradio.predict(api_name="/new_chat"), int)
 
 
+@pytest.mark.slow
 def test_while_a_model_loads_v1_answers_503_with_retry_after(tmp_path, model_path, gemma_path):
     server = start_server(tmp_path, model_path=model_path)
     try:

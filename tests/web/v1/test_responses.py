@@ -38,6 +38,7 @@ def model_of(server: Server) -> str:
     return sdk(server).models.list().data[0].id
 
 
+@pytest.mark.slow
 def test_a_reply_as_the_model_gives_it_with_instructions(server):
     client, model = sdk(server), model_of(server)
     reply = client.responses.create(model=model, input=CAPITAL, temperature=0)
@@ -65,6 +66,7 @@ def streamed(stream) -> tuple[str, object, list[str]]:
     return text, final, kinds
 
 
+@pytest.mark.slow
 def test_a_chain_along_previous_response_id_evaluates_only_its_new_input(server):
     client, model = sdk(server), model_of(server)
     first = client.responses.create(model=model, input=ASK, tools=[WEATHER],

@@ -67,6 +67,7 @@ def test_a_conversation_of_only_a_system_message_is_answered(server):
                    model_answer(system_prompt=system, max_tokens=32))
 
 
+@pytest.mark.slow
 def test_any_64_bit_seed_is_accepted_the_same_seed_the_same_reply(server):
     client = sdk(server)
     model = client.models.list().data[0].id
@@ -99,6 +100,7 @@ def uncut_length(server) -> int:
     return whole.usage.completion_tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_call_cut_by_max_tokens_never_leaks_its_markup_into_content(server, stream,
                                                                      uncut_length):
