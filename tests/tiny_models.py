@@ -136,47 +136,73 @@ SSM_CONV, SSM_STATE, SSM_GROUPS, SSM_V_HEADS = 4, 32, 2, 4  # key heads = groups
 QWEN35_ROT = 16  # partial rotary, as Qwen3.5's (a quarter of the head)
 
 
-def write_qwen35(path: Path) -> Path:
-    inner = SSM_STATE * SSM_V_HEADS  # value dim: one state-size head per value head
+@dataclass(frozen=True)
+class Qwen35Shape:
+    """A Qwen3.5 model's dimensions: the tiny one of the tests by default; bench/hybrid_shapes.py
+    writes Qwen3.5-0.8B's (F16 weights, then quantized)."""
+    layers: int = QWEN35_LAYERS
+    hidden: int = HIDDEN
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    head_dim: int = HEAD_DIM
+    ffn: int = FFN
+    vocab: int = VOCAB
+    ssm_state: int = SSM_STATE  # a delta-net head's key (and value) size
+    ssm_groups: int = SSM_GROUPS  # key heads
+    ssm_v_heads: int = SSM_V_HEADS
+    rope_sections: tuple[int, int, int, int] = (3, 3, 2, 0)  # halves of the rotary dims
+    weights: type = np.float32  # the 2-D tensors' type in the file (norms, conv, decay F32)
+    name: str = "tiny qwen35, random weights (Reame tests)"
+
+    @property
+    def rotary(self) -> int:
+        return 2 * sum(self.rope_sections)
+
+
+def write_qwen35(path: Path, shape: Qwen35Shape = Qwen35Shape()) -> Path:
+    h, d, state = shape.hidden, shape.head_dim, shape.ssm_state
+    inner = state * shape.ssm_v_heads  # value dim: one state-size head per value head
 
     def metadata(writer) -> None:
-        _common(writer, "qwen35", QWEN35_LAYERS)
-        writer.add_head_count_kv(KV_HEADS)
-        writer.add_key_length(HEAD_DIM)
-        writer.add_value_length(HEAD_DIM)
-        writer.add_rope_dimension_count(QWEN35_ROT)
-        writer.add_rope_dimension_sections([3, 3, 2, 0])  # halves of the rotary dims
+        _common(writer, "qwen35", shape.layers, shape.ffn, hidden=h, heads=shape.heads,
+                title=shape.name, file_type=0 if shape.weights == np.float32 else 1)
+        writer.add_head_count_kv(shape.kv_heads)
+        writer.add_key_length(d)
+        writer.add_value_length(d)
+        writer.add_rope_dimension_count(shape.rotary)
+        writer.add_rope_dimension_sections(list(shape.rope_sections))
         writer.add_ssm_conv_kernel(SSM_CONV)
         writer.add_ssm_inner_size(inner)
-        writer.add_ssm_state_size(SSM_STATE)
-        writer.add_ssm_time_step_rank(SSM_V_HEADS)
-        writer.add_ssm_group_count(SSM_GROUPS)
+        writer.add_ssm_state_size(state)
+        writer.add_ssm_time_step_rank(shape.ssm_v_heads)
+        writer.add_ssm_group_count(shape.ssm_groups)
         writer.add_full_attention_interval(FULL_ATTENTION_INTERVAL)
 
-    key_dim = SSM_STATE * SSM_GROUPS
+    def w(name: str, *llama_dims: int) -> Tensor:  # a weight matrix, in the shape's type
+        return (name, tuple(reversed(llama_dims)), shape.weights)
+
+    key_dim = state * shape.ssm_groups
     conv_dim = 2 * key_dim + inner
-    kv = KV_HEADS * HEAD_DIM
-    tensors = [_t("token_embd.weight", HIDDEN, VOCAB), _t("output_norm.weight", HIDDEN)]
-    for i in range(QWEN35_LAYERS):
+    kv = shape.kv_heads * d
+    v_heads = shape.ssm_v_heads
+    tensors = [w("token_embd.weight", h, shape.vocab), _t("output_norm.weight", h)]
+    for i in range(shape.layers):
         b = f"blk.{i}."
-        tensors += [_t(b + "attn_norm.weight", HIDDEN),
-                    _t(b + "post_attention_norm.weight", HIDDEN)]
+        tensors += [_t(b + "attn_norm.weight", h), _t(b + "post_attention_norm.weight", h)]
         if (i + 1) % FULL_ATTENTION_INTERVAL:  # linear attention (qwen35.cpp: is_recr)
-            tensors += [_t(b + "attn_qkv.weight", HIDDEN, conv_dim),
-                        _t(b + "attn_gate.weight", HIDDEN, inner),
+            tensors += [w(b + "attn_qkv.weight", h, conv_dim), w(b + "attn_gate.weight", h, inner),
                         _t(b + "ssm_conv1d.weight", SSM_CONV, conv_dim),
-                        _t(b + "ssm_dt.bias", SSM_V_HEADS), _t(b + "ssm_a", SSM_V_HEADS),
-                        _t(b + "ssm_beta.weight", HIDDEN, SSM_V_HEADS),
-                        _t(b + "ssm_alpha.weight", HIDDEN, SSM_V_HEADS),
-                        _t(b + "ssm_norm.weight", SSM_STATE),
-                        _t(b + "ssm_out.weight", inner, HIDDEN)]
+                        _t(b + "ssm_dt.bias", v_heads), _t(b + "ssm_a", v_heads),
+                        w(b + "ssm_beta.weight", h, v_heads),
+                        w(b + "ssm_alpha.weight", h, v_heads),
+                        _t(b + "ssm_norm.weight", state), w(b + "ssm_out.weight", inner, h)]
         else:  # full attention: a query and its gate from one projection
-            tensors += [_t(b + "attn_q.weight", HIDDEN, 2 * HEADS * HEAD_DIM),
-                        _t(b + "attn_k.weight", HIDDEN, kv), _t(b + "attn_v.weight", HIDDEN, kv),
-                        _t(b + "attn_output.weight", HEADS * HEAD_DIM, HIDDEN),
-                        _t(b + "attn_q_norm.weight", HEAD_DIM),
-                        _t(b + "attn_k_norm.weight", HEAD_DIM)]
-        tensors += _ffn(b)
+            tensors += [w(b + "attn_q.weight", h, 2 * shape.heads * d),
+                        w(b + "attn_k.weight", h, kv), w(b + "attn_v.weight", h, kv),
+                        w(b + "attn_output.weight", shape.heads * d, h),
+                        _t(b + "attn_q_norm.weight", d), _t(b + "attn_k_norm.weight", d)]
+        tensors += [w(b + "ffn_gate.weight", h, shape.ffn), w(b + "ffn_up.weight", h, shape.ffn),
+                    w(b + "ffn_down.weight", shape.ffn, h)]
     write_gguf(path, "qwen35", metadata, tensors, values=_values)
     return path
 
