@@ -130,15 +130,10 @@ class ModelHolder:
         try:
             with runtime.lease():
                 opening = runtime.prompts.fixed_head(self.defaults.system_prompt, [], SHARED)
-
-                def share() -> Iterator[None]:
-                    runtime.cache.share(opening)
-                    yield
-
-                # Maintenance, not a request: only on a slot free now (try_run), so that the
-                # change it follows never waits for replies or fails on a full line; else the
-                # first new chat computes the opening.
-                shared, _ = runtime.scheduler.try_run(share, scope=SHARED)
+                # Maintenance, not a request: only on a slot free now, so that the change it
+                # follows never waits for replies or fails on a full line; else the first new
+                # chat computes the opening.
+                shared = runtime.share(opening, SHARED)
         except Replaced:  # switched meanwhile: the next switch shares it for its model
             return
         if not shared:

@@ -24,8 +24,8 @@ from reame.inference.turn_stream import TurnStream
 
 
 class StatelessTurns:
-    """ChatService's stateless turns (a mixin: the state is ChatService.__init__'s; _runner,
-    _updates and _check_length are Turns')."""
+    """ChatService's stateless turns (a mixin: the state is ChatService.__init__'s; _updates
+    and _check_length are Turns')."""
 
     def complete(self, system_prompt: str, turns: list[PromptMessage], *,
                  max_tokens: int | None = None,
@@ -116,7 +116,6 @@ class StatelessTurns:
         while True:  # until a slot of the current model's (a switch sends requests on)
             with self.using_model() as runtime:
                 job, keeper = make(runtime)
-            runner = self._runner(runtime)
             try:
                 place = runtime.scheduler.reserve(scope=scope, prompt=job.prompt, owner=user)
             except Replaced:
@@ -124,8 +123,8 @@ class StatelessTurns:
             stream.bind(runtime.scheduler, place)
             started = False  # past its place in line
             try:
-                for update in self._updates(runtime.scheduler.results(
-                        place, lambda: runner.run(job, keeper)), job):
+                for update in self._updates(
+                        runtime.run_turn(place, job, keeper, self.observe_turn), job):
                     started = started or not update.queued
                     yield update
             except Replaced:  # the switch came before its slot: nothing was done

@@ -29,7 +29,7 @@ from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
 from reame.inference.scope import Scope, user_scope
 from reame.inference.tasks import Replaced, Stopped, Waiting
-from reame.inference.turn import Job, TurnRunner, TurnStats, TurnUpdate
+from reame.inference.turn import Job, TurnUpdate
 from reame.inference.turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
@@ -46,13 +46,7 @@ class Turns:
         if runtime is None or self.loading or not runtime.cache.enabled:
             return False
         chat = self._chat(chat_id, user)
-        scope = chat_scope(chat)
-        if not runtime.cache.has_file(chat_id):
-            return False  # nothing to restore: no slot given up for it
-        started, restored = runtime.scheduler.try_run(
-            lambda: self._restore_ahead_steps(runtime, chat_id, scope), chat_id=chat_id,
-            scope=scope)
-        return bool(started and restored)
+        return runtime.restore_ahead(chat_id, chat_scope(chat))
 
     def type_ahead(self, chat_id: int, draft: str, user: str | None = None) -> int:
         """Evaluate the prompt a send of the message being typed would make, by the very
@@ -77,19 +71,7 @@ class Turns:
             return 0
         if window.dropped_now:
             return 0  # the turn will move the window: leave it to the turn
-        job, runner = self._job(chat, window, None), self._runner(runtime)
-
-        def type_ahead() -> Iterator[int | None]:
-            if runtime.engine.ready_for(job.prompt):
-                return  # done already
-            stats = TurnStats()
-            restored = yield from runner.prefill_steps(job, stats)
-            runtime.cache.typed(chat.id, restored, len(job.prompt))
-            yield stats.prefilled
-
-        _, prefilled = runtime.scheduler.try_run(type_ahead, chat_id=chat.id,
-                                                 scope=job.scope, background=True)
-        return prefilled or 0
+        return runtime.type_ahead(self._job(chat, window, None))
 
     def document_tokens(self, text: str) -> int | None:
         """The tokens a document's text takes in a prompt (None: no model to count them), or
@@ -203,7 +185,7 @@ class Turns:
             try:
                 place = runtime.scheduler.reserve(  # or ServerBusy, before anything changes
                     chat_id=chat.id, scope=scope, owner=chat.owner,
-                    prelude=self._restore_ahead_prelude(runtime, chat.id, scope))
+                    prelude=runtime.restore_ahead_prelude(chat.id, scope))
             except Replaced:
                 continue
             stream.bind(runtime.scheduler, place)
@@ -225,9 +207,8 @@ class Turns:
                 raise
             break
         job = replace(job, arrived=arrived, seen=seen)
-        runner = self._runner(runtime)
         before = continued.content if continued is not None else ""
-        results = runtime.scheduler.results(place, lambda: runner.run(job, keeper))
+        results = runtime.run_turn(place, job, keeper, self.observe_turn)
         try:
             for update in self._updates(results, job):
                 if before and not update.queued and update.reading is None:  # the reply so far
@@ -298,23 +279,6 @@ class Turns:
         return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after,
                                continued, replaced=retried)
 
-    def _restore_ahead_prelude(self, runtime: ModelRuntime, chat_id: int,
-                               scope: Scope) -> Callable[[], Iterator[bool]] | None:
-        """What the turn's slot does while this thread reads the database and tokenizes the
-        prompt: restore the chat's KV file (as when a chat is opened), if it has one."""
-        if not runtime.cache.has_file(chat_id):
-            return None
-        return lambda: self._restore_ahead_steps(runtime, chat_id, scope)
-
-    @staticmethod
-    def _restore_ahead_steps(runtime: ModelRuntime, chat_id: int,
-                             scope: Scope) -> Iterator[bool]:
-        try:
-            yield runtime.cache.restore_ahead(chat_id, scope) is not None
-        except Exception:  # a failed restore is a miss: the turn looks up again
-            log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
-            yield False
-
     @staticmethod
     def _updates(results: Iterator[object], job: Job) -> Iterator[TurnUpdate]:
         """A turn's updates; while it waits for a slot, its place in line."""
@@ -337,10 +301,6 @@ class Turns:
                    shared_opening=chat.system_prompt == self.defaults.system_prompt,
                    branched_from=chat.branched_from)
 
-    def _runner(self, runtime: ModelRuntime) -> TurnRunner:
-        load = runtime.scheduler.load
-        return TurnRunner(runtime.engine, runtime.cache, runtime.prompts, self.observe_turn,
-                          others=lambda: load() != (1, 0))  # (on a slot, waiting): this one
 
 def kept_on_regenerate(messages: list[M]) -> list[M]:
     """The messages a regenerate keeps: all but the last reply, which it replaces (messages:

@@ -7,19 +7,30 @@ keeps what it wrote), the turns still waiting for a slot are told to go to the n
 (Replaced), and its engine is closed only once no thread uses it. A thread that uses the engine
 outside the scheduler (tokenizing a prompt) holds a lease meanwhile; leases are held for
 straight-line code only, never across a yield, so no caller that goes away can keep one.
+
+What runs on the engine is asked of the runtime by what it does, never as code to run there:
+a turn on a reserved place (run_turn), a prompt evaluated ahead while it is typed (type_ahead),
+a chat's KV restored ahead of its turn (restore_ahead, restore_ahead_prelude), an opening shared
+(share). So the engine, its cache and its scheduler could live in another process: the callers
+hand over a Job and a Keeper, and receive what the turn streams.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder
 from reame.inference.scheduler import Scheduler
-from reame.inference.tasks import Limits, Replaced
+from reame.inference.scope import Scope
+from reame.inference.tasks import Limits, Replaced, Task, Work
+from reame.inference.turn import Job, Keeper, TurnObserver, TurnRunner, TurnStats
+
+log = logging.getLogger(__name__)
 
 
 class ModelRuntime:
@@ -62,6 +73,71 @@ class ModelRuntime:
             while self._leases:
                 self._cond.wait()
         self.cache.flush()
+
+    # what runs on the engine
+
+    def run_turn(self, place: Task, job: Job, keeper: Keeper,
+                 observe: TurnObserver | None = None) -> Iterator[object]:
+        """The turn of job on the reserved place (Scheduler.reserve): what it streams, as
+        Scheduler.results; keeper keeps its reply however it ends; observe is told of it."""
+        runner = self._runner(observe)
+        return self.scheduler.results(place, lambda: runner.run(job, keeper))
+
+    def type_ahead(self, job: Job, typed: Callable[[], None] | None = None) -> int:
+        """Evaluate job's prompt now, as its turn would, if the engine is idle (a background
+        task: any turn that comes stops it): the tokens evaluated (0: none, or nothing to do).
+        typed, if given, is called on the engine's thread once the prompt is evaluated."""
+        runner = self._runner(None)
+
+        def steps() -> Iterator[int | None]:
+            if self.engine.ready_for(job.prompt):
+                return  # done already
+            stats = TurnStats()
+            restored = yield from runner.prefill_steps(job, stats)
+            self.cache.typed(job.chat_id, restored, len(job.prompt))
+            yield stats.prefilled
+
+        _, prefilled = self.scheduler.try_run(steps, chat_id=job.chat_id, scope=job.scope,
+                                              background=True)
+        return prefilled or 0
+
+    def restore_ahead(self, chat_id: int, scope: Scope) -> bool:
+        """Restore the chat's KV file into a free slot now, unless every slot is busy or
+        someone waits for one: whether something was restored."""
+        if not self.cache.has_file(chat_id):
+            return False  # nothing to restore: no slot given up for it
+        started, restored = self.scheduler.try_run(
+            lambda: self._restore_ahead_steps(chat_id, scope), chat_id=chat_id, scope=scope)
+        return bool(started and restored)
+
+    def restore_ahead_prelude(self, chat_id: int, scope: Scope) -> Work | None:
+        """What a turn's slot does while its caller reads the database and tokenizes the
+        prompt (Scheduler.reserve's prelude): restore the chat's KV file, if it has one."""
+        if not self.cache.has_file(chat_id):
+            return None
+        return lambda: self._restore_ahead_steps(chat_id, scope)
+
+    def _restore_ahead_steps(self, chat_id: int, scope: Scope) -> Iterator[bool]:
+        try:
+            yield self.cache.restore_ahead(chat_id, scope) is not None
+        except Exception:  # a failed restore is a miss: the turn looks up again
+            log.exception("restoring chat %d's KV ahead of its turn failed", chat_id)
+            yield False
+
+    def share(self, opening: list[int], scope: Scope) -> bool:
+        """Put the KV of opening (a system prompt's fixed head) on disk for scope, on a slot
+        free now (never waiting): whether it ran."""
+        def steps() -> Iterator[None]:
+            self.cache.share(opening)
+            yield
+
+        shared, _ = self.scheduler.try_run(steps, scope=scope)
+        return shared
+
+    def _runner(self, observe: TurnObserver | None) -> TurnRunner:
+        load = self.scheduler.load
+        return TurnRunner(self.engine, self.cache, self.prompts, observe,
+                          others=lambda: load() != (1, 0))  # (on a slot, waiting): this one
 
     def reopened(self) -> "ModelRuntime":
         """A new runtime on this one's engine and cache (a switch that failed to load)."""
