@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import llama_server, make_models, report, report_anchor, report_format, workload
@@ -339,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-server", type=Path, metavar="BINARY",
                         help="another llama-server binary (default: built from the pinned "
                         "llama-cpp-python's llama.cpp)")
+    parser.add_argument("--history", type=int, metavar="TOKENS",
+                        help=f"tokens of each chat's history (default {Plan.history})")
     parser.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                         help="only recompute the tables and the plot from a results.json")
     args = parser.parse_args(argv)
@@ -363,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         if name in make_models.SHAPES:
             make_models.make(make_models.SHAPES[name])  # skipped when already there
     plan = Plan.quick() if args.quick else Plan()
-    out = args.out or report_format.run_folder(OUT, "-quick" if args.quick else "")
+    if args.history:
+        plan = replace(plan, history=args.history)
+    suffix = ("-quick" if args.quick else "") + (f"-{args.history}" if args.history else "")
+    out = args.out or report_format.run_folder(OUT, suffix)
     binary = args.llama_server or llama_server.binary(newest=args.newest)
     data = {"command": "python -m bench.anchor " + shlex.join(sys.argv[1:] if argv is None
                                                                else argv),
