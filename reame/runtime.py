@@ -19,6 +19,7 @@ from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
 from reame.inference.kv.blobs import open_blobs
 from reame.inference.kv.kvstore import KVStore
+from reame.inference.model_runtime import ModelRuntime
 from reame.inference.tasks import Limits
 from reame.inference.warmup import warm_model
 from reame.models.model_file import ModelLoadError
@@ -38,23 +39,50 @@ def build_engine(config: Config) -> Engine:
 
 
 def build_cache(engine: Engine, kv_dir: Path | None, max_bytes: int,
-                store: Store | None = None) -> KVCache:
+                store: Store | None = None, chat_ids: set[int] | None = None) -> KVCache:
     """The engine's KV cache: files in the blobs of kv_dir (blobs.open_blobs: the folder;
     None: only the live context is reused). With the store, the files of chats that no longer
     exist are deleted first."""
     if kv_dir is None:
         return KVCache(engine, None)
     files = KVStore(open_blobs(kv_dir), fingerprint=engine.kv_fingerprint, max_bytes=max_bytes)
-    swept = files.sweep(store.chat_ids()) if store is not None else 0
+    if store is not None:
+        chat_ids = store.chat_ids()
+    swept = files.sweep(chat_ids) if chat_ids is not None else 0
     if swept:
         log.info("deleted %d KV files of chats that no longer exist", swept)
     return KVCache(engine, files)
 
 
-def config_cache(config: Config, engine: Engine, store: Store) -> KVCache:
-    """The KV cache reame.conf asks for."""
+def config_cache(config: Config, engine: Engine, store: Store | None,
+                 chat_ids: set[int] | None = None) -> KVCache:
+    """The KV cache reame.conf asks for (the files of chats not in the store, or not among
+    chat_ids, deleted first)."""
     cache = config.cache
-    return build_cache(engine, cache.dir if cache.enabled else None, cache.max_disk_bytes, store)
+    return build_cache(engine, cache.dir if cache.enabled else None, cache.max_disk_bytes,
+                       store, chat_ids)
+
+
+def model_runtime(config: Config, chat_ids: set[int] | None, limits: Limits,
+                  threads: int | None = None) -> ModelRuntime:
+    """The model reame.conf names, loaded in this process with its KV cache (ModelLoadError
+    says why it cannot be); threads: as build_service's."""
+    engine = build_engine(config)
+    if threads:
+        engine.set_threads(threads)
+    return ModelRuntime(engine, config_cache(config, engine, None, chat_ids), limits)
+
+
+def load_runtime(config: Config, store: Store, limits: Limits,
+                 threads: int | None = None) -> ModelRuntime:
+    """model_runtime, in this process or, with [model] engine_process, in a process of its
+    own (reame/inference/remote/parent.py: a crash of llama.cpp ends turns, not the server)."""
+    if config.model.engine_process:
+        from reame.inference.remote.parent import RemoteRuntime
+
+        return RemoteRuntime(model_runtime, (config, store.chat_ids(), limits, threads),
+                             limits)
+    return model_runtime(config, store.chat_ids(), limits, threads)
 
 
 def build_service(config: Config, *, threads: int | None = None) -> ChatService:
@@ -68,14 +96,12 @@ def build_service(config: Config, *, threads: int | None = None) -> ChatService:
               "limits": Limits(max_waiting=server.max_waiting, stall_s=server.stalled_reply_s,
                                share=server.user_share)}
     try:
-        engine = build_engine(config)
-        if threads:
-            engine.set_threads(threads)
+        runtime = load_runtime(config, store, limits["limits"], threads)
     except ModelLoadError as exc:
         log.error("%s", exc)
         return ChatService(store, None, config.generation, load_error=str(exc), **limits)
-    service = ChatService(store, engine, config.generation,
-                          cache=config_cache(config, engine, store), **limits)
+    service = ChatService(store, None, config.generation, runtime=runtime, **limits)
+    service.reload_after_a_crash(lambda: load_runtime(config, store, limits["limits"]))
     service.share_default_prompt()
     return service
 

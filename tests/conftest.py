@@ -41,6 +41,9 @@ THREADS = int(os.environ.get("REAME_TEST_THREADS",
 # in tests/inference/test_reproducible.py, examples in tests/whole/test_fuzz.py, the chaos test's length);
 # `make test` tries enough to catch a regression and stays within 12 minutes on 2 cores.
 FULL = os.environ.get("REAME_TEST_FULL") == "1"
+# REAME_TEST_ENGINE_PROCESS=1: every test server runs its model in a process of its own
+# ([model] engine_process), as tests/whole/test_engine_process.py's do.
+ENGINE_PROCESS = os.environ.get("REAME_TEST_ENGINE_PROCESS") == "1"
 GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.0,
                           max_tokens=24)
 
@@ -201,7 +204,8 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
                  host: str = "127.0.0.1", users_file: str = "", extra: str = "",
                  system_prompt: str = SYSTEM_PROMPT, slots: int = 4,
                  max_waiting: int = 16, server_extra: str = "", warm_up: bool = False,
-                 exact_under_load: bool = False) -> Path:
+                 exact_under_load: bool = False,
+                 engine_process: bool = ENGINE_PROCESS) -> Path:
     """A reame.conf in folder with its sessions beside it; extra goes at the end (after
     [storage]), server_extra into [server]. No warm-up unless asked (tests/inference/test_warmup.py):
     it costs each server start a few seconds and changes no answer. exact_under_load: for the
@@ -210,7 +214,8 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
     path.write_text(
         "# test config\n"
         f"[model]\nmodel_path = {model_path}\nn_ctx = {n_ctx}\nn_threads = {THREADS}\n"
-        f"slots = {slots}\nexact_under_load = {str(exact_under_load).lower()}\n\n"
+        f"slots = {slots}\nexact_under_load = {str(exact_under_load).lower()}\n"
+        f"engine_process = {str(engine_process).lower()}\n\n"
         f"[generation]\nsystem_prompt = {system_prompt}\n"
         f"temperature = {temperature}\ntop_p = 1.0\nmax_tokens = {max_tokens}\n\n"
         f"[server]\nhost = {host}\nport = {port or free_port()}\nusers_file = {users_file}\n"

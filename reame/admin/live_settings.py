@@ -21,7 +21,7 @@ from reame.inference.kv.kvstore import check_folder
 from reame.models.catalog import ModelCheckError, check_model, list_models, model_folders
 from reame.models.model_file import ModelLoadError
 from reame.models.pull import Progress, Pulled, pull_model
-from reame.runtime import build_engine, config_cache
+from reame.runtime import load_runtime
 
 log = logging.getLogger(__name__)
 
@@ -163,16 +163,16 @@ class Settings:
             raise SettingsError(str(exc)) from None
 
     def _load(self, config: Config) -> None:
-        store = self.service.store
+        service = self.service
 
         def load():
-            engine = build_engine(config)
-            return engine, config_cache(config, engine, store)
+            return load_runtime(config, service.store, service.limits)
 
         try:
-            self.service.replace_engine(load)
+            service.replace_runtime(load)
         except ModelLoadError as exc:
             raise SettingsError(f"{exc} The current model keeps serving.") from None
+        service.reload_after_a_crash(load)
 
     def _apply_light(self, config: Config) -> None:
         self.service.set_defaults(config.generation)

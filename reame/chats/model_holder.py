@@ -4,6 +4,7 @@ model (turns wait for it), the shared default prompt, and stopping turns."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,7 +89,36 @@ class ModelHolder:
                 self._switch.notify_all()  # turns that waited: on whichever model serves
 
     def replace_engine(self, load: Callable[[], tuple[Engine, KVCache]]) -> None:
-        """Switch to the engine load() builds, as one step: the turns under way are stopped
+        """Switch to the engine load() builds (replace_runtime)."""
+        self.replace_runtime(lambda: ModelRuntime(*load(), self.limits))
+
+    def reload_after_a_crash(self, load: Callable[[], ModelRuntime]) -> None:
+        """If the runtime's model runs in a process of its own, load() a new one whenever that
+        process ends unasked (the turns under way ended with EngineCrashed meanwhile)."""
+        self._reload = load
+        self._watch(self.runtime)
+
+    def _watch(self, runtime: ModelRuntime | None) -> None:
+        deaths = getattr(runtime, "on_death", None)
+        if (deaths is not None and getattr(self, "_reload", None) is not None
+                and self._crashed not in deaths):
+            deaths.append(self._crashed)
+
+    def _crashed(self, runtime) -> None:
+        def reload() -> None:
+            if self.runtime is not runtime:
+                return  # switched meanwhile
+            log.warning("the model's process ended: loading the model again")
+            try:
+                self.replace_runtime(self._reload)
+            except Exception as exc:
+                log.exception("the model could not be loaded again")
+                self.load_error = f"the model's process ended and could not start again: {exc}"
+
+        threading.Thread(target=reload, name="reame-reload", daemon=True).start()
+
+    def replace_runtime(self, load: Callable[[], ModelRuntime]) -> None:
+        """Switch to the runtime load() builds, as one step: the turns under way are stopped
         (each keeps what it wrote), new turns and those waiting for a slot wait for the new
         model. If it fails to load, the current one serves on and the error propagates."""
         with self._switch:
@@ -100,12 +130,13 @@ class ModelHolder:
             if old is not None:
                 old.retire()  # its files complete before a new store reads them
             try:
-                engine, cache = load()
+                runtime = load()
             except BaseException:
-                if old is not None:
+                if old is not None and not getattr(old, "retired_for_good", False):
                     self.runtime = old.reopened()
                 raise
-            self.runtime = ModelRuntime(engine, cache, self.limits)
+            self.runtime = runtime
+            self._watch(runtime)
             self.load_error = None
         finally:
             with self._switch:
@@ -113,7 +144,7 @@ class ModelHolder:
                 self._switch.notify_all()
         if old is not None:
             old.close()
-        log.info("now serving %s", engine.name)
+        log.info("now serving %s", self.runtime.engine.name)
         self.share_default_prompt(self.runtime)  # not using_model: its switch is not over
 
     def set_defaults(self, defaults: ChatSettings) -> None:

@@ -55,7 +55,7 @@ class ChatService(ModelHolder, ChatActions, Turns, StatelessTurns):
     def __init__(self, store: Store, engine: Engine | None, defaults: ChatSettings, *,
                  cache: KVCache | None = None, load_error: str | None = None,
                  max_chats: int = setting("storage", "max_chats_per_user").default,
-                 limits: Limits = Limits()):
+                 limits: Limits = Limits(), runtime: ModelRuntime | None = None):
         self.store = store
         self.max_chats = max_chats  # per user
         self._creating = threading.Lock()  # the count and the reservations, together
@@ -65,7 +65,7 @@ class ChatService(ModelHolder, ChatActions, Turns, StatelessTurns):
         self.limits = limits  # the line, stalled callers, fair shares (scheduler.py)
         # Without KV files, only the live context is reused (what plain servers do); without
         # an engine there is no runtime at all (None), and every path that uses it checks.
-        self.runtime: ModelRuntime | None = (
+        self.runtime: ModelRuntime | None = runtime or (
             ModelRuntime(engine, cache or KVCache(engine, None), limits) if engine else None)
         self._switch = threading.Condition()  # a model switch under way: turns wait for it
         self._loading = False
@@ -74,7 +74,7 @@ class ChatService(ModelHolder, ChatActions, Turns, StatelessTurns):
         self.loading_model: Path | None = None
         # Stateless replies' exact tokens, kept beside the KV files that they find again
         # (where those are in a local folder; elsewhere, in memory only).
-        folder = cache.files.folder if cache is not None and cache.files is not None else None
+        folder = self.runtime.kv_folder if self.runtime is not None else None
         self.replies = ReplyMemory(path=folder / REPLIES_NAME if folder else None)
         self.observe_turn: TurnObserver | None = None  # told of every turn (metrics)
         self.warming = False  # the model runs once at start (warmup.py): not ready yet

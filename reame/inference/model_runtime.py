@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from reame.inference.cache import KVCache
 from reame.inference.engine import Engine
@@ -29,6 +30,7 @@ from reame.inference.scheduler import Scheduler
 from reame.inference.scope import Scope
 from reame.inference.tasks import Limits, Replaced, Task, Work
 from reame.inference.turn import Job, Keeper, TurnObserver, TurnRunner, TurnStats
+from reame.inference.warmup import warm_runtime
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,16 @@ class ModelRuntime:
     @property
     def retired(self) -> bool:
         return self._retired
+
+    @property
+    def kv_folder(self) -> Path | None:
+        """The local folder of the KV files, if they are in one (ReplyMemory keeps its file
+        beside them)."""
+        return getattr(self.cache.files, "folder", None) if self.cache.files else None
+
+    def warm(self, system_prompt: str) -> None:
+        """The warm-up at start (warmup.py)."""
+        warm_runtime(self, system_prompt)
 
     @contextmanager
     def lease(self) -> Iterator["ModelRuntime"]:

@@ -50,13 +50,14 @@ def warm_model(service) -> float:
     started = time.perf_counter()
     try:
         with service.using_model() as runtime:
-            _warm(runtime, service.defaults.system_prompt)
+            runtime.warm(service.defaults.system_prompt)
     except Exception as exc:  # a failed warm-up only costs speed
         log.warning("the warm-up failed (the first request may be slower): %s", exc)
     return time.perf_counter() - started
 
 
-def _warm(runtime, system_prompt: str) -> None:
+def warm_runtime(runtime, system_prompt: str) -> None:
+    """A short turn's steps on one slot of runtime's engine, and a state copied out and back."""
     engine = runtime.engine
     prompt = runtime.prompts.tokens(system_prompt, [PromptMessage("user", WARM_MESSAGE)],
                                     WARM_SCOPE)

@@ -94,7 +94,9 @@ def test_the_model_loads_and_warms_on_one_thread_then_decodes_on_all(tmp_path, m
     from reame.config.reame_conf import load_config
     from reame.runtime import build_service_soon
 
-    config = load_config(write_config(tmp_path, model_path=model_path, warm_up=True))
+    # The engine in this process: its llama.cpp context is read here.
+    config = load_config(write_config(tmp_path, model_path=model_path, warm_up=True,
+                                      engine_process=False))
     service = build_service_soon(config, warm_up=True).result(timeout=60)
     try:
         engine = service.runtime.engine

@@ -13,6 +13,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 from playwright.sync_api import Page, expect
 
@@ -75,10 +76,19 @@ def open_chat(page: Page) -> None:
 
 
 def mapped_models(server: Server) -> set[str]:
-    """The .gguf files the server process has mapped into memory (llama.cpp mmaps a model)."""
-    maps = Path(f"/proc/{server.process.pid}/maps").read_text()
-    return {Path(line.split(maxsplit=5)[5]).name for line in maps.splitlines()
-            if line.rstrip().endswith(".gguf")}
+    """The .gguf files the server's processes have mapped into memory (llama.cpp mmaps a
+    model; with [model] engine_process the model is in the server's child)."""
+    server_process = psutil.Process(server.process.pid)
+    pids = [server_process.pid, *(c.pid for c in server_process.children(recursive=True))]
+    mapped = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        mapped |= {Path(line.split(maxsplit=5)[5]).name for line in maps.splitlines()
+                   if line.rstrip().endswith(".gguf")}
+    return mapped
 
 
 def record_loading_states(page: Page) -> None:
