@@ -44,6 +44,7 @@ OUT = servers.ROOT / "bench" / "results" / "engine_process_servers"
 MODEL = servers.ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 STORY = "The old lighthouse keeper wrote in his log every night about the ships he saw. "
 MODES = ("in the server's process", "in a process of its own")
+MODEL_ID = [""]  # the model's id on the servers (its file's name)
 
 
 class Reame:
@@ -92,7 +93,7 @@ class Reame:
 
 def stream(url: str, text: str, max_tokens: int, logit_bias: dict | None = None) -> dict:
     """A streamed stateless /v1 request: the first token's time and each token's arrival."""
-    body = {"model": "m", "messages": [{"role": "user", "content": text}], "stream": True,
+    body = {"model": MODEL_ID[0], "messages": [{"role": "user", "content": text}], "stream": True,
             "max_tokens": max_tokens, "temperature": 0, **({"logit_bias": logit_bias}
                                                            if logit_bias else {})}
     request = urllib.request.Request(url + "/v1/chat/completions",
@@ -119,6 +120,7 @@ def end_tokens(model: Path) -> dict[str, float]:
 
 
 def run(model: Path, runs: int, threads: int, work: Path) -> dict:
+    MODEL_ID[0] = model.name
     banned = end_tokens(model)
     both = [Reame(work / f"mode{n}", model, threads, n == 1) for n in range(2)]
     results = {mode: {"ready_s": [], "first_s": [], "ms_per_token": []} for mode in MODES}
