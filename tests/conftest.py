@@ -41,9 +41,9 @@ THREADS = int(os.environ.get("REAME_TEST_THREADS",
 # in tests/inference/test_reproducible.py, examples in tests/whole/test_fuzz.py, the chaos test's length);
 # `make test` tries enough to catch a regression and stays within 12 minutes on 2 cores.
 FULL = os.environ.get("REAME_TEST_FULL") == "1"
-# REAME_TEST_ENGINE_PROCESS=1: every test server runs its model in a process of its own
-# ([model] engine_process), as tests/whole/test_engine_process.py's do.
-ENGINE_PROCESS = os.environ.get("REAME_TEST_ENGINE_PROCESS") == "1"
+# The test servers run their model in a process of its own ([model] engine_process), as
+# reame.conf's default does; REAME_TEST_ENGINE_PROCESS=0 runs it in the server's process.
+ENGINE_PROCESS = os.environ.get("REAME_TEST_ENGINE_PROCESS", "1") == "1"
 GREEDY = GenerationConfig(system_prompt=SYSTEM_PROMPT, temperature=0.0, top_p=1.0,
                           max_tokens=24)
 

@@ -126,7 +126,7 @@ def kv_blobs(request, monkeypatch) -> Iterator[Backend]:
     """The services a test builds (reame.runtime) keep their KV files in this implementation."""
     backend = Backend(request.param)
     if backend.name == "memory":
-        monkeypatch.setattr("reame.runtime.open_blobs", memory_blobs_at)
+        monkeypatch.setattr("reame.inference.loading.open_blobs", memory_blobs_at)
     yield backend
     with _MEMORY_LOCK:
         MEMORY.clear()  # the test's "folders" are gone with it

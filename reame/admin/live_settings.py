@@ -158,7 +158,8 @@ class Settings:
             model = config.model
             check_model(model.model_path, n_ctx=model.n_ctx, kv_type=config.cache.kv_type,
                         freed_bytes=freed, slots=model.slots,
-                        kv_budget_bytes=model.kv_ram_bytes, mmap=model.mmap)
+                        kv_budget_bytes=model.kv_ram_bytes, mmap=model.mmap,
+                        engine_process=model.engine_process)
         except ModelCheckError as exc:
             raise SettingsError(str(exc)) from None
 

@@ -49,10 +49,10 @@ SETTINGS: tuple[Setting, ...] = (
             "llama.cpp's flash attention: auto = on for models whose attention heads are 128 "
             "wide or more (faster there on CPUs; slower for 64-wide heads), and always with a "
             "q8_0 KV cache, which needs it", choices=("auto", "true", "false")),
-    Setting("model", "engine_process", bool, False,
+    Setting("model", "engine_process", bool, True,
             "run the model in a process of its own: a fatal error inside llama.cpp ends the "
             "turns under way and the model is loaded again, while the server and its pages "
-            "live on"),
+            "live on; false = in the server's process"),
     # The defaults of new chats: a chat's own settings, declared in chat_settings.py.
     *FIELDS,
     Setting("server", "host", str, "127.0.0.1", "address to listen on"),
@@ -117,7 +117,7 @@ class ModelConfig:
     exact_under_load: bool
     mmap: str
     flash_attn: str
-    engine_process: bool = False
+    engine_process: bool = True
 
     @property
     def kv_ram_bytes(self) -> int:

@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 # less the rest): 194 MB with SmolLM2's 49k-token vocabulary to 222 MB with the Qwen2.5
 # shapes' 152k, plus 2-10 MB while answering (bench/results/memory/results.md).
 BASE_BYTES = 200 * 1024 * 1024
+# With [model] engine_process, the engine's own process beside the server's: its interpreter
+# and the inference layer's imports, and the server's vocabulary-only load of the model.
+# Measured with SmolLM2 at n_ctx 4,096 in 4 slots after a reply: 707 MB for the two processes
+# against 640 MB for one (2026-12-07, bench/engine_process_servers.py's two servers, the RSS
+# of each server's processes summed).
+ENGINE_PROCESS_BYTES = 64 * 1024 * 1024
 
 
 class ModelCheckError(ValueError):
@@ -88,19 +94,21 @@ def list_models(models_dir: Path, *, current: Path | None = None) -> list[ModelC
 
 
 def memory_needed(info: GGUFInfo, n_ctx: int, kv_type: str, slots: int = 1, *,
-                  weights: Weights | None = None) -> int:
+                  weights: Weights | None = None, engine_process: bool = False) -> int:
     """The resident memory (RSS) of a server running this model, answering at full context.
 
     The weights as loaded (weights: default as the engine loads them here, repack.py): the
     model file, read in whole at load, and the matrices llama.cpp repacks a second time where
     the file stays mapped; the slots' KV, n_ctx tokens each (a sliding window's layers the
     window's: GGUFInfo.kv_bytes_per_slot); one full window's KV copied out of llama.cpp to be
-    written to its file after a reply; and the server itself (BASE_BYTES).
+    written to its file after a reply; and the server itself (BASE_BYTES), with the engine's
+    own process when it has one (ENGINE_PROCESS_BYTES).
     Checked against measured servers by tests/inference/test_memory_estimate.py (within 15 %).
     """
     per_slot = info.kv_bytes_per_slot(n_ctx, kv_type) or 0
     weights = weights or plan_weights(info)
-    return BASE_BYTES + weights.resident(info.size) + per_slot * (slots + 1)
+    return (BASE_BYTES + (ENGINE_PROCESS_BYTES if engine_process else 0)
+            + weights.resident(info.size) + per_slot * (slots + 1))
 
 
 def _supported(path: Path) -> bool:
@@ -116,7 +124,8 @@ def _supported(path: Path) -> bool:
 
 def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
                 slots: int = 1, kv_budget_bytes: int | None = None,
-                mmap: str = setting("model", "mmap").default) -> GGUFInfo:
+                mmap: str = setting("model", "mmap").default,
+                engine_process: bool = setting("model", "engine_process").default) -> GGUFInfo:
     """Everything that can be checked before loading; ModelCheckError names the problem.
 
     freed_bytes: memory that loading will free (the model being replaced). slots and
@@ -150,7 +159,8 @@ def check_model(path: Path, *, n_ctx: int, kv_type: str, freed_bytes: int = 0,
     except ModelLoadError as exc:
         raise ModelCheckError(str(exc)) from None
     weights = plan_weights(info, mmap)
-    needed = memory_needed(info, n_ctx, kv_type, slots, weights=weights)
+    needed = memory_needed(info, n_ctx, kv_type, slots, weights=weights,
+                           engine_process=engine_process)
     available = psutil.virtual_memory().available + freed_bytes
     # The server asking is running: its own part (BASE_BYTES) is in memory already.
     if needed - BASE_BYTES > available:

@@ -28,6 +28,10 @@ def setup(tmp_path, model_path):
     # took 19 s in the suite, 3 s alone).
     text = text.replace("n_threads = 0", f"n_threads = {THREADS}")
     assert f"n_threads = {THREADS}" in text
+    # The engine in this process: these tests read its KV files and figures directly (a model
+    # switch with the engine in its own process: tests/web/page/test_browser_settings.py).
+    text = text.replace("engine_process = true", "engine_process = false")
+    assert "engine_process = false" in text
     path = tmp_path / "reame.conf"
     path.write_text(text)
     config = load_config(path)

@@ -21,7 +21,7 @@ from reame.models.catalog import memory_needed
 from reame.models.gguf_info import GGUFInfo, read_gguf_info
 from reame.models.repack import plan_weights
 
-from tests.conftest import ROOT, start_server
+from tests.conftest import ENGINE_PROCESS, ROOT, start_server
 
 RESULTS = ROOT / "bench" / "results" / "memory" / "results.json"
 MODEL_FOLDERS = (ROOT / "models", ROOT / "bench" / "cache")
@@ -126,32 +126,49 @@ def test_the_kv_estimate_is_what_llama_cpp_allocates_for_a_dense_model(model_pat
 
 
 class PeakRSS:
-    """A process's peak resident memory: sampled every 50 ms, and the kernel's high-water
-    mark (VmHWM, reset at the start) where /proc allows it."""
+    """A server's peak resident memory, its processes summed: sampled every 50 ms, and the
+    kernel's high-water marks (VmHWM, reset at the start) where /proc allows it."""
 
     def __init__(self, pid: int):
         self.process = psutil.Process(pid)
-        self.peak = self.process.memory_info().rss
-        try:
-            Path(f"/proc/{pid}/clear_refs").write_text("5")
-        except OSError:
-            pass
+        self.peak = self._rss()
+        for process in self._processes():
+            try:
+                Path(f"/proc/{process.pid}/clear_refs").write_text("5")
+            except OSError:
+                pass
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _processes(self) -> list[psutil.Process]:
+        """The server's process and its children (the engine's, with [model]
+        engine_process)."""
+        return [self.process, *self.process.children(recursive=True)]
+
+    def _rss(self) -> int:
+        total = 0
+        for process in self._processes():
+            try:
+                total += process.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            self.peak = max(self.peak, self.process.memory_info().rss)
+            self.peak = max(self.peak, self._rss())
 
     def stop(self) -> int:
         self._stop.set()
         self._thread.join()
-        try:
-            status = Path(f"/proc/{self.process.pid}/status").read_text()
-            hwm = int(re.search(r"VmHWM:\s+(\d+)\s+kB", status).group(1)) * 1024
-        except (OSError, AttributeError):
-            hwm = 0
+        hwm = 0
+        for process in self._processes():  # each process's own high-water mark, summed
+            try:
+                status = Path(f"/proc/{process.pid}/status").read_text()
+                hwm += int(re.search(r"VmHWM:\s+(\d+)\s+kB", status).group(1)) * 1024
+            except (OSError, AttributeError):
+                pass
         return max(self.peak, hwm)
 
 
@@ -192,5 +209,6 @@ def test_a_live_server_of_the_default_model_stays_near_its_estimate(tmp_path, mo
         server.stop()
     assert usage["prompt_tokens"] > n_ctx // 3  # a long-ish prompt
     slots = int(loaded[-1])
-    needed = memory_needed(read_gguf_info(model_path), n_ctx, "f16", slots)
+    needed = memory_needed(read_gguf_info(model_path), n_ctx, "f16", slots,
+                           engine_process=ENGINE_PROCESS)
     assert abs(needed - measured) <= TOLERANCE * measured, (needed / MB, measured / MB)

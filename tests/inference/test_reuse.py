@@ -9,9 +9,9 @@ import pytest
 from reame.config.reame_conf import load_config
 from reame.inference.batches import CHUNK
 from reame.inference.engine import Engine, common_prefix
+from reame.inference.loading import build_engine
 from reame.inference.prompt import PromptMessage
-from reame.runtime import build_engine, service_over
-
+from reame.runtime import service_over
 from tests.conftest import GREEDY, THREADS, write_config
 
 SYSTEM = GREEDY.system_prompt

@@ -110,8 +110,12 @@ class Child:
             value = self._do(part, name, args, kwargs)
         except BaseException as exc:
             self.send("err", rid, packed(exc))
-        else:
+            return
+        try:
             self.send("ok", rid, value)
+        except Exception as exc:  # an answer that cannot cross: the caller is told, not left
+            self.send("err", rid, packed(TypeError(
+                f"{part}.{name}'s answer cannot cross to the server's process: {exc}")))
 
     def _do(self, part: str, name: str, args: tuple, kwargs: dict):
         runtime = self.runtime

@@ -326,7 +326,7 @@ class Part:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
-        if name in ("enabled", "prefill_rate", "files"):  # attributes, not methods
+        if name in ("enabled", "prefill_rate"):  # attributes, not methods
             return self._runtime.call(self._part, name)
         return lambda *args, **kwargs: self._runtime.call(self._part, name, *args, **kwargs)
 
