@@ -32,7 +32,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from reame.inference.model_runtime import ModelRuntime
-from reame.inference.remote.snapshots import DecodingSnapshot, facts_of, packed, unpacked
+from reame.inference.remote.snapshots import DecodingSnapshot, facts_of, packed, settle
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +91,7 @@ class Child:
                 if commands is not None:
                     commands.put(kind)
             elif kind in ("ok", "err"):
-                with self._lock:
-                    answer = self._asked.pop(message[1], None)
-                if answer is not None:
-                    if kind == "ok":
-                        answer.set_result(message[2])
-                    else:
-                        answer.set_exception(unpacked(message[2]))
+                settle(self._asked, self._lock, message)
             elif kind == "exit":
                 self.runtime.retire()
                 self.send("bye")

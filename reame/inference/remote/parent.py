@@ -34,7 +34,7 @@ from llama_cpp._internals import LlamaModel
 
 from reame.config.refusals import RETRY_LOADING_S, ServerBusy
 from reame.inference.prompt import PromptBuilder
-from reame.inference.remote.snapshots import EngineFacts, packed, unpacked
+from reame.inference.remote.snapshots import EngineFacts, packed, settle, unpacked
 from reame.inference.scope import Scope
 from reame.inference.tasks import Limits, Replaced, Stopped, Waiting
 from reame.inference.turn import Job, Keeper, TurnObserver
@@ -167,13 +167,7 @@ class RemoteRuntime:
                 break
             kind = message[0]
             if kind in ("ok", "err"):
-                with self._lock:
-                    answer = self._calls.pop(message[1], None)
-                if answer is not None:
-                    if kind == "ok":
-                        answer.set_result(message[2])
-                    else:
-                        answer.set_exception(unpacked(message[2]))
+                settle(self._calls, self._lock, message)
             elif kind in ("item", "end"):
                 items = self._streams.get(message[1])
                 value = message[2]

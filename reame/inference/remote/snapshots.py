@@ -68,3 +68,17 @@ def unpacked(value: tuple) -> BaseException:
     exc.args = args
     exc.__dict__.update(state)
     return exc
+
+
+def settle(asked: dict, lock, message: tuple) -> None:
+    """An answer ("ok" or "err", the call's number, its value or packed exception) to the
+    Future asked[number] that waits for it, if it still waits; either side of the pipe."""
+    kind, number, value = message[:3]
+    with lock:
+        answer = asked.pop(number, None)
+    if answer is None:
+        return
+    if kind == "ok":
+        answer.set_result(value)
+    else:
+        answer.set_exception(unpacked(value))
