@@ -19,6 +19,7 @@ from dataclasses import asdict
 
 from reame.chats.messages import Role
 from reame.chats.store import Chat, Message, MessageTree, Store
+from reame.chats.tool_calls import kept_calls, words_so_far
 from reame.config.refusals import ChatNotFound
 from reame.inference.decoding import Decoding
 from reame.inference.turn import TurnStats, TurnUpdate
@@ -61,7 +62,7 @@ class ChatKeeper:
 
     def __init__(self, store: Store, chat: Chat, messages: list[Message], model: str,
                  after: int | None, continued: Message | None = None,
-                 replaced: int | None = None):
+                 replaced: int | None = None, id_prefix: str | None = None):
         self.store, self.chat, self.model = store, chat, model
         self.messages = messages  # the chat's, every version, the user's message included
         self.after = after  # the message the reply follows (the user may show another meanwhile)
@@ -70,6 +71,9 @@ class ChatKeeper:
         self.continued = continued
         # The reply a retry replaces: shown again if the retry keeps none (unmade).
         self.replaced = replaced
+        # The turn offered tools: the reply's calls are kept apart from its words, their ids
+        # starting with id_prefix (None: no tools, the reply is its text).
+        self.id_prefix = id_prefix
         self.kept: MessageTree | None = None
         self.text = ""  # the reply's text as kept
         self._lock = threading.Lock()
@@ -87,7 +91,8 @@ class ChatKeeper:
         Continue's included): written into the reply's row if it has none yet, or if its last
         write is WRITE_EVERY_S old. A failed write is logged, and the reply goes on without
         more of them (its end writes it whole, as before)."""
-        if (self._ended or update.done or update.queued or not update.text
+        text = update.text if self.id_prefix is None else words_so_far(update.text)
+        if (self._ended or update.done or update.queued or not text
                 or time.monotonic() - self._written_at < WRITE_EVERY_S):
             return
         with self._lock:
@@ -97,11 +102,11 @@ class ChatKeeper:
             try:
                 if self._row is None:
                     self._row = self.store.add_message(
-                        self.chat.id, Role.ASSISTANT, update.text, stats=UNFINISHED,
+                        self.chat.id, Role.ASSISTANT, text, stats=UNFINISHED,
                         stopped=True, after=self.after, expect_owner=self.chat.owner).id
                     with _writing_lock:
                         _writing.add(self._row)
-                elif not self.store.write_so_far(self._row, update.text):
+                elif not self.store.write_so_far(self._row, text):
                     self._ended = True  # the chat was deleted
             except ChatNotFound:  # deleted (or given away) meanwhile: its end keeps nothing
                 self._ended = True
@@ -116,6 +121,8 @@ class ChatKeeper:
         with self._lock:
             self._ended = True
             reply, tokens = decoding.text, None if decoding.cut else decoding.generated
+            if decoding.cut and self.id_prefix is not None:  # before a repeated call
+                tokens = decoding.exact_tokens
             if self.continued is not None:
                 stats.continued_chars = len(self.continued.content)
                 reply = self.continued.content + reply
@@ -127,10 +134,13 @@ class ChatKeeper:
             fields = dict(tokens=tokens, tokens_model=self.model, stats=asdict(stats),
                           stopped=stats.stopped, after=self.after,
                           expect_owner=self.chat.owner)
+            words = self.text
+            if self.id_prefix is not None:  # its calls apart (its tokens hold them as written)
+                words, fields["tool_calls"] = kept_calls(self.text, self.id_prefix)
             if self._row is None:
-                message = self.store.add_message(self.chat.id, Role.ASSISTANT, self.text, **fields)
+                message = self.store.add_message(self.chat.id, Role.ASSISTANT, words, **fields)
             else:
-                message = self.store.end_reply(self.chat.id, self._row, self.text, **fields)
+                message = self.store.end_reply(self.chat.id, self._row, words, **fields)
             self.kept = MessageTree(self.messages + [message], message.id)
             with _writing_lock:
                 _writing.discard(self._row)

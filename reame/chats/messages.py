@@ -2,8 +2,10 @@
 store's rows, which stay inside reame/chats (store/). ChatService returns these.
 
 - Role: the names of a stored message's roles, said once.
-- ChatMessage: one message (id, role, its text and the documents in it, when it was written,
-  its reply's stats, which version it is of how many).
+- ChatMessage: one message (id, role, its text and the documents in it, a reply's tool calls
+  or the call a tool's result answers, when it was written, its reply's stats, which version
+  it is of how many).
+- CalledTool: one tool call of a reply (its id, the function, the arguments' JSON text).
 - ChatTree: a chat's messages, every version, and the branch shown.
 - ChatInfo: a chat (title, its own settings, where the model's window starts, pinned, ...).
 - FoundChat: a chat a search found, with its snippet (the matches between MARK and END_MARK).
@@ -13,6 +15,7 @@ The field names are those the named API answers with (/get_chat: "content", "cre
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final
 
@@ -25,11 +28,42 @@ MARK, END_MARK = "\x02", "\x03"  # around the matches in a search snippet
 
 
 class Role:
-    """A stored message's role: the person's message, or the model's reply."""
+    """A stored message's role: the person's message, the model's reply, or the result of a
+    tool the reply called (sent by the client that ran it)."""
 
     USER: Final = "user"
     ASSISTANT: Final = "assistant"
-    ALL: Final = (USER, ASSISTANT)
+    TOOL: Final = "tool"
+    ALL: Final = (USER, ASSISTANT, TOOL)
+
+
+def call_id(prefix: str, index: int) -> str:
+    """The id of a reply's call at index, among the calls of a turn whose ids start with
+    prefix: the same in the stored chat and in the answer streamed before it was kept."""
+    return f"{prefix}{index}"
+
+
+@dataclass(frozen=True)
+class CalledTool:
+    """A tool call of a reply: its id (a result names it), the function, the arguments as
+    the JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+    @property
+    def shown(self) -> str:
+        """The call as people read it: get_weather(city="Paris")."""
+        try:
+            given = json.loads(self.arguments)
+        except ValueError:
+            given = None
+        if not isinstance(given, dict):
+            return f"{self.name}({self.arguments})"
+        listed = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False)}"
+                           for key, value in given.items())
+        return f"{self.name}({listed})"
 
 
 @dataclass(frozen=True)
@@ -40,13 +74,15 @@ class ChatMessage:
     id: int
     parent_id: int | None  # the message it follows (None: the chat's first)
     position: int  # depth in the tree: 0 for the first message
-    role: str  # Role.USER | Role.ASSISTANT
-    content: str
+    role: str  # Role.USER | Role.ASSISTANT | Role.TOOL
+    content: str  # a reply's words (before its calls); a tool's result
     created_at: float
     stats: dict[str, Any] = field(default_factory=dict)  # a reply's turn, as stored ({}: none)
     stopped: bool = False
     version: int = 1
     version_ids: tuple[int, ...] = ()
+    tool_calls: tuple[CalledTool, ...] = ()  # the tools a reply called
+    tool_call_id: str | None = None  # the call a tool's result answers
 
     @property
     def versions(self) -> int:
@@ -54,7 +90,10 @@ class ChatMessage:
 
     @property
     def parts(self) -> tuple[list[Document], str]:
-        """The documents attached to it, and the text typed after them."""
+        """The documents attached to it, and the text typed after them (a user's message);
+        a reply's or a tool result's text as it is (its calls: tool_calls)."""
+        if self.role != Role.USER:
+            return [], self.content
         return split(self.content)
 
     @classmethod
@@ -63,7 +102,10 @@ class ChatMessage:
                    content=row.content, created_at=row.created_at, stats=row.stats_dict,
                    stopped=row.stopped,
                    version=version_ids.index(row.id) + 1 if version_ids else 1,
-                   version_ids=version_ids)
+                   version_ids=version_ids,
+                   tool_calls=tuple(CalledTool(c["id"], c["name"], c["arguments"])
+                                    for c in row.call_list),
+                   tool_call_id=row.tool_call_id)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from reame.chats.chat_keeper import ChatKeeper
 from reame.chats.messages import ChatMessage, ChatTree, Role
 from reame.chats.store import Chat, Message
 from reame.chats.titles import DEFAULT_TITLE, title_from
+from reame.chats.tool_calls import ToolOffer, result_messages
 from reame.chats.window import Window, fit
 from reame.config.refusals import (
     ChatError,
@@ -30,6 +31,7 @@ from reame.inference.sampling import Sampling
 from reame.inference.scope import Scope, user_scope
 from reame.inference.tasks import Replaced, Stopped, Waiting
 from reame.inference.turn import Job, TurnUpdate
+from reame.inference.tools import repeated_call
 from reame.inference.turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ class Turns:
                 try:
                     window = fit(runtime.prompts, chat, chat_scope(chat),
                                  self.store.messages(chat.id),
-                                 PromptMessage(Role.USER, draft), None)
+                                 [PromptMessage(Role.USER, draft)], None)
                 except MessageTooLong:
                     return 0
         except Replaced:
@@ -93,12 +95,14 @@ class Turns:
     def send(self, chat_id: int, text: str, *, seed: int | None = None,
              user: str | None = None, max_tokens: int | None = None,
              stop: tuple[str, ...] = (), arrived: float | None = None,
-             seen: Callable[[], float | None] | None = None) -> TurnStream:
+             seen: Callable[[], float | None] | None = None,
+             offer: ToolOffer | None = None) -> TurnStream:
         """Add the user's message and stream the reply. The reply is saved even when stopped.
         max_tokens and stop, when given, apply to this reply only (the OpenAI route).
         arrived: when the message reached the server (time.perf_counter(); default: now),
         for the stats' waited_s; seen: the person's own wait to the first words, once their
-        browser has said it (None until then), which waited_s is at least."""
+        browser has said it (None until then), which waited_s is at least. offer: the tools
+        the reply may call (tool_calls.py): its calls are kept with it."""
         check_text(text)
         check_seed(seed)
         chat = self._chat_for_turn(chat_id, user)
@@ -106,7 +110,24 @@ class Turns:
         arrived = arrived if arrived is not None else time.perf_counter()
         return TurnStream(lambda stream: self._turn(
             stream, chat, text, seed=seed, max_tokens=max_tokens, stop=stop, arrived=arrived,
-            seen=seen))
+            seen=seen, offer=offer))
+
+    def send_results(self, chat_id: int, results: list[tuple[str, str]], *,
+                     seed: int | None = None, user: str | None = None,
+                     max_tokens: int | None = None, stop: tuple[str, ...] = (),
+                     offer: ToolOffer | None = None) -> TurnStream:
+        """Add the results of the tools the chat's last reply called ((call id, content)
+        each, every call answered) and stream the reply to them, as send() does a message."""
+        check_seed(seed)
+        chat = self._chat_for_turn(chat_id, user)
+        self._check_length(*(content for _, content in results))
+        branch = self.store.messages(chat.id)
+        last = branch[-1] if branch and branch[-1].role == Role.ASSISTANT else None
+        added = result_messages(last.call_list if last is not None else None, results)
+        arrived = time.perf_counter()
+        return TurnStream(lambda stream: self._turn(
+            stream, chat, None, seed=seed, max_tokens=max_tokens, stop=stop, arrived=arrived,
+            offer=offer, results=added))
 
     def regenerate(self, chat_id: int, *, seed: int | None = None,
                    user: str | None = None) -> TurnStream:
@@ -178,7 +199,8 @@ class Turns:
               cut_at: int | None = None, seed: int | None, max_tokens: int | None = None,
               stop: tuple[str, ...] = (), continued: Message | None = None,
               arrived: float | None = None,
-              seen: Callable[[], float | None] | None = None) -> Iterator[TurnUpdate]:
+              seen: Callable[[], float | None] | None = None, offer: ToolOffer | None = None,
+              results: list[dict] | None = None) -> Iterator[TurnUpdate]:
         scope = chat_scope(chat)
         while True:  # until a slot of the current model's (a switch sends turns on)
             runtime = self._current()
@@ -196,11 +218,12 @@ class Turns:
                     yield TurnUpdate("", queued=waiting.position, chat_id=chat.id)
                 with runtime.lease():
                     job, keeper = self._prepare_turn(runtime, chat.id, chat.owner, text,
-                                                     cut_at, seed, max_tokens, stop, continued)
+                                                     cut_at, seed, max_tokens, stop, continued,
+                                                     offer, results)
             except Replaced:
                 continue
             except Stopped:  # before its slot: the message is kept all the same, unanswered
-                self._keep_unanswered(runtime, chat, text)
+                self._keep_unanswered(runtime, chat, text, results)
                 return
             except BaseException:
                 runtime.scheduler.cancel(place)
@@ -222,21 +245,25 @@ class Turns:
             results.close()  # waits for the turn's end: its reply kept, or none
             keeper.unmade()
 
-    def _keep_unanswered(self, runtime: ModelRuntime, chat: Chat, text: str | None) -> None:
+    def _keep_unanswered(self, runtime: ModelRuntime, chat: Chat, text: str | None,
+                         results: list[dict] | None = None) -> None:
         """A message stopped while its turn waited for a slot is stored without a reply, as a
-        Stop once its reply began keeps it: the person's text is never lost to a Stop."""
-        if text is None:
+        Stop once its reply began keeps it: the person's text (or a tool's results) is never
+        lost to a Stop."""
+        if text is None and not results:
             return
         try:
             with runtime.lease():
-                self._prepare_turn(runtime, chat.id, chat.owner, text, None, None, None, ())
+                self._prepare_turn(runtime, chat.id, chat.owner, text, None, None, None, (),
+                                   results=results)
         except (Replaced, ChatError, ChatNotFound):  # a new model, or the chat gone meanwhile
             log.info("a message stopped before its turn began was not kept in chat %d", chat.id)
 
     def _prepare_turn(self, runtime: ModelRuntime, chat_id: int, owner: str | None,
                       text: str | None, cut_at: int | None, seed: int | None,
                       max_tokens: int | None, stop: tuple[str, ...],
-                      continued: Message | None = None) -> tuple[Job, ChatKeeper]:
+                      continued: Message | None = None, offer: ToolOffer | None = None,
+                      results: list[dict] | None = None) -> tuple[Job, ChatKeeper]:
         """Store the user's message and make the turn's job (its slot is held meanwhile).
 
         A turn writes, each time one transaction: here, before its reply (the user's message,
@@ -251,8 +278,14 @@ class Turns:
         if continued is not None and (not history or history[-1].id != continued.id):
             raise ChatError("the reply to continue is no longer the chat's last message")
         kept = [m for m in history if cut_at is None or m.position < cut_at]
-        window = fit(runtime.prompts, chat, chat_scope(chat), kept,
-                     PromptMessage(Role.USER, text) if text is not None else None, cut_at)
+        if results:  # as the chat stands now, its turns before this one ended
+            last = kept[-1] if kept and kept[-1].role == Role.ASSISTANT else None
+            result_messages(last.call_list if last is not None else None,
+                            [(r["tool_call_id"], r["content"]) for r in results])
+        new = ([PromptMessage(Role.USER, text)] if text is not None else
+               [PromptMessage(Role.TOOL, r["content"]) for r in results or ()])
+        window = fit(runtime.prompts, chat, chat_scope(chat), kept, new, cut_at,
+                     offer.tools if offer is not None else ())
         changes: dict = {}
         if cut_at is not None:  # a new version: the old one stays (versions)
             changes["leaf_id"] = kept[-1].id if kept else None
@@ -260,24 +293,25 @@ class Turns:
             changes["window_start"] = window.start
         if text is not None and chat.title == DEFAULT_TITLE and not kept:
             changes["title"] = title_from(text)
-        message = dict(role=Role.USER, content=text) if text is not None else None
+        message = [dict(role=Role.USER, content=text)] if text is not None else results
         user_message_id, messages = None, tree.messages
-        if changes or message is not None:
+        if changes or message:
             # The write checks, in its transaction, that the chat is still the owner's.
             written, added = self.store.write_turn(chat.id, expect_owner=owner,
-                                                   message=message, **changes)
+                                                   message=message or None, **changes)
             chat = written if "window_start" in changes else chat
-            if added is not None:
-                user_message_id, messages = added.id, messages + [added]
-        after = user_message_id if text is not None else (kept[-1].id if kept else None)
+            if added:
+                user_message_id, messages = added[-1].id, messages + added
+        after = user_message_id if message else (kept[-1].id if kept else None)
         if continued is not None:
             after = continued.parent_id  # the continued reply's new version, beside it
         job = self._job(chat, window, seed, max_tokens=max_tokens, stop=stop,
-                        user_message_id=user_message_id)
+                        user_message_id=user_message_id, offer=offer)
         retried = (history[-1].id if cut_at is not None and text is None and history
                    and history[-1].role == Role.ASSISTANT and continued is None else None)
         return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after,
-                               continued, replaced=retried)
+                               continued, replaced=retried,
+                               id_prefix=offer.id_prefix if offer is not None else None)
 
     @staticmethod
     def _updates(results: Iterator[object], job: Job) -> Iterator[TurnUpdate]:
@@ -292,14 +326,19 @@ class Turns:
 
     def _job(self, chat: Chat, window: Window, seed: int | None, *,
              max_tokens: int | None = None, stop: tuple[str, ...] = (),
-             user_message_id: int | None = None) -> Job:
+             user_message_id: int | None = None, offer: ToolOffer | None = None) -> Job:
+        tools = offer.tools if offer is not None else ()
         return Job(window.prompt, window.turns, chat.system_prompt, chat_scope(chat),
-                   Sampling(temperature=chat.temperature, top_p=chat.top_p, seed=seed),
+                   Sampling(temperature=chat.temperature, top_p=chat.top_p, seed=seed,
+                            grammar=offer.grammar if offer is not None else None,
+                            grammar_trigger=offer.grammar_trigger if offer is not None else None),
                    max_tokens or chat.max_tokens, stop, chat_id=chat.id,
                    user_message_id=user_message_id, drop=window.drop, outside=window.outside,
-                   # The default system prompt's opening is the administrator's: every user's.
-                   shared_opening=chat.system_prompt == self.defaults.system_prompt,
-                   branched_from=chat.branched_from)
+                   # The default system prompt's opening is the administrator's: every user's
+                   # (with tools, the opening is this request's).
+                   shared_opening=chat.system_prompt == self.defaults.system_prompt and not tools,
+                   branched_from=chat.branched_from, tools=tools,
+                   ends=repeated_call if tools else None)
 
 
 def kept_on_regenerate(messages: list[M]) -> list[M]:

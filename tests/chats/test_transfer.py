@@ -168,6 +168,52 @@ def test_round_trip_through_the_store(store):
         "You cook.\nBriefly.", 0.3, 0.9, 256)
 
 
+def tool_chat(store: Store) -> int:
+    """A chat whose reply called two tools, their results, and the answer to them."""
+    chat = store.create_chat(title="Weather", system_prompt="", temperature=0, top_p=1,
+                             max_tokens=64)
+    store.add_message(chat.id, "user", "Weather in Paris and Rome?")
+    calls = [{"id": "call_a0", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"id": "call_a1", "name": "get_weather", "arguments": '{"city": "Rome"}'}]
+    store.add_message(chat.id, "assistant", "", tool_calls=calls, tokens=[5, 6],
+                      tokens_model="fp-model")
+    for call, sky in zip(calls, ("cloudy", "sunny")):
+        store.add_message(chat.id, "tool", f'{{"sky": "{sky}"}}', tool_call_id=call["id"])
+    store.add_message(chat.id, "assistant", "Cloudy in Paris, sunny in Rome.")
+    return chat.id
+
+
+def test_tool_calls_and_results_round_trip_and_older_files_still_import(store):
+    chat_id = tool_chat(store)
+    original = store.tree(chat_id)
+    doc = through_json(export_chat(store.get_chat(chat_id), original))
+    assert doc["messages"][1]["tool_calls"] == original.messages[1].call_list
+    assert [m.get("tool_call_id") for m in doc["messages"]] == [
+        None, None, "call_a0", "call_a1", None]
+    [imported] = parse_import(doc)
+    copy_id = store.create_chat(title=imported.title, system_prompt="", temperature=0,
+                                top_p=1, max_tokens=64).id
+    store.add_tree(copy_id, imported.messages, imported.current)  # as an import stores it
+    copied = store.tree(copy_id)
+    assert [(m.role, m.content, m.call_list, m.tool_call_id) for m in copied.branch] == [
+        (m.role, m.content, m.call_list, m.tool_call_id) for m in original.branch]
+    assert all(m.tokens is None for m in copied.messages)
+    markdown = to_markdown(store.get_chat(chat_id), original)
+    assert '*Called get_weather({"city": "Paris"})* (`call_a0`)' in markdown
+    assert "**Tool result** (`call_a1`)" in markdown and "<tool_call>" not in markdown
+    # A file of before tool calls (no such fields) imports as it always did.
+    older = through_json(export_chat(*tree_chat_of(store)))
+    for m in older["messages"]:
+        assert "tool_calls" not in m and "tool_call_id" not in m
+    assert all(m.tool_calls is None and m.tool_call_id is None
+               for m in parse_import(older)[0].messages)
+
+
+def tree_chat_of(store: Store):
+    chat_id = tree_chat(store)
+    return store.get_chat(chat_id), store.tree(chat_id)
+
+
 def test_export_all_round_trip(store):
     ids = [tree_chat(store), store.create_chat(title="Empty", system_prompt="", temperature=1,
                                                top_p=1, max_tokens=9).id]
@@ -391,7 +437,23 @@ BAD = [
     (reame_doc(user(1, [2])), "message 1: its parent a list is not a message id"),
     (reame_doc("hi"), "message 1 of the list is a text, not a JSON object"),
     (reame_doc(user(1, role="system")), 'message 1 has the role "system": a Reame chat has '
-                                        "only user and assistant messages"),
+                                        "only user, assistant and tool messages"),
+    (reame_doc(user("a"), user("b", "a", role="assistant", tool_calls={"id": "c"})),
+     'message "b": its tool_calls are a JSON object, not a list'),
+    (reame_doc(user("a"), user("b", "a", role="assistant", tool_calls=[
+        {"id": "c", "name": "f"}])), 'message "b": tool call 1 has no arguments (a text)'),
+    (reame_doc(user("a"), user("b", "a", role="assistant", tool_calls=[
+        {"id": "c", "name": "f", "arguments": "[1]"}])),
+     "tool call 1: its arguments are not the JSON text of an object"),
+    (reame_doc(user("a"), user("b", "a", role="assistant", tool_calls=[
+        {"id": "c", "name": "f", "arguments": "{}"}] * 2)), 'the id "c" is used twice'),
+    (reame_doc(user("a", tool_calls=[{"id": "c", "name": "f", "arguments": "{}"}])),
+     'message "a": only a reply has tool_calls'),
+    (reame_doc(user("a"), user("b", "a", role="tool")),
+     'message "b": a tool message, and only one, names the call it answers'),
+    (reame_doc(user("a", tool_call_id="c")), "names the call it answers"),
+    (reame_doc(user("a"), user("b", "a", role="tool", tool_call_id="c")),
+     'message "b" answers the call "c", which the reply before it did not make'),
     (reame_doc(user(1, role=None)), "message 1 has the role null"),
     (reame_doc(user(1, content=None)), "message 1: its content is null, not a text"),
     (reame_doc(user(1, content=["hi"])), "message 1: its content is a list, not a text"),

@@ -17,7 +17,6 @@ from reame.inference.prompt import ControlTokens, PromptBuilder, PromptMessage
 from reame.inference.tools import RESPONSE_OPEN, Tool, system_text
 
 from tests.conftest import Server, start_server
-from tests.gradio_api import ApiClient
 from tests.web.v1.test_openai import post
 
 WEATHER = {"type": "function", "function": {
@@ -218,14 +217,6 @@ def test_a_bad_tool_request_is_refused_by_name(server, change, param):
     status, answer = post(server, {"model": model_of(server), "messages": ASK, "tools": TOOLS,
                                    **change})
     assert status == 400 and answer["error"]["param"] == param, answer
-
-
-def test_a_stored_chat_refuses_tools(server):
-    """A stored chat's turn is the page's: its messages hold no tool calls (yet)."""
-    chat_id = ApiClient(server.url, verbose=False).predict(api_name="/new_chat")
-    status, answer = post(server, {"model": model_of(server), "messages": ASK, "tools": TOOLS},
-                          headers={"X-Reame-Chat": str(chat_id)})
-    assert status == 400 and answer["error"]["param"] == "tools", answer
 
 
 # The prompt: written in the system prompt for a template without tools, by the template for

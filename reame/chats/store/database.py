@@ -1,14 +1,11 @@
 """Store: the chats of one database (an SQLite file, or a PostgreSQL server several nodes
-share), each method its own session; writes of this process taken in turn (_WriteGate)."""
+share), each method its own session; writes of this process taken in turn (WriteGate)."""
 
 from __future__ import annotations
 
-import functools
 import json
-import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 
@@ -19,6 +16,7 @@ from sqlmodel import Session, create_engine, delete, func, select
 
 from reame.chats.store.message_tree import MessageTree
 from reame.chats.store.rows import append, complete, locked_chat, owned_chat
+from reame.chats.store.write_gate import WriteGate, writes
 from reame.chats.store.migrations import enable_wal, is_postgres, migrate
 from reame.chats.store.search import Found, postgres_matches, search_terms, sqlite_matches
 from reame.chats.store.tables import (
@@ -43,45 +41,6 @@ def _server_url(url: str) -> URL:
     return parsed
 
 
-class _WriteGate:
-    """One write of this process at a time, taken in turn. SQLite writes one transaction at a
-    time and a writer that finds it busy polls, sleeping longer and longer: between the
-    batches of a long import it would rarely get in (another user's "New chat" waited
-    seconds). Writers queue here instead, and the import lets the waiting ones go first."""
-
-    def __init__(self):
-        self._lock = threading.RLock()
-        self._waiting = 0
-        self._count = threading.Lock()
-
-    @contextmanager
-    def write(self) -> Iterator[None]:
-        with self._count:
-            self._waiting += 1
-        self._lock.acquire()
-        with self._count:
-            self._waiting -= 1
-        try:
-            yield
-        finally:
-            self._lock.release()
-
-    def let_others_in(self, at_most_s: float = 1.0) -> None:
-        """Wait (holding nothing) until the writes waiting now have started."""
-        deadline = time.monotonic() + at_most_s
-        while self._waiting and time.monotonic() < deadline:
-            time.sleep(0.001)
-
-
-def _writes(method):
-    """A Store method that writes: through the store's write gate."""
-    @functools.wraps(method)
-    def gated(self, *args, **kwargs):
-        with self._gate.write():
-            return method(self, *args, **kwargs)
-    return gated
-
-
 class Store:
     """The chats of one database; every method opens and closes its own session.
 
@@ -90,7 +49,7 @@ class Store:
     pool) for that database; not the model's Engine (reame.inference.engine)."""
 
     def __init__(self, database: Path | str):
-        self._gate = _WriteGate()
+        self._gate = WriteGate()
         if isinstance(database, Path):
             database.parent.mkdir(parents=True, exist_ok=True)
             self.path: Path | None = database
@@ -128,7 +87,7 @@ class Store:
 
     # chats
 
-    @_writes
+    @writes
     def create_chat(self, *, title: str, system_prompt: str, temperature: float,
                     top_p: float, max_tokens: int, owner: str | None = None,
                     branched_from: int | None = None,
@@ -221,7 +180,7 @@ class Store:
         with self._session() as session:
             return dict(session.exec(query).all())
 
-    @_writes
+    @writes
     def give_chats(self, owner: str | None, to: str) -> int:
         """Move every chat of owner (None: the chats made without accounts) to `to`; the
         number moved."""
@@ -238,24 +197,27 @@ class Store:
         transaction (ChatNotFound otherwise)."""
         return self.write_turn(chat_id, expect_owner=expect_owner, **fields)[0]
 
-    @_writes
+    @writes
     def write_turn(self, chat_id: int, *, expect_owner: object = ANY_OWNER,
-                   message: dict | None = None, **fields) -> tuple[Chat, Message | None]:
+                   message: dict | list[dict] | None = None,
+                   **fields) -> tuple[Chat, Message | list[Message] | None]:
         """The chat's fields changed (as update_chat), then a message added (message: the
-        arguments of add_message after chat_id, or None for none), in one transaction: what a
-        turn writes at one moment (turns.py). The chat, and the message added."""
+        arguments of add_message after chat_id; a list: several, one after the other; None
+        for none), in one transaction: what a turn writes at one moment (turns.py). The chat,
+        and the message added (a list of them for a list)."""
         with self._session() as session:
             chat = owned_chat(session, chat_id, expect_owner)
             for name, value in fields.items():
                 if not hasattr(Chat, name) or name in ("id", "created_at"):
                     raise AttributeError(f"Chat has no editable field {name!r}")
                 setattr(chat, name, value)
-            added = append(session, chat, **message) if message is not None else None
+            listed = message if isinstance(message, list) else [message] if message else []
+            added = [append(session, chat, **m) for m in listed]
             session.add(chat)
             session.commit()
-        return chat, added
+        return chat, added if isinstance(message, list) else added[0] if added else None
 
-    @_writes
+    @writes
     def put_leaf_back(self, chat_id: int, *, shown: int | None, back_to: int,
                       expect_owner: object = ANY_OWNER) -> bool:
         """Show the branch ending at back_to again, if the chat still shows the one ending at
@@ -273,7 +235,7 @@ class Store:
     def touch(self, chat_id: int) -> None:
         self.update_chat(chat_id, updated_at=time.time())
 
-    @_writes
+    @writes
     def delete_chat(self, chat_id: int) -> None:
         with self._session() as session:
             chat = locked_chat(session, chat_id)
@@ -306,17 +268,15 @@ class Store:
             return []
 
     def add_message(self, chat_id: int, role: str, content: str, *,
-                    tokens: Iterable[int] | None = None, tokens_model: str | None = None,
-                    stats: dict | None = None, stopped: bool = False,
-                    created_at: float | None = None, after: int | None = None,
-                    expect_owner: object = ANY_OWNER) -> Message:
+                    expect_owner: object = ANY_OWNER, **fields) -> Message:
         """A message after `after` (a message id; None: the last of the branch shown); it
-        becomes the last of the branch shown. expect_owner: as update_chat."""
-        return self.write_turn(chat_id, expect_owner=expect_owner, message=dict(
-            role=role, content=content, tokens=tokens, tokens_model=tokens_model, stats=stats,
-            stopped=stopped, created_at=created_at, after=after))[1]
+        becomes the last of the branch shown. fields: rows.append's (tokens, tokens_model,
+        stats, stopped, created_at, after, tool_calls, tool_call_id). expect_owner: as
+        update_chat."""
+        return self.write_turn(chat_id, expect_owner=expect_owner,
+                               message=dict(role=role, content=content, **fields))[1]
 
-    @_writes
+    @writes
     def write_so_far(self, message_id: int, content: str) -> bool:
         """A reply's text so far, into its row (begun by add_message while it streams: the
         turn's end completes it, end_reply). False if the row is gone (its chat deleted)."""
@@ -324,7 +284,7 @@ class Store:
             return conn.execute(update(Message).where(Message.id == message_id).values(
                 content=content)).rowcount == 1
 
-    @_writes
+    @writes
     def end_reply(self, chat_id: int, message_id: int, content: str, *,
                   expect_owner: object = ANY_OWNER, **fields) -> Message:
         """The reply written while it streamed (message_id) completed as add_message would
@@ -342,11 +302,13 @@ class Store:
         for m in messages:
             self.add_message(chat_id, m.role, m.content, tokens=m.token_list,
                              tokens_model=m.tokens_model, stats=m.stats_dict,
-                             stopped=m.stopped, created_at=m.created_at)
+                             stopped=m.stopped, created_at=m.created_at,
+                             tool_calls=m.call_list, tool_call_id=m.tool_call_id)
 
     def add_tree(self, chat_id: int, messages: Iterable, current: object | None) -> None:
         """Messages of an imported tree: each has key, parent (a key before it, or None),
-        role, content, created_at (or None), stopped and stats (dict or None). The branch
+        role, content, created_at (or None), stopped, stats (dict or None), tool_calls and
+        tool_call_id (as append takes them). The branch
         shown ends at the message keyed current (None: the last). Written IMPORT_BATCH
         messages per transaction, so that other writers (other users' turns) get in between
         instead of waiting (or failing: "database is locked"); the chat shows its messages
@@ -370,7 +332,8 @@ class Store:
                            "position": parent[1] + 1 if parent else 0, "role": m.role,
                            "content": m.content, "tokens": None, "tokens_model": None,
                            "stats": json.dumps(m.stats) if m.stats else None,
-                           "stopped": m.stopped,
+                           "stopped": m.stopped, "tool_call_id": m.tool_call_id,
+                           "tool_calls": json.dumps(m.tool_calls) if m.tool_calls else None,
                            "created_at": m.created_at if m.created_at is not None
                            else time.time()}
                     message_id = conn.execute(insert(table).values(row)).inserted_primary_key[0]

@@ -17,9 +17,11 @@ from reame.config.refusals import ChatNotFound
 def append(session: Session, chat: Chat, *, role: str, content: str,
            tokens: Iterable[int] | None = None, tokens_model: str | None = None,
            stats: dict | None = None, stopped: bool = False, created_at: float | None = None,
-           after: int | None = None) -> Message:
+           after: int | None = None, tool_calls: list[dict] | None = None,
+           tool_call_id: str | None = None) -> Message:
     """Add a message to chat (locked in session) after `after` (None: the chat's leaf), as
-    the chat's new leaf (Store.add_message); the caller commits."""
+    the chat's new leaf (Store.add_message); the caller commits. tool_calls: a reply's calls
+    (each {"id", "name", "arguments"}); tool_call_id: the call a "tool" message answers."""
     parent_id = after if after is not None else chat.leaf_id
     parent = session.get(Message, parent_id) if parent_id is not None else None
     if parent is not None and parent.chat_id != chat.id:
@@ -29,7 +31,8 @@ def append(session: Session, chat: Chat, *, role: str, content: str,
         position=parent.position + 1 if parent else 0, role=role,
         content=content, tokens=json.dumps(list(tokens)) if tokens is not None else None,
         tokens_model=tokens_model, stats=json.dumps(stats) if stats else None,
-        stopped=stopped,
+        stopped=stopped, tool_calls=json.dumps(tool_calls) if tool_calls else None,
+        tool_call_id=tool_call_id,
     )
     if created_at is not None:
         message.created_at = created_at
@@ -42,15 +45,17 @@ def append(session: Session, chat: Chat, *, role: str, content: str,
 
 def complete(session: Session, chat: Chat, message_id: int, *, content: str,
              tokens: Iterable[int] | None, tokens_model: str | None, stats: dict | None,
-             stopped: bool, after: int | None) -> Message:
+             stopped: bool, after: int | None, tool_calls: list[dict] | None = None) -> Message:
     """The reply written while it streamed (message_id) as its turn's end writes it: what
     append would have added then, in that row (its place in the tree unchanged), which becomes
     the chat's leaf again. A row gone meanwhile is appended after `after` instead."""
     message = session.get(Message, message_id)
     if message is None or message.chat_id != chat.id:
         return append(session, chat, role=Role.ASSISTANT, content=content, tokens=tokens,
-                      tokens_model=tokens_model, stats=stats, stopped=stopped, after=after)
+                      tokens_model=tokens_model, stats=stats, stopped=stopped, after=after,
+                      tool_calls=tool_calls)
     message.content = content
+    message.tool_calls = json.dumps(tool_calls) if tool_calls else None
     message.tokens = json.dumps(list(tokens)) if tokens is not None else None
     message.tokens_model = tokens_model
     message.stats = json.dumps(stats) if stats else None

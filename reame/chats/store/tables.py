@@ -55,7 +55,7 @@ class _Text(TypeDecorator):
 
 
 # An import is written IMPORT_BATCH messages per transaction; the writes waiting meanwhile go
-# between two batches (_WriteGate).
+# between two batches (write_gate.WriteGate).
 IMPORT_BATCH = 100
 ANY_OWNER = object()  # a write that need not check whose the chat is (an admin's, a migration's)
 
@@ -97,7 +97,7 @@ class Message(SQLModel, table=True):
     # The message this one follows (None: the chat's first). Versions share a parent.
     parent_id: int | None = Field(default=None, index=True, sa_type=_ID)
     position: int  # depth in the tree: 0 for the first message
-    role: str  # messages.Role: "user" | "assistant"
+    role: str  # messages.Role: "user" | "assistant" | "tool"
     content: str = Field(sa_type=_Text)
     created_at: float = Field(default_factory=time.time)
     # The exact tokens the model generated for an assistant message (JSON list), and the
@@ -106,6 +106,15 @@ class Message(SQLModel, table=True):
     tokens_model: str | None = None
     stats: str | None = None  # JSON: the turn's numbers, shown under the reply
     stopped: bool = False
+    # A reply's tool calls (JSON list of {"id", "name", "arguments"}: the arguments as the
+    # JSON text written), its content the text before them; a "tool" message's content is
+    # the result of the call tool_call_id names.
+    tool_calls: str | None = Field(default=None, sa_type=_Text)
+    tool_call_id: str | None = Field(default=None, sa_type=_Text)
+
+    @property
+    def call_list(self) -> list[dict]:
+        return json.loads(self.tool_calls) if self.tool_calls else []
 
     @property
     def token_list(self) -> list[int] | None:

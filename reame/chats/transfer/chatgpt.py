@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from reame.chats.messages import Role
 from reame.chats.transfer.checks import (
     HIDDEN,
-    ROLES,
+    CHATGPT_ROLES,
     BadImport,
     ImportedChat,
     ImportedMessage,
@@ -65,7 +65,7 @@ def chatgpt_chat(conversation: object) -> ImportedChat:
             continue
         if seen.role == "system" and not system_prompt:
             system_prompt = seen.text.strip()
-        elif seen.role in ROLES:
+        elif seen.role in CHATGPT_ROLES:
             messages.append(ImportedMessage(key, above, seen.role, seen.text, seen.created_at,
                                             seen.stopped))
             kept_above[key] = key

@@ -4,6 +4,7 @@ in words for the person who uploaded it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -24,7 +25,8 @@ VERSION = 1
 # chats in one import: as many as one user may keep unless reame.conf says otherwise
 MAX_CHATS = setting("storage", "max_chats_per_user").default
 MAX_MESSAGES_PER_CHAT = 10000  # messages of one imported chat, every version counted
-ROLES = Role.ALL
+ROLES = Role.ALL  # in Reame's own export
+CHATGPT_ROLES = (Role.USER, Role.ASSISTANT)  # what is kept of ChatGPT's (its tools' are not)
 HIDDEN = "is_visually_hidden_from_conversation"  # ChatGPT's flag on messages not shown
 
 TYPE_WORDS = {int: "a whole number", float: "a number", str: "a text", bool: "true or false"}
@@ -47,11 +49,13 @@ class BadImport(ChatError):
 class ImportedMessage:
     key: str  # its id in the file (unique in its chat); parents and `current` name it
     parent: str | None  # the key of the message it follows; None: a first message
-    role: str  # Role.USER | Role.ASSISTANT
+    role: str  # Role.USER | Role.ASSISTANT | Role.TOOL
     content: str
     created_at: float | None = None
     stopped: bool = False  # a reply the user stopped
     stats: dict[str, Any] | None = None  # a reply's TurnStats, as stored
+    tool_calls: list[dict] | None = None  # a reply's calls: {"id", "name", "arguments"} each
+    tool_call_id: str | None = None  # a tool's result: the call it answers
 
 
 @dataclass
@@ -207,6 +211,35 @@ def read_stats(value: object, name: str) -> dict[str, Any] | None:
         raise BadImport(f"{name}: its stat {key} is {kind_of(value[key])}, not "
                         f"{TYPE_WORDS[STAT_TYPES[key]]}") from None
     return stats.model_dump(exclude_unset=True) or None
+
+
+def read_calls(value: object, name: str) -> list[dict] | None:
+    """A reply's tool calls as the store keeps them: a list of {"id", "name", "arguments"},
+    each a text, the arguments the JSON text of an object, no id twice."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise BadImport(f"{name}: its tool_calls are {kind_of(value)}, not a list")
+    calls, ids = [], set()
+    for n, call in enumerate(value, 1):
+        where = f"{name}: tool call {n}"
+        if not isinstance(call, dict):
+            raise BadImport(f"{where} is {kind_of(call)}, not a JSON object")
+        for key in ("id", "name", "arguments"):
+            if not isinstance(call.get(key), str) or not call[key]:
+                raise BadImport(f"{where} has no {key} (a text): it is "
+                                f"{shown_value(call.get(key))}")
+        try:
+            arguments = json.loads(call["arguments"])
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise BadImport(f"{where}: its arguments are not the JSON text of an object")
+        if call["id"] in ids:
+            raise BadImport(f"{where}: the id {shown_value(call['id'])} is used twice")
+        ids.add(call["id"])
+        calls.append({key: call[key] for key in ("id", "name", "arguments")})
+    return calls or None
 
 
 # words for what a file holds

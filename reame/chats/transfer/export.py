@@ -40,6 +40,10 @@ def _exported_message(m: Message) -> dict[str, Any]:
         stats = {k: v for k, v in m.stats_dict.items()
                  if not (isinstance(v, float) and not math.isfinite(v))}
         out["stats"] = stats or None
+        if m.call_list:  # the tools it called
+            out["tool_calls"] = m.call_list
+    if m.tool_call_id is not None:  # a tool's result: the call it answers
+        out["tool_call_id"] = m.tool_call_id
     return out
 
 
@@ -57,8 +61,9 @@ def to_markdown(chat: Chat, tree: MessageTree) -> str:
         quoted = "\n".join(f"> {line}".rstrip() for line in chat.system_prompt.splitlines())
         sections.append(f"> **System prompt**\n>\n{quoted}")
     for m in tree.branch:
-        sections.append(f"---\n\n{_markdown_heading(tree, m)}\n\n"
-                        f"{_closed_fence(m.content) if m.content.strip() else '*(empty)*'}")
+        calls = [f"*Called {c['name']}({c['arguments']})* (`{c['id']}`)" for c in m.call_list]
+        text = [_closed_fence(m.content)] if m.content.strip() else [] if calls else ["*(empty)*"]
+        sections.append("\n\n".join([f"---\n\n{_markdown_heading(tree, m)}", *text, *calls]))
     return "\n\n".join(sections) + "\n"
 
 
@@ -69,7 +74,8 @@ def _markdown_heading(tree: MessageTree, m: Message) -> str:
         notes.append(f"version {version} of {of}")
     if m.stopped:
         notes.append("stopped")
-    who = "**You**" if m.role == Role.USER else "**Assistant**"
+    who = {Role.USER: "**You**", Role.TOOL: f"**Tool result** (`{m.tool_call_id}`)"}.get(
+        m.role, "**Assistant**")
     return f"{who} ({', '.join(notes)})" if notes else who
 
 

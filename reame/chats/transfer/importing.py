@@ -19,6 +19,7 @@ from reame.chats.transfer.checks import (
     kind_of,
     parents_first,
     read_chats,
+    read_calls,
     read_key,
     read_settings,
     read_stats,
@@ -87,6 +88,17 @@ def _reame_chat(doc: object) -> ImportedChat:
         if m.parent is not None and m.parent not in parents:
             raise BadImport(f"message {shown[m.key]} names parent {shown_value(raw['parent'])}, "
                             "which is not in the chat")
+    by_key = {m.key: m for m in messages}
+    for m in messages:  # a tool's result answers a call of the reply it follows
+        above, seen = by_key.get(m.parent), set()
+        while above is not None and above.role == Role.TOOL and above.key not in seen:
+            seen.add(above.key)  # past the results before it (a cycle is refused below)
+            above = by_key.get(above.parent)
+        if m.role == Role.TOOL and not any(c["id"] == m.tool_call_id
+                                           for c in (above.tool_calls if above else None) or ()):
+            raise BadImport(f"message {shown[m.key]} answers the call "
+                            f"{shown_value(m.tool_call_id)}, which the reply before it did "
+                            "not make")
     order = {key: n for n, key in enumerate(parents_first(parents, "message", shown))}
     messages.sort(key=lambda m: order[m.key])
     current = doc.get("current")
@@ -115,16 +127,24 @@ def _reame_message(n: int, m: object) -> ImportedMessage:
         raise BadImport(f"{name}: its parent {shown_value(parent)} is not a message id")
     role = m.get("role")
     if role not in ROLES:
-        raise BadImport(f"{name} has the role {shown_value(role)}: a Reame chat has only user and "
-                        "assistant messages")
+        raise BadImport(f"{name} has the role {shown_value(role)}: a Reame chat has only user, "
+                        "assistant and tool messages")
     if not isinstance(m.get("content"), str):
         raise BadImport(f"{name}: its content is {kind_of(m.get('content'))}, not a text")
     stopped = m.get("stopped", False)
     if not isinstance(stopped, bool):
         raise BadImport(f"{name}: its stopped is {kind_of(stopped)}, not true or false")
     assistant = role == Role.ASSISTANT
+    if m.get("tool_calls") is not None and not assistant:
+        raise BadImport(f"{name}: only a reply has tool_calls")
+    answers = m.get("tool_call_id")
+    if (role == Role.TOOL) != (answers is not None) or (
+            answers is not None and (not isinstance(answers, str) or not answers)):
+        raise BadImport(f"{name}: a tool message, and only one, names the call it answers "
+                        f"(tool_call_id, a text); it has {shown_value(answers)}")
     return ImportedMessage(
         key=key, parent=None if parent is None else read_key(parent), role=role,
         content=m["content"], created_at=read_time(m.get("created_at"), f"{name}'s created_at"),
         stopped=stopped and assistant,
-        stats=read_stats(m.get("stats"), name) if assistant else None)
+        stats=read_stats(m.get("stats"), name) if assistant else None,
+        tool_calls=read_calls(m.get("tool_calls"), name), tool_call_id=answers)

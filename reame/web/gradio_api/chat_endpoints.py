@@ -32,6 +32,11 @@ def message_dict(message: ChatMessage, window_start: int = 0) -> dict[str, Any]:
     if message.role == Role.ASSISTANT:
         out["stopped"] = message.stopped
         out["stats"] = message.stats or None
+    if message.tool_calls:  # the tools a reply called (X-Reame-Chat with tools)
+        out["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                             for c in message.tool_calls]
+    if message.tool_call_id is not None:  # a tool's result: the call it answers
+        out["tool_call_id"] = message.tool_call_id
     return out
 
 

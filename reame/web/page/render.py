@@ -59,8 +59,9 @@ def user_text(shown: str) -> str:
 
 
 def reply_markdown(text: str, stats: dict | TurnStats | None = None, *,
-                   writing: bool = False) -> str:
-    """A reply as shown: HTML made inert, then its stats line (if any).
+                   writing: bool = False, calls: str = "") -> str:
+    """A reply as shown: HTML made inert, its tool calls folded (calls: called_tools'), then
+    its stats line (if any).
 
     A reply cut by max_tokens or by stop can end inside a code fence; close it first, or the
     fence swallows the stats line, which then shows as raw HTML in a code block.
@@ -70,7 +71,28 @@ def reply_markdown(text: str, stats: dict | TurnStats | None = None, *,
     if unclosed and unclosed[-1].startswith("```") and (
             len(unclosed[-1]) < 6 or not unclosed[-1].endswith("```")):
         shown += "\n```"
-    return shown + stats_line(stats, text, writing=writing)
+    return shown + calls + stats_line(stats, text, writing=writing)
+
+
+def called_tools(message: ChatMessage, results: dict[str, ChatMessage]) -> str:
+    """A reply's tool calls, each folded with its result inside ("Called get_weather(city=
+    "Paris")"; results: the tool messages by the call they answer). Each on one line of HTML,
+    as a folded document is (a blank line would end markdown's HTML block)."""
+    folded = []
+    for call in message.tool_calls:
+        result = results.get(call.id)
+        inside = ('<p class="reame-call-waiting">No result yet.</p>' if result is None else
+                  f'<pre>{html.escape(result.content, quote=False).replace(chr(10), "&#10;")}'
+                  "</pre>")
+        folded.append(f'<details class="reame-call"><summary>Called '
+                      f"{html.escape(call.shown, quote=False)}</summary>{inside}</details>")
+    return ("\n\n" if message.content.strip() else "") + "\n\n".join(folded) if folded else ""
+
+
+def shown_rows(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The messages the Chatbot shows as its rows: a tool's result is folded under the reply
+    that called it, not a row of its own."""
+    return [m for m in messages if m.role != Role.TOOL]
 
 
 def shown_reply(update: TurnUpdate) -> str:
@@ -276,12 +298,16 @@ def to_chatbot(messages: list[ChatMessage], window_start: int = 0,
     before the model's window (window_start, a message position) carries a quiet marker.
     With the chat's tree, each message also carries its tools (message_tools). Each ends with
     when it was written (when_marker)."""
+    results = {m.tool_call_id: m for m in messages if m.role == Role.TOOL}
     last_outside = max((n for n, m in enumerate(messages) if m.position < window_start),
                        default=None)
     shown = []
     for n, m in enumerate(messages):
+        if m.role == Role.TOOL:
+            continue  # folded under the reply that called it (called_tools)
         if m.role == Role.ASSISTANT:
-            content = reply_markdown(m.content, m.stats, writing=being_written(m.id))
+            content = reply_markdown(m.content, m.stats, writing=being_written(m.id),
+                                     calls=called_tools(m, results))
             if n == last_outside:
                 content += window_marker(messages[:n])
         else:
@@ -290,7 +316,7 @@ def to_chatbot(messages: list[ChatMessage], window_start: int = 0,
             content += message_tools(m, tree)
         content += when_marker(m.created_at)
         shown.append({"role": m.role, "content": content})
-    if tree is not None and messages and messages[-1].role == Role.USER:
+    if tree is not None and messages and messages[-1].role in (Role.USER, Role.TOOL):
         shown.append({"role": Role.ASSISTANT, "content": UNANSWERED})
     return shown
 

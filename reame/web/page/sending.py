@@ -27,7 +27,13 @@ from reame.web.http.user import user_of
 from reame.web.page.attachments import strip_html, with_documents
 from reame.web.page.live_replies import LiveReplies
 from reame.web.page.parts import flatten
-from reame.web.page.render import answered, user_html, user_text, without_added
+from reame.web.page.render import (
+    answered,
+    shown_rows,
+    user_html,
+    user_text,
+    without_added,
+)
 from reame.web.page.settings_tab import cache_markdown, loading_text
 from reame.web.page.showing import ChatView, settings_values
 
@@ -302,10 +308,11 @@ class PageHandlers(ChatView):
             """The messages kept before the edited one; the turn, refused (not the user's
             message, empty, ...) before anything changes."""
             messages = self.service.messages(chat_id, user)
-            if not 0 <= index < len(messages):
+            rows = shown_rows(messages)  # the Chatbot's rows (tool results folded)
+            if not 0 <= index < len(rows):
                 raise ChatError("This message is no longer in the chat.")
-            updates = self.service.edit_message(chat_id, messages[index].id, text, user=user)
-            return self.shown(chat_id, user, messages[:index]), updates
+            updates = self.service.edit_message(chat_id, rows[index].id, text, user=user)
+            return self.shown(chat_id, user, messages[:messages.index(rows[index])]), updates
 
         with self.live.expect(user, chat_id):  # a Stop while the edit is stored counts
             try:

@@ -4,8 +4,9 @@ chat_stream.py), with tools, a response format and n choices.
 Stateless clients resend the whole conversation each time; the KV cache finds it anyway (the
 request's tokens are looked up by chained block hashes among the KV files, tokens checked), so
 the second request of a conversation evaluates only its new tokens. A request with the header
-`X-Reame-Chat: <chat id>` is instead a turn of that stored chat: its last user message is added
-to the chat (which keeps its own history and settings) and the exchange shows in the page.
+`X-Reame-Chat: <chat id>` is instead a turn of that stored chat: its last user message (or the
+tool results it ends with) is added to the chat (which keeps its own history and settings), a
+reply's tool calls are kept with it, and the exchange shows in the page.
 Everything every /v1 route does alike (the key, the errors' shape, a client that hangs up) is
 router.py's and common.py's.
 """
@@ -16,6 +17,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,6 +28,7 @@ from reame.chats.service import (
     ChatService,
     TurnUpdate,
 )
+from reame.chats.tool_calls import ToolOffer
 from reame.inference.held import GrammarError
 from reame.inference.turn_stream import TurnStream
 from reame.web.http.turn_updates import UpdateFeed
@@ -59,8 +62,11 @@ def add_chat_completions(router: APIRouter, service: ChatService,
         async def prepare(user, body):
             # A schema's conversion and the grammar's check take milliseconds to a second:
             # off the event loop, which answers every other request meanwhile.
-            parsed = await asyncio.to_thread(_parsed, service, body, model_ids())
             chat_id = _chat_header(request)
+            parsed = await asyncio.to_thread(_parsed, service, body, model_ids(),
+                                             chat_id is not None)
+            if chat_id is not None and parsed.tools:  # its calls' ids, as the chat keeps them
+                parsed = replace(parsed, call_id_prefix=f"call_{uuid.uuid4().hex[:20]}_")
             _check_choices(service, parsed, chat_id)
             if chat_id is not None:
                 service.get_chat(chat_id, user)  # 404 now, not in the middle of a stream
@@ -91,8 +97,9 @@ def add_chat_completions(router: APIRouter, service: ChatService,
         return _whole([done], completion_id, parsed, fingerprint, vocab)
 
 
-def _parsed(service: ChatService, body: object, models: list[str]) -> CompletionRequest:
-    parsed = parse_request(body, models)
+def _parsed(service: ChatService, body: object, models: list[str],
+            stored: bool) -> CompletionRequest:
+    parsed = parse_request(body, models, stored)
     _check_grammar(service, parsed)
     return parsed
 
@@ -130,18 +137,24 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
                  "frequency_penalty": parsed.frequency_penalty != 0,
                  "presence_penalty": parsed.presence_penalty != 0,
                  "logprobs": parsed.top_logprobs is not None,
-                 "response_format": parsed.grammar is not None and not parsed.tools,
-                 "tools": bool(parsed.tools)}
-        if not parsed.turns or parsed.turns[-1].role != "user":
-            raise ApiError(400, f"with {CHAT_HEADER} the last message is the user's: it is "
-                           "added to the stored chat", param="messages")
+                 "response_format": parsed.grammar is not None and not parsed.tools}
+        if not parsed.turns or parsed.turns[-1].role not in ("user", "tool"):
+            raise ApiError(400, f"with {CHAT_HEADER} the last message is the user's, or the "
+                           "results of the tools the chat's last reply called: it is added to "
+                           "the stored chat", param="messages")
         refused = next((param for param, wanted in asked.items() if wanted), None)
         if refused is not None:
             raise ApiError(400, f"{refused} is for requests without {CHAT_HEADER}: a stored "
                            "chat's replies are sampled with the chat's settings", param=refused)
+        offer = (ToolOffer(parsed.tools, parsed.grammar, parsed.grammar_trigger,
+                           parsed.call_id_prefix or "") if parsed.tools else None)
+        if parsed.results:
+            return lambda: service.send_results(
+                chat_id, list(parsed.results), user=user, seed=seed,
+                max_tokens=parsed.max_tokens, stop=parsed.stop, offer=offer)
         return lambda: service.send(
             chat_id, parsed.turns[-1].content, user=user, seed=seed,
-            max_tokens=parsed.max_tokens, stop=parsed.stop)
+            max_tokens=parsed.max_tokens, stop=parsed.stop, offer=offer)
     return lambda: service.complete(
         parsed.system_prompt, parsed.turns, max_tokens=parsed.max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=seed, stop=parsed.stop,
@@ -165,8 +178,8 @@ def _check_choices(service: ChatService, parsed: CompletionRequest,
 
 
 def _choice_json(index: int, done: TurnUpdate, parsed: CompletionRequest, vocab) -> dict:
-    message, finish_reason = ReplyShape(parsed.calls_tools).message(done.text,
-                                                                    done.finish_reason)
+    message, finish_reason = ReplyShape(parsed.calls_tools, parsed.call_id_prefix).message(
+        done.text, done.finish_reason)
     return {"index": index, "message": message, "finish_reason": finish_reason,
             "logprobs": (None if done.logprobs is None else
                          {"content": logprob_entries(done.logprobs, vocab), "refusal": None})}

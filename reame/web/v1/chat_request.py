@@ -55,10 +55,18 @@ class CompletionRequest:
     tools: tuple[Tool, ...] = ()
     calls_tools: bool = False  # the reply may call tools: its text is split into calls
     n: int = 1  # choices
+    # The tool messages the conversation ends with: (tool_call_id, content) each (what a turn
+    # of a stored chat adds to it).
+    results: tuple[tuple[str, str], ...] = ()
+    # A stored chat's turn: its calls' ids start with this (chats.messages.call_id), the same
+    # in the answer and in the chat. None: ids of their own.
+    call_id_prefix: str | None = None
 
 
-def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
-    """Validate a /v1/chat/completions body; ApiError (400/404) says what is wrong."""
+def parse_request(body: Any, model_ids: list[str], stored: bool = False) -> CompletionRequest:
+    """Validate a /v1/chat/completions body; ApiError (400/404) says what is wrong. stored: a
+    turn of a stored chat (X-Reame-Chat), whose tool results answer the calls the chat holds
+    (checked there), not calls in the body."""
     try:
         request = ChatRequest.model_validate(body)
     except ValidationError as exc:
@@ -70,7 +78,7 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
                        param="stream_options")
     if request.top_logprobs is not None and not request.logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    system, turns = _conversation(request.messages)
+    system, turns = _conversation(request.messages, stored)
     stop = request.stop or ()
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     grammar, trigger = response_grammar(request.response_format), None
@@ -95,7 +103,8 @@ def parse_request(body: Any, model_ids: list[str]) -> CompletionRequest:
         request.frequency_penalty or 0.0, request.presence_penalty or 0.0,
         (request.top_logprobs or 0) if request.logprobs else None,
         grammar, trigger, use.tools if use is not None else (),
-        use is not None and use.choice != "none", request.n)
+        use is not None and use.choice != "none", request.n,
+        tuple((m.tool_call_id, _text(m)) for m in _trailing_tools(request.messages)))
 
 
 def tool_use(request: ChatRequest) -> ToolUse | None:
@@ -160,20 +169,34 @@ def response_grammar(response_format: Any) -> str | None:
                    "\"schema\", \"strict\"}}", param="response_format")
 
 
-def _conversation(messages: list[Message]) -> tuple[list[str], list[PromptMessage]]:
-    """The system texts and the turns, in the order a chat template can render."""
+def _text(message: Message) -> str:
+    content = message.content
+    return ("" if content is None else content if isinstance(content, str)
+            else "".join(part.text for part in content))
+
+
+def _trailing_tools(messages: list[Message]) -> list[Message]:
+    """The tool messages the conversation ends with."""
+    n = len(messages)
+    while n and messages[n - 1].role == "tool":
+        n -= 1
+    return messages[n:]
+
+
+def _conversation(messages: list[Message],
+                  stored: bool = False) -> tuple[list[str], list[PromptMessage]]:
+    """The system texts and the turns, in the order a chat template can render. stored: the
+    calls tool messages answer are the stored chat's (not checked here)."""
     system, turns = [], []
-    calls: set[str] = set()  # the ids of the calls the tool messages may answer
+    calls: set[str] | None = set()  # the ids of the calls the tool messages may answer
     for n, message in enumerate(messages):
         for field in MESSAGE_FIELDS:
             if getattr(message, field) is not None:
                 raise ApiError(400, f"'messages[{n}].{field}' is not supported by this server: "
                                f"{MESSAGE_FIELDS[field]}. It is refused rather than ignored.",
                                param=f"messages[{n}].{field}", code="unsupported_parameter")
-        _check_tool_fields(n, message, calls)
-        content = message.content
-        text = ("" if content is None else content if isinstance(content, str)
-                else "".join(part.text for part in content))
+        _check_tool_fields(n, message, None if stored else calls)
+        text = _text(message)
         if message.role == "assistant" and message.tool_calls:
             text = reply_text(text, [_call(n, m, call)
                                      for m, call in enumerate(message.tool_calls)])
@@ -203,9 +226,10 @@ def _conversation(messages: list[Message]) -> tuple[list[str], list[PromptMessag
     return system, turns
 
 
-def _check_tool_fields(n: int, message: Message, calls: set[str]) -> None:
+def _check_tool_fields(n: int, message: Message, calls: set[str] | None) -> None:
     """tool_calls only on an assistant's message; a tool's result answers a call of the
-    assistant message before it, by its id; content is null only beside tool calls."""
+    assistant message before it, by its id (calls; None: checked elsewhere); content is null
+    only beside tool calls."""
     where = f"messages[{n}]"
     if message.tool_calls is not None and message.role != "assistant":
         raise ApiError(400, f"'{where}.tool_calls' is for assistant messages",
@@ -214,7 +238,7 @@ def _check_tool_fields(n: int, message: Message, calls: set[str]) -> None:
         if message.tool_call_id is None:
             raise ApiError(400, f"'{where}.tool_call_id' is required: the id of the call this "
                            "result answers", param=f"{where}.tool_call_id")
-        if message.tool_call_id not in calls:
+        if calls is not None and message.tool_call_id not in calls:
             raise ApiError(400, f"'{where}': a tool's result must follow the assistant message "
                            f"that made the call '{message.tool_call_id}'",
                            param=f"{where}.tool_call_id")

@@ -90,7 +90,7 @@ async def _choice_events(index: int, updates: UpdateFeed, first: TurnUpdate | No
                                             "finish_reason": finish, "logprobs": logprobs}],
                                           **extra)) + "\n\n"
 
-    shape = ReplyShape(parsed.calls_tools)
+    shape = ReplyShape(parsed.calls_tools, parsed.call_id_prefix)
     update = first if first is not None else await updates.next()
     # sent: the content sent; called: the calls sent; told: the tokens whose logprobs were sent
     sent, called, told = "", 0, 0

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import uuid
 
+from reame.chats.messages import call_id
 from reame.inference.tools import CALL_OPEN, ToolCall, pending_text, split_calls, split_reply
 
 
 class ReplyShape:
     """How one reply's text becomes OpenAI's message: tools on (calls split out) or off."""
 
-    def __init__(self, calls_tools: bool):
+    def __init__(self, calls_tools: bool, id_prefix: str | None = None):
         self.calls_tools = calls_tools
+        self.id_prefix = id_prefix  # a stored chat's turn: its calls' ids as the chat keeps them
         self._ids: list[str] = []  # a call's id, by its index: the same streamed or not
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
@@ -50,7 +52,8 @@ class ReplyShape:
 
     def call(self, index: int, call: ToolCall) -> dict:
         while len(self._ids) <= index:
-            self._ids.append(f"call_{uuid.uuid4().hex[:24]}")
+            self._ids.append(f"call_{uuid.uuid4().hex[:24]}" if self.id_prefix is None
+                             else call_id(self.id_prefix, len(self._ids)))
         return {"id": self._ids[index], "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments}}
 
