@@ -152,6 +152,9 @@ class Turns:
         if not messages or messages[-1].role != Role.ASSISTANT:
             raise ChatError("there is no reply to continue: the chat's last message is not a "
                             "reply")
+        if messages[-1].tool_calls:  # its calls wait for their results, not for more words
+            raise ChatError("a reply that called tools is not continued: send the tools' "
+                            "results (or a message) instead")
         arrived = time.perf_counter()
         return TurnStream(lambda stream: self._turn(stream, chat, None, seed=None,
                                                     continued=messages[-1], arrived=arrived))

@@ -347,7 +347,7 @@ def message_tools(message: ChatMessage, tree: ChatTree) -> str:
             _tool("›", "Next version", f"show-{ids[version]}" if version < versions else None)]
     if message.role == Role.ASSISTANT:
         stats = message.stats
-        if message.id == tree.leaf_id and (stats.get("at_limit") or (
+        if message.id == tree.leaf_id and not message.tool_calls and (stats.get("at_limit") or (
                 unfinished(stats) and not being_written(message.id))):
             # Cut at Max tokens, or by the server's stop: the same reply goes on
             # (ChatService.continue_reply).

@@ -121,6 +121,8 @@ def test_a_streamed_call_is_kept_with_the_ids_the_stream_sent(server):
 
 
 def test_results_that_answer_no_call_of_the_chat_are_refused_by_name(server):
+    """Results for no call, for another call, twice: a 400 naming messages; and a reply
+    that called tools is not continued (its calls wait for results)."""
     chat_id = ApiClient(server.url, verbose=False).predict(api_name="/new_chat")
     model = model_of(server)
     result = {"role": "tool", "tool_call_id": "call_x", "content": RESULT}
@@ -138,4 +140,6 @@ def test_results_that_answer_no_call_of_the_chat_are_refused_by_name(server):
     twice = [{**result, "tool_call_id": calls[0].id}] * 2
     status, answer = post(server, {"model": model, "messages": twice}, headers=header(chat_id))
     assert status == 400 and "twice" in answer["error"]["message"], answer
+    with pytest.raises(Exception, match="called tools is not continued"):
+        ApiClient(server.url, verbose=False).predict(chat_id, api_name="/continue_reply")
     assert [m["role"] for m in stored(server, chat_id)] == ["user", "assistant"], "nothing kept"
