@@ -137,7 +137,7 @@ def _starter(service: ChatService, parsed: CompletionRequest, chat_id: int | Non
                  "frequency_penalty": parsed.frequency_penalty != 0,
                  "presence_penalty": parsed.presence_penalty != 0,
                  "logprobs": parsed.top_logprobs is not None,
-                 "response_format": parsed.grammar is not None and not parsed.tools}
+                 "response_format": parsed.formatted}
         if not parsed.turns or parsed.turns[-1].role not in ("user", "tool"):
             raise ApiError(400, f"with {CHAT_HEADER} the last message is the user's, or the "
                            "results of the tools the chat's last reply called: it is added to "

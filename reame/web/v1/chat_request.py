@@ -61,6 +61,7 @@ class CompletionRequest:
     # A stored chat's turn: its calls' ids start with this (chats.messages.call_id), the same
     # in the answer and in the chat. None: ids of their own.
     call_id_prefix: str | None = None
+    formatted: bool = False  # response_format asks for JSON (its grammar, or a call's stop)
 
 
 def parse_request(body: Any, model_ids: list[str], stored: bool = False) -> CompletionRequest:
@@ -81,7 +82,8 @@ def parse_request(body: Any, model_ids: list[str], stored: bool = False) -> Comp
     system, turns = _conversation(request.messages, stored)
     stop = request.stop or ()
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    grammar, trigger = response_grammar(request.response_format), None
+    response_format_grammar = response_grammar(request.response_format)
+    grammar, trigger = response_format_grammar, None
     use = tool_use(request)
     if use is not None and use.choice == "none" and grammar is not None:
         stop += (CALL_OPEN,)  # JSON asked for: it holds the reply; a call begun ends it
@@ -104,7 +106,8 @@ def parse_request(body: Any, model_ids: list[str], stored: bool = False) -> Comp
         (request.top_logprobs or 0) if request.logprobs else None,
         grammar, trigger, use.tools if use is not None else (),
         use is not None and use.choice != "none", request.n,
-        tuple((m.tool_call_id, _text(m)) for m in _trailing_tools(request.messages)))
+        tuple((m.tool_call_id, _text(m)) for m in _trailing_tools(request.messages)),
+        formatted=response_format_grammar is not None)
 
 
 def tool_use(request: ChatRequest) -> ToolUse | None:

@@ -140,6 +140,12 @@ def test_results_that_answer_no_call_of_the_chat_are_refused_by_name(server):
     twice = [{**result, "tool_call_id": calls[0].id}] * 2
     status, answer = post(server, {"model": model, "messages": twice}, headers=header(chat_id))
     assert status == 400 and "twice" in answer["error"]["message"], answer
+    # JSON asked for beside tools: a stored chat's reply follows no response_format.
+    status, answer = post(server, {"model": model, "messages": ASK, "tools": TOOLS,
+                                   "tool_choice": "none",
+                                   "response_format": {"type": "json_object"}},
+                          headers=header(chat_id))
+    assert status == 400 and answer["error"]["param"] == "response_format", answer
     with pytest.raises(Exception, match="called tools is not continued"):
         ApiClient(server.url, verbose=False).predict(chat_id, api_name="/continue_reply")
     assert [m["role"] for m in stored(server, chat_id)] == ["user", "assistant"], "nothing kept"
