@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from reame.chats.instructions import Instructions, checked
 from reame.chats.jsontext import lone_surrogate
 from reame.chats.messages import ChatInfo, ChatMessage, ChatTree, FoundChat
 from reame.chats.store import Chat, MessageNotFound, MessageTree
+from reame.chats.store.instructions import InstructionsStore
 from reame.chats.store.stored_responses import StoredResponses
 from reame.chats.titles import DEFAULT_TITLE, checked_title
 from reame.chats.transfer import BadImport, export_all, export_chat, parse_import, to_markdown
@@ -39,21 +41,45 @@ class ChatActions:
 
     def new_chat(self, title: str = "", system_prompt: str | None = None, *,
                  user: str | None = None) -> ChatInfo:
-        """A chat with the server's default settings (and system_prompt, if given)."""
+        """A chat with the server's default settings and the user's custom instructions (or
+        system_prompt, if given, instead of both)."""
         title = checked_title(title) or DEFAULT_TITLE
-        settings = self.defaults.changed(system_prompt=system_prompt)
+        settings = self._defaults_for(user).changed(system_prompt=system_prompt)
         with self._room_for_a_chat(user):
             return ChatInfo.of(self.store.create_chat(title=title, owner=user,
                                                       **settings.as_dict()))
 
     def empty_chat(self, user: str | None = None) -> ChatInfo:
-        """The page's "New chat": the user's newest chat if it is still empty and untitled,
-        else a new one (pressing it twice does not make two empty chats)."""
+        """The page's "New chat": the user's newest chat if it is still empty and untitled
+        (and would start as a new one does), else a new one (pressing it twice does not make
+        two empty chats)."""
         newest = self.store.newest_chat(user)
         if (newest is not None and newest.leaf_id is None and newest.title == DEFAULT_TITLE
-                and ChatSettings.of(newest) == self.defaults):
+                and ChatSettings.of(newest) == self._defaults_for(user)):
             return ChatInfo.of(newest)
         return self.new_chat(user=user)
+
+    # custom instructions (instructions.py)
+
+    def instructions(self, user: str | None = None) -> Instructions:
+        return Instructions(*InstructionsStore(self.store).get(user))
+
+    def set_instructions(self, how_to_answer: str | None, about_me: str | None, *,
+                         user: str | None = None) -> Instructions:
+        """Keep the user's custom instructions for the chats they start from now on (both
+        empty: none); ChatError if one is too long."""
+        kept = checked(how_to_answer, about_me)
+        InstructionsStore(self.store).put(user, kept.how_to_answer, kept.about_me)
+        return kept
+
+    def _defaults_for(self, user: str | None) -> ChatSettings:
+        """The settings a new chat of user starts with: the server's, the user's
+        instructions after its system prompt."""
+        mine = self.instructions(user)
+        if not mine:
+            return self.defaults
+        return self.defaults.changed(system_prompt=mine.system_prompt(
+            self.defaults.system_prompt))
 
     @contextmanager
     def _room_for_a_chat(self, user: str | None, count: int = 1) -> Iterator[None]:

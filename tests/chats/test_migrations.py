@@ -29,7 +29,7 @@ from tests.postgres import postgres, postgres_url  # noqa: F401 - fixtures
 OLD_STEPS = ["001_create_chat_and_message", "002_chat_window_start", "003_chat_owner",
              "004_message_tree", "005_search_and_pins", "006_ids_never_reused"]
 # The steps since, which every database the old runner made still gets.
-NEW_STEPS = ["007_archive", "008_stored_responses", "009_tool_calls"]
+NEW_STEPS = ["007_archive", "008_stored_responses", "009_tool_calls", "010_user_instructions"]
 HEAD = NEW_STEPS[-1]
 OLD_RELEASE = Path(__file__).parents[1] / "data" / "reame-before-autoincrement.db"
 

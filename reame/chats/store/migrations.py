@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).with_name("alembic")  # env.py and versions/
 # The newest revision in alembic/versions/ (tests/chats/test_migrations.py checks it is Alembic's
 # head): the next revision changes it.
-HEAD = "009_tool_calls"
+HEAD = "010_user_instructions"
 
 
 def is_postgres(conn: Connection) -> bool:

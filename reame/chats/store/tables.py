@@ -137,3 +137,15 @@ class StoredResponse(SQLModel, table=True):
     created_at: float = Field(default_factory=time.time, index=True)
     size: int = 0  # bytes of data
     data: str = Field(sa_type=_Text)
+
+
+class UserInstructions(SQLModel, table=True):
+    """A user's custom instructions (instructions.py): how they want the model to answer and
+    what it should know about them, for the chats they start. owner "" on a server without
+    accounts (a primary key cannot be NULL)."""
+
+    __tablename__ = "user_instructions"
+    owner: str = Field(primary_key=True)
+    how_to_answer: str = Field(default="", sa_type=_Text)
+    about_me: str = Field(default="", sa_type=_Text)
+    updated_at: float = Field(default_factory=time.time)

@@ -185,6 +185,21 @@ def register_chat_endpoints(service: ChatService,
             raise user_error(exc) from None
         return {**chat_summary(chat), **ChatSettings.of(chat).as_dict()}
 
+    def get_instructions(request: gr.Request = None) -> dict:
+        """Your custom instructions: how to answer and about you (empty: none)."""
+        mine = service.instructions(user_of(request))
+        return {"how_to_answer": mine.how_to_answer, "about_me": mine.about_me}
+
+    def set_instructions(how_to_answer: str | None = "", about_me: str | None = "",
+                         request: gr.Request = None) -> dict:
+        """Keep your custom instructions for the chats you start from now on (both empty:
+        none); returns them as kept."""
+        try:
+            kept = service.set_instructions(how_to_answer, about_me, user=user_of(request))
+        except ChatError as exc:
+            raise user_error(exc) from None
+        return {"how_to_answer": kept.how_to_answer, "about_me": kept.about_me}
+
     def delete_chat(chat_id: int, request: gr.Request = None) -> bool:
         """Delete a chat and its messages."""
         try:
@@ -194,5 +209,6 @@ def register_chat_endpoints(service: ChatService,
         return True
     for fn in (new_chat, list_chats, search_chats, get_chat, get_thread, show_version, branch,
                rename_chat, pin_chat, archive_chat, update_chat, delete_chat, export_chat,
-               export_chats, import_chats, type_ahead, cache_stats):
+               export_chats, import_chats, type_ahead, cache_stats, get_instructions,
+               set_instructions):
         gr.api(guarded(fn), api_name=fn.__name__, concurrency_limit=None)

@@ -16,6 +16,7 @@ from reame.config.chat_settings import FIELD
 from reame.web.http.uploads import Uploads
 from reame.web.http.user import user_of
 from reame.web.page.attachments import Attachments
+from reame.web.page.instructions_panel import InstructionsPanel
 from reame.web.page.live_replies import LiveReplies
 from reame.web.page.parts import (
     ASKED_JS,
@@ -159,6 +160,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                                            maximum=FIELD["max_tokens"].maximum,
                                            elem_id="max-tokens")
             chat_settings = [system_prompt, temperature, top_p, max_tokens]
+            instructions = InstructionsPanel(service)
+            instructions.build()
         settings_view = None
         if settings is not None:
             with gr.Tab("Settings", id="settings", elem_id="settings-tab"):
@@ -192,15 +195,16 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
                      '<a href="logout" class="reame-logout">Log out</a>')
         return (*handlers.on_load(asked, request),
                 cache_markdown(service, user, whole_server=admin),
-                "admin" if admin else "user", signed_in, *show_settings(request),
-                *(users.show(request) if users is not None else ()))
+                "admin" if admin else "user", signed_in, *instructions.show(request),
+                *show_settings(request), *(users.show(request) if users is not None else ()))
 
     users_outputs = users.outputs if users is not None else []
     # The chat asked for is the address bar's ?chat=ID (read by ASKED_JS). No progress of
     # Gradio's: its timers flashed over the list, the search box and the chat on a busy
     # machine, after the page had already drawn them.
     loaded = demo.load(on_load_page, [shown_id], [*view, cache_md, role, account,
-                                                  *settings_outputs, *users_outputs],
+                                                  *instructions.outputs, *settings_outputs,
+                                                  *users_outputs],
                        js=ASKED_JS, queue=False, show_progress="hidden", **HIDDEN)
     loaded.then(None, [role], None, js=ROLE_JS, **HIDDEN).then(
         None, None, None, js=FOLLOW_JS, **HIDDEN)

@@ -556,3 +556,47 @@ def test_continue_after_a_small_max_tokens_set_in_the_panel_and_stop_during_it(p
     assert words(without_stats(page.locator(BOT).inner_text())) == words(reply["content"])
     print(f"\nContinue: {stats['prefilled']} token(s) evaluated, {stats['reused']:,} reused "
           f"of a {stats['prompt_tokens']:,}-token prompt")
+
+
+def test_custom_instructions_make_a_users_new_chats_start_from_one_shared_opening(page, server):
+    """Issue 51: "How to answer" and "About me" in the Custom instructions panel go into every
+    new chat's system prompt (a chat already shown keeps its own), and their KV is read once: a
+    second new chat's first turn evaluates only its message, as its figures say ("prefilled
+    N") and its words ("Started from N tokens read before for another chat")."""
+    how = ("Answer in two short sentences at most. Use metric units. Say plainly when you are "
+           "not sure, and never invent a source, a quotation or a number you do not know.")
+    about = ("I coordinate volunteers at a harbour co-op in Lisbon: we repair small fishing "
+             "boats, run a tool library and teach knots to children on Saturday mornings.")
+    open_app(page, server)
+    try:
+        open_panel_and_type(page, "#instructions", "#how-to-answer textarea", how)
+        page.locator("#about-me textarea").fill(about)
+        page.click("#save-instructions")
+        expect(page.locator("#instructions-note")).to_contain_text("Saved.")
+        evaluated, history = [], []
+        for question in ("What knot holds a boat to a ring?", "And for a rope to a post?"):
+            new_chat(page)
+            send(page, question)
+            chat = api(server).predict(current_id(page), api_name="/get_chat")
+            stats = chat["messages"][-1]["stats"]
+            # Evaluated for this turn: while the message was typed, and after Enter.
+            evaluated.append(stats["typed_ahead"] + stats["prefilled"])
+            history.append(stats["reused"] - stats["typed_ahead"])
+            assert f"prefilled {stats['prefilled']:,} " in stats_figures(page)
+        assert how in chat["system_prompt"] and about in chat["system_prompt"]
+        # The second chat's prompt is the opening (over a hundred tokens) and its message:
+        # it evaluated the message and the template's words around it, nothing more.
+        assert stats["prompt_tokens"] > 100 and evaluated[1] <= 24, (evaluated, stats)
+        assert history[1] >= stats["prompt_tokens"] - 24, (history, stats)
+        words_said = page.locator(STATS_WORDS).last.inner_text()
+        assert re.match(rf"Started from (the chat's opening, )?{history[1]:,} tokens",
+                        words_said), words_said
+        # Kept across a reload; cleared, new chats start with the default system prompt.
+        reload(page)
+        expect(page.locator("#how-to-answer textarea")).to_have_value(how)
+    finally:  # the page tests share this server: its new chats must not keep them
+        api(server).predict("", "", api_name="/set_instructions")
+    new_chat(page)
+    send(page, CAPITAL)
+    prompt = api(server).predict(current_id(page), api_name="/get_chat")["system_prompt"]
+    assert how not in prompt and about not in prompt
