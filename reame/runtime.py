@@ -52,7 +52,8 @@ def build_service(config: Config, *, threads: int | None = None) -> ChatService:
     except ModelLoadError as exc:
         log.error("%s", exc)
         return ChatService(store, None, config.generation, load_error=str(exc), **limits)
-    service = ChatService(store, None, config.generation, runtime=runtime, **limits)
+    service = ChatService(store, None, config.generation, runtime=runtime,
+                          model_titles=server.model_titles, **limits)
     service.reload_after_a_crash(lambda: load_runtime(config, store, limits["limits"]))
     service.share_default_prompt()
     return service

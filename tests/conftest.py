@@ -204,11 +204,13 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
                  host: str = "127.0.0.1", users_file: str = "", extra: str = "",
                  system_prompt: str = SYSTEM_PROMPT, slots: int = 4,
                  max_waiting: int = 16, server_extra: str = "", warm_up: bool = False,
-                 exact_under_load: bool = False,
+                 exact_under_load: bool = False, model_titles: bool = False,
                  engine_process: bool = ENGINE_PROCESS) -> Path:
     """A reame.conf in folder with its sessions beside it; extra goes at the end (after
     [storage]), server_extra into [server]. No warm-up unless asked (tests/inference/test_warmup.py):
-    it costs each server start a few seconds and changes no answer. exact_under_load: for the
+    it costs each server start a few seconds and changes no answer. No titles by the model
+    unless asked (tests/chats/test_model_titles.py): they would retitle the chats other
+    tests look at and take slots in the background. exact_under_load: for the
     tests that compare replies under load with replies alone, bit for bit."""
     path = folder / "reame.conf"
     path.write_text(
@@ -219,7 +221,8 @@ def write_config(folder: Path, *, model_path: Path | str = MODEL, n_ctx: int = 2
         f"[generation]\nsystem_prompt = {system_prompt}\n"
         f"temperature = {temperature}\ntop_p = 1.0\nmax_tokens = {max_tokens}\n\n"
         f"[server]\nhost = {host}\nport = {port or free_port()}\nusers_file = {users_file}\n"
-        f"max_waiting = {max_waiting}\nwarm_up = {str(warm_up).lower()}\n{server_extra}\n"
+        f"max_waiting = {max_waiting}\nwarm_up = {str(warm_up).lower()}\n"
+        f"model_titles = {str(model_titles).lower()}\n{server_extra}\n"
         f"[storage]\nsessions_dir = sessions\n{extra}",
         encoding="utf-8",
     )

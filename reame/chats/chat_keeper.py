@@ -71,6 +71,9 @@ class ChatKeeper:
         self.continued = continued
         # The reply a retry replaces: shown again if the retry keeps none (unmade).
         self.replaced = replaced
+        # The title a first message gave the chat (None: not a first message), for the model's
+        # own (model_titles.py).
+        self.first_title: str | None = None
         # The turn offered tools: the reply's calls are kept apart from its words, their ids
         # starting with id_prefix (None: no tools, the reply is its text).
         self.id_prefix = id_prefix

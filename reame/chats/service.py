@@ -19,6 +19,7 @@ from pathlib import Path
 from reame.chats.chat_actions import ChatActions
 from reame.chats.conversation import ReplyMemory
 from reame.chats.model_holder import ModelHolder
+from reame.chats.model_titles import TitleWriter
 from reame.chats.store import Store
 from reame.chats.store.stored_responses import ResponseNotFound, StoredResponses
 from reame.chats.titles import title_from
@@ -55,7 +56,8 @@ class ChatService(ModelHolder, ChatActions, Turns, StatelessTurns):
     def __init__(self, store: Store, engine: Engine | None, defaults: ChatSettings, *,
                  cache: KVCache | None = None, load_error: str | None = None,
                  max_chats: int = setting("storage", "max_chats_per_user").default,
-                 limits: Limits = Limits(), runtime: ModelRuntime | None = None):
+                 limits: Limits = Limits(), runtime: ModelRuntime | None = None,
+                 model_titles: bool = False):
         self.store = store
         self.max_chats = max_chats  # per user
         self._creating = threading.Lock()  # the count and the reservations, together
@@ -78,3 +80,5 @@ class ChatService(ModelHolder, ChatActions, Turns, StatelessTurns):
         self.replies = ReplyMemory(path=folder / REPLIES_NAME if folder else None)
         self.observe_turn: TurnObserver | None = None  # told of every turn (metrics)
         self.warming = False  # the model runs once at start (warmup.py): not ready yet
+        # After a chat's first reply the model writes its title, when idle (model_titles.py).
+        self.titles = TitleWriter(lambda: self.runtime, store.retitle, enabled=model_titles)

@@ -242,6 +242,9 @@ class Turns:
                                      else before + update.text)
                 if update.done:  # the chat as the faces see it, once the reply is kept
                     update.kept = ChatTree.of(keeper.kept) if keeper.kept is not None else None
+                    if keeper.kept is not None and keeper.first_title:
+                        self.titles.after_first_reply(chat.id, chat.owner, keeper.first_title,
+                                                      text or "", keeper.text)
                 yield update
                 keeper.shown(update)  # passed on: the reply so far may be written
         finally:
@@ -312,9 +315,11 @@ class Turns:
                         user_message_id=user_message_id, offer=offer)
         retried = (history[-1].id if cut_at is not None and text is None and history
                    and history[-1].role == Role.ASSISTANT and continued is None else None)
-        return job, ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after,
-                               continued, replaced=retried,
-                               id_prefix=offer.id_prefix if offer is not None else None)
+        keeper = ChatKeeper(self.store, chat, messages, runtime.engine.fingerprint, after,
+                            continued, replaced=retried,
+                            id_prefix=offer.id_prefix if offer is not None else None)
+        keeper.first_title = changes.get("title")  # a first message: the model may do better
+        return job, keeper
 
     @staticmethod
     def _updates(results: Iterator[object], job: Job) -> Iterator[TurnUpdate]:

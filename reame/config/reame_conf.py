@@ -83,6 +83,9 @@ SETTINGS: tuple[Setting, ...] = (
             1, 4096),
     Setting("server", "warm_up", bool, True,
             "run the model once (one slot) at start, before /health says ok"),
+    Setting("server", "model_titles", bool, True,
+            "after a chat's first reply the model writes its title, while no reply is "
+            "written; false = the first words of the first message"),
     Setting("server", "root_path", str, "",
             "the path a reverse proxy serves Reame under (e.g. /reame); empty = the root"),
     Setting("storage", "sessions_dir", Path, "sessions",
@@ -148,6 +151,7 @@ class ServerConfig:
     trusted_proxies: str
     max_upload_mb: int
     warm_up: bool
+    model_titles: bool
     root_path: str
 
     @property

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from reame.inference.cache import KVCache
+from reame.inference.decoding import Decoding
 from reame.inference.engine import Engine
 from reame.inference.prompt import PromptBuilder
 from reame.inference.scheduler import Scheduler
@@ -112,6 +114,24 @@ class ModelRuntime:
         _, prefilled = self.scheduler.try_run(steps, chat_id=job.chat_id, scope=job.scope,
                                               background=True)
         return prefilled or 0
+
+    def write_aside(self, job: Job) -> str | None:
+        """Write a short reply to job's prompt now, if the engine is idle, as a background
+        task that any turn stops (a chat's title, written by the model): its text, or None
+        if it did not run or was stopped. Nothing of it is kept: no file, no snapshot of its
+        opening (job.plain), no chat's slot (chat_id None, a scope of its own)."""
+        runner = self._runner(None)
+
+        def steps() -> Iterator[str | None]:
+            yield from runner.prefill_steps(job, TurnStats())
+            decoding = Decoding(self.engine, job.sampling, job.max_tokens,
+                                self.prompts.stops + job.stops, time.perf_counter())
+            for _ in decoding:
+                yield None
+            yield decoding.text
+
+        started, text = self.scheduler.try_run(steps, scope=job.scope, background=True)
+        return text if started and isinstance(text, str) else None
 
     def restore_ahead(self, chat_id: int, scope: Scope) -> bool:
         """Restore the chat's KV file into a free slot now, unless every slot is busy or

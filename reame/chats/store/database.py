@@ -236,6 +236,19 @@ class Store:
         self.update_chat(chat_id, updated_at=time.time())
 
     @writes
+    def retitle(self, chat_id: int, old: str, new: str) -> bool:
+        """Give the chat the title new if its title is still old (in one transaction: a
+        rename meanwhile wins); whether it did. Its updated time stays."""
+        with self._session() as session:
+            chat = locked_chat(session, chat_id)
+            if chat is None or chat.title != old:
+                return False
+            chat.title = new
+            session.add(chat)
+            session.commit()
+            return True
+
+    @writes
     def delete_chat(self, chat_id: int) -> None:
         with self._session() as session:
             chat = locked_chat(session, chat_id)

@@ -301,6 +301,9 @@ class RemoteRuntime:
     def type_ahead(self, job: Job) -> int:
         return self.call("runtime", "type_ahead", job)
 
+    def write_aside(self, job: Job) -> str | None:
+        return self.call("runtime", "write_aside", job)
+
     def restore_ahead(self, chat_id: int, scope: Scope) -> bool:
         return self.call("runtime", "restore_ahead", chat_id, scope)
 

@@ -68,7 +68,7 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     current = gr.State(None)  # the chat shown, by id
     pending = gr.State("")  # the message being sent (the textbox clears at once)
     # The chats of the user whose reply is being written, as the list last showed them.
-    listed_writing = gr.State(frozenset())
+    listed_writing = gr.State((frozenset(), frozenset()))
 
     with gr.Sidebar(open=True, elem_id="sidebar"):
         gr.Markdown(f"### {title}")

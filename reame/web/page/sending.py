@@ -178,10 +178,9 @@ class PageHandlers(ChatView):
             async for update in updates:
                 followed = True
                 yield *update, *extra
-        now = self.writing(user)
-        timer = gr.Timer(active=bool(now - {chat_id}))
+        now, watched, timer = self.watch(user, chat_id)
         if chat_id in now:  # a new reply began meanwhile: its own following shows it
-            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), now, timer
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), watched, timer
             return
         # Send back. The chat itself only after a following: show() drew it as kept just
         # before, and drawing it again here, late on a busy machine, undid what the user did
@@ -189,12 +188,12 @@ class PageHandlers(ChatView):
         # its following ends once the tab shows another chat (LiveReplies.showing).
         ready = gr.Textbox(submit_btn=True, stop_btn=False)
         if not followed:
-            yield gr.skip(), ready, gr.skip(), gr.skip(), now, timer
+            yield gr.skip(), ready, gr.skip(), gr.skip(), watched, timer
             return
         if not self.live.shows(request.session_hash, chat_id):
             # The following ended because the tab shows another chat now (a new chat, another
             # one chosen): drawing this one here would cover it.
-            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), now, timer
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), watched, timer
             return
         try:
             messages = await in_thread(self.shown, chat_id, user) if chat_id is not None else []
@@ -202,7 +201,7 @@ class PageHandlers(ChatView):
             messages = gr.skip()
         yield (messages, ready, await in_thread(self.listing, user, chat_id, words),
                await in_thread(lambda: cache_markdown(
-                   self.service, user, whole_server=self.can_configure(user))), now, timer)
+                   self.service, user, whole_server=self.can_configure(user))), watched, timer)
 
     def waited(self, seconds, request: gr.Request):
         """The browser's own wait from Enter to the first words of the reply it sent (page.js
@@ -241,19 +240,18 @@ class PageHandlers(ChatView):
         user = user_of(request)
         # The reply this tab started in this chat, if it ended: its messages as it left them.
         tree = self.live.ended(request.session_hash, user, chat_id)
-        now = self.writing(user)
-        timer = gr.Timer(active=bool(now - {chat_id}))
+        now, watched, timer = self.watch(user, chat_id)
         cache = cache_markdown(self.service, user, whole_server=self.can_configure(user))
         if chat_id in now:
             again = "yes" if self.live.shows(request.session_hash, chat_id) else ""
             return (gr.skip(), gr.skip(), self.listing(user, chat_id, words), gr.skip(), cache,
-                    now, timer, again)
+                    watched, timer, again)
         try:
             messages = self.shown(chat_id, user, tree=tree) if chat_id is not None else []
         except ChatNotFound:
             messages = []
         return (messages, gr.Textbox(submit_btn=True, stop_btn=False),
-                self.listing(user, chat_id, words), "", cache, now, timer, "")
+                self.listing(user, chat_id, words), "", cache, watched, timer, "")
 
     async def regenerate(self, chat_id, request: gr.Request):
         if chat_id is None:

@@ -72,6 +72,14 @@ class ChatView:
     def writing(self, user):
         return frozenset(self.live.chats_of(user))
 
+    def watch(self, user, chat_id):
+        """The chats being written in; what the list's timer watches (those, and the chats
+        whose title the model is still to write: the list is drawn again when it lands), as
+        a state to compare; and the timer, on while there is something to watch."""
+        now = self.writing(user)
+        titling = self.service.titles.pending(user)
+        return now, (now, titling), gr.Timer(active=bool(now - {chat_id} or titling))
+
     def listing(self, user, chat_id, words=""):
         return listing_html(self.service, user, chat_id, words, self.writing(user))
 
@@ -138,11 +146,12 @@ class ChatView:
 
     def check_list(self, chat_id, words, shown_writing, request: gr.Request):
         """While replies are written in other chats: the list again once one has ended
-        (its "writing" mark gone), and the timer off once none is left."""
+        (its "writing" mark gone) or a chat's title has come, and the timer off once nothing
+        is left to watch."""
         user = user_of(request)
-        now = self.writing(user)
-        listed = self.listing(user, chat_id, words) if now != shown_writing else gr.skip()
-        return listed, now, gr.Timer(active=bool(now - {chat_id}))
+        _, watched, timer = self.watch(user, chat_id)
+        listed = self.listing(user, chat_id, words) if watched != shown_writing else gr.skip()
+        return listed, watched, timer
 
     def act(self, action, chat_id, request: gr.Request):
         """A button of the chat list or inside a message (chat_list.py, render.message_tools):
