@@ -217,7 +217,10 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     # time (attachments.py). Eight at a time (the queue's default) let one person's eight
     # slow PDFs hold up everyone's attachments: a one-line .txt waited 56 s.
     attach_btn.upload(attachments.attach, [attach_btn, docs], [docs, attached],
-                      concurrency_limit=None, **HIDDEN)
+                      concurrency_limit=None, **HIDDEN).success(
+        # A document is read as soon as it is attached, while its question is typed.
+        handlers.type_ahead, [message, current, docs], None, queue=False,
+        show_progress="hidden", **HIDDEN)
     detach_btn.click(attachments.detach, [detach, docs], [docs, attached, detach], queue=False,
                      **HIDDEN)
     sending = message.submit(
@@ -280,7 +283,8 @@ def build_page(demo: gr.Blocks, service: ChatService, *, settings_group: str,
     demo.unload(handlers.tab_closed)
     # While the user types, the part of the prompt the message already fixes is evaluated
     # (never waiting for the model): sending then evaluates only the rest.
-    message.change(handlers.type_ahead, [message, current], None, trigger_mode="always_last",
+    message.change(handlers.type_ahead, [message, current, docs], None,
+                   trigger_mode="always_last",
                    queue=False, show_progress="hidden", **HIDDEN)
 
     # Opening, making or changing a chat stops following the reply being written (it goes

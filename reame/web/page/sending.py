@@ -221,10 +221,14 @@ class PageHandlers(ChatView):
         self._waits.pop(request.session_hash, None)
         self.live.leave(request.session_hash)
 
-    def type_ahead(self, text, chat_id, request: gr.Request):
-        if chat_id is not None and text:
+    def type_ahead(self, text, chat_id, docs, request: gr.Request):
+        """The message as it would be sent — the documents attached, then what is typed —
+        evaluated while it is written (Turns.type_ahead): a document is read while its
+        question is typed."""
+        draft = with_documents(docs, text or "") if docs else text
+        if chat_id is not None and draft and draft.strip():
             try:
-                self.service.type_ahead(chat_id, text, user_of(request))
+                self.service.type_ahead(chat_id, draft, user_of(request))
             except (ChatError, ChatNotFound):  # deleted meanwhile: nothing to prepare
                 pass
 

@@ -39,12 +39,14 @@ from tests.browser_helpers import (  # noqa: F401 - browser, page and server are
     open_app,
     page,
     page_load,
+    send,
     server,
     shown_as_loaded,
+    stats_figures,
     wait_for_reply_done,
 )
 from tests.conftest import FULL, Server, start_server
-from tests.page_events import PageSession, file_data
+from tests.page_events import PageSession, file_data, fn_index
 from tests.pdf_files import shared_stream_pdf
 
 ATTACHED = "#attached .reame-attached"
@@ -307,12 +309,66 @@ READING_SEEN_JS = """() => {
 DOC_WORDS, DOC_TOKENS = (2500, (2700, 3300)) if FULL else (830, (900, 1100))
 
 
+def type_ahead_events(page: Page) -> set[int]:
+    """The page's type-ahead events (their fn_index): the message box's change, and the one
+    that follows a document's upload."""
+    config = page.evaluate("window.gradio_config")
+    upload = fn_index(config, "attach", "upload")
+    after = {d["id"] for d in config["dependencies"] if d.get("trigger_after") == upload}
+    return {fn_index(config, "message", "change"), *after}
+
+
+def hold_type_ahead(page: Page) -> None:
+    """Let no type-ahead call of the page reach the server: a message sent as it is."""
+    events = type_ahead_events(page)
+
+    def route(route):
+        try:
+            asked = json.loads(route.request.post_data or "{}").get("fn_index")
+        except ValueError:
+            asked = None
+        if asked in events:
+            route.fulfill(status=200, content_type="application/json",
+                          body=json.dumps({"data": [], "is_generating": False,
+                                           "duration": 0, "average_duration": 0,
+                                           "render_config": None, "changed_state_ids": []}))
+        else:
+            route.continue_()
+
+    page.route("**/gradio_api/run/predict*", route)
+
+
+def test_a_document_is_read_while_its_question_is_typed(page, wide_server, tmp_path):
+    """Attached, a document is evaluated at once (in the background, as typing is): sent with
+    its question, only the question is read after Enter."""
+    notes = tmp_path / "notes.md"
+    notes.write_text(prose(DOC_WORDS // 2, 5), encoding="utf-8")
+    open_app(page, wide_server)
+    new_chat(page)
+    events = type_ahead_events(page)
+    with page.expect_response(lambda r: "/run/predict" in r.url and json.loads(
+            r.request.post_data or "{}").get("fn_index") in events, timeout=REPLY_TIMEOUT):
+        attach(page, notes)  # answered once the document is evaluated
+    expect(page.locator(ATTACHED)).to_have_count(1)
+    tokens = int(re.search(r"([\d,]+) tokens", page.locator(
+        f"{ATTACHED} summary").inner_text()).group(1).replace(",", ""))
+    send(page, "Who is the keeper?")
+    stats = api(wide_server).predict(current_id(page), api_name="/get_chat")["messages"][1][
+        "stats"]
+    assert stats["typed_ahead"] >= tokens, (tokens, stats)
+    assert stats["prefilled"] < 48, stats  # the question and the template's words around it
+    assert f"{stats['typed_ahead']:,} evaluated while typing" in stats_figures(page)
+
+
 def test_the_same_document_in_a_second_chat_answers_5x_sooner(page, wide_server, tmp_path):
     """The document is the chats' first content: the second chat starts from the first one's
-    KV (the cache finds the shared opening by its tokens), so only the question is read."""
+    KV (the cache finds the shared opening by its tokens), so only the question is read. Each
+    message is sent as it is, no type-ahead (which would read the first chat's document
+    before Enter: test_a_document_is_read_while_its_question_is_typed)."""
     report = tmp_path / "report.md"
     report.write_text(prose(DOC_WORDS, 11), encoding="utf-8")
     open_app(page, wide_server)
+    hold_type_ahead(page)
     seconds, tokens, reading = [], None, []
     for question in ("Who is the keeper?", "What is the weather like?"):
         new_chat(page)
