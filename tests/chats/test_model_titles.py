@@ -69,7 +69,7 @@ def test_the_model_titles_a_chat_after_its_first_reply_when_no_reply_is_written(
     api = ApiClient(server.url, verbose=False)
     ends = {str(t): -100 for t in range(engine.n_vocab) if engine.is_end(t)}
     # A long reply holds the model: the title waits for its end.
-    writing = long_reply(server, ends, 400)
+    writing = long_reply(server, ends, 200)
     time.sleep(0.5)
     chat = api.predict("", None, api_name="/new_chat")
     api.predict(chat, FIRST, api_name="/send")
@@ -91,9 +91,11 @@ def test_a_title_the_user_gave_is_never_overwritten(server, engine):
     api = ApiClient(server.url, verbose=False)
     ends = {str(t): -100 for t in range(engine.n_vocab) if engine.is_end(t)}
     chat = api.predict("", None, api_name="/new_chat")
-    writing = long_reply(server, ends, 300)
+    writing = long_reply(server, ends, 200)
+    time.sleep(0.5)
     api.predict(chat, "What is a good name for a grey cat?", api_name="/send")
     api.predict(chat, "Cat names", api_name="/rename_chat")  # while the title waits
+    assert writing.is_alive(), "the long reply ended too soon to show anything"
     writing.join(240)
     # Another chat's title comes after this one's would have: by then this one stayed.
     other = api.predict("", None, api_name="/new_chat")
