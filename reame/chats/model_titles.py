@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reame.chats.documents import split
-from reame.chats.titles import MAX_TITLE, TITLE_LENGTH
+from reame.chats.titles import shortened
 from reame.inference.prompt import PromptMessage
 from reame.inference.sampling import Sampling
 from reame.inference.scope import Scope
@@ -57,11 +57,7 @@ def clean_title(text: str) -> str:
     "Title:" or a full stop; "" if nothing is left."""
     line = next((line for line in text.splitlines() if line.strip()), "")
     line = _PREFIX.sub("", _MARKS.sub("", line))
-    line = " ".join(_MARKS.sub("", line).split())
-    if len(line) > TITLE_LENGTH:
-        cut = line[:TITLE_LENGTH - 1]
-        line = (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,;:.") + "…"
-    return line[:MAX_TITLE]
+    return shortened(" ".join(_MARKS.sub("", line).split()))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,12 @@ def title_from(text: str) -> str:
     heading = _HEADING.match(first)
     typed = heading.group(1) if heading else _LINE_MARK.sub("", typed)
     typed = _AROUND.sub(r"\2", typed)
-    line = " ".join(typed.split()) or ", ".join(d.name for d in documents)
+    return shortened(" ".join(typed.split()) or ", ".join(d.name for d in documents))
+
+
+def shortened(line: str) -> str:
+    """A line of at most TITLE_LENGTH characters: cut at a word boundary (in its second half,
+    if it has one there) and marked with "…"."""
     if len(line) <= TITLE_LENGTH:
         return line
     cut = line[: TITLE_LENGTH - 1]

@@ -39,9 +39,7 @@ def kept_calls(text: str, id_prefix: str) -> tuple[str, list[dict]]:
     """A reply's words and its calls as kept ({"id", "name", "arguments"}). A call begun and
     never finished (max_tokens cut it) is no words: its markup is left out."""
     content, calls = split_reply(text)
-    begun = content.find(CALL_OPEN)
-    content = content if begun < 0 else content[:begun].rstrip()
-    return content, [{"id": call_id(id_prefix, n), "name": c.name, "arguments": c.arguments}
+    return words_so_far(content), [{"id": call_id(id_prefix, n), "name": c.name, "arguments": c.arguments}
                      for n, c in enumerate(calls)]
 
 
