@@ -129,6 +129,8 @@ class TitleWriter:
             try:
                 with runtime.lease():
                     job = self._job(runtime, wanted)
+                    if len(job.prompt) + MAX_TOKENS > runtime.engine.n_ctx:
+                        return  # a context too small for it: the first words stay
                 text = runtime.write_aside(job)
             except Replaced:  # a model switch: the next model writes it
                 text = None

@@ -112,3 +112,31 @@ def test_the_page_s_list_shows_the_model_s_title_without_a_reload(page, server):
     title = page.locator(f"{CURRENT} .reame-title")
     expect(title).not_to_have_text(title_from(FIRST), timeout=60_000)
     expect(title).not_to_have_text("New chat")
+
+
+@pytest.mark.timeout(120)
+def test_a_context_too_small_for_the_title_s_prompt_keeps_the_first_words(
+        tmp_path, model_path, caplog):
+    """The title's prompt (the first exchange, up to 900 characters) is measured against the
+    context before llama.cpp sees it: a context it does not fit keeps the first words, and
+    nothing fails in the log."""
+    from reame.chats.service import ChatService
+    from reame.chats.store import Store
+    from reame.inference.engine import Engine
+    from tests.conftest import GREEDY, THREADS
+
+    engine = Engine(model_path, n_ctx=256, n_threads=THREADS)
+    service = ChatService(Store(tmp_path / "reame.db"), engine, GREEDY, model_titles=True)
+    try:
+        chat = service.new_chat("Basil notes")
+        # The first exchange as it was kept: with the question around it, over 256 tokens.
+        message, reply = "Basil 1234 5678 leaves. " * 25, "Basil likes 20 to 25 degrees. " * 10
+        service.titles.after_first_reply(chat.id, None, "Basil notes", message, reply)
+        deadline = time.monotonic() + 60
+        while service.titles.pending(None) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not service.titles.pending(None)
+        assert service.list_chats()[0].title == "Basil notes"
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    finally:
+        engine.close()
